@@ -1,0 +1,91 @@
+"""The Backend protocol: what a memory resource or a buffer may ask of a device.
+
+Two implementations stand behind it: ``SimBackend`` (a page-level model of the UVM driver,
+the default on a machine with no GPU) and, with the ``cuda`` extra, the real CUDA backend.
+Everything above this layer (resources, buffers, residency, the Jupyter front ends) is written
+against this protocol only, and every change a backend makes to memory is published as events.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol, runtime_checkable
+
+from ..events.bus import EventBus
+from ..events.schema import Advice, MemoryKind
+from ..location import Location
+
+__all__ = ["AccessMode", "AccessResult", "Backend", "RangeAdvice"]
+
+AccessMode = Literal["read", "write", "atomic"]
+
+
+@dataclass(frozen=True)
+class AccessResult:
+    """What one access (a kernel, or a host loop, over a range) cost."""
+
+    seconds: float          #: wall time on the backend's clock (simulated time on the simulator)
+    faults: int             #: page faults taken
+    bytes_htod: int         #: bytes migrated host to device
+    bytes_dtoh: int         #: bytes migrated device to host
+    bytes_remote: int = 0   #: bytes read or written over the link without migrating
+
+
+@dataclass(frozen=True)
+class RangeAdvice:
+    """Advice in force on a whole range, as ``cudaMemRangeGetAttribute`` reports it."""
+
+    read_mostly: bool                   #: True only if every page is ReadMostly
+    preferred_location: Location | None #: None if unset or if the pages differ
+    accessed_by: tuple[Location, ...]   #: processors mapped to the range wherever it lives
+    last_prefetch_location: Location | None
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A device (real or simulated) that allocates, migrates and advises memory."""
+
+    name: str
+    bus: EventBus
+
+    def device_count(self) -> int: ...
+
+    def current_device(self) -> int: ...
+
+    def mem_info(self, device: int = 0) -> tuple[int, int]:
+        """``(free, total)`` bytes of device memory, as ``cudaMemGetInfo``."""
+        ...
+
+    def now_ns(self) -> int:
+        """The backend's clock in nanoseconds (simulated time on the simulator)."""
+        ...
+
+    def allocate(self, size: int, kind: MemoryKind, *, device: int = 0, stream: int = 0) -> int:
+        """Map ``size`` bytes of ``kind`` memory and return its address; emits SEGMENT_ALLOC."""
+        ...
+
+    def free(self, ptr: int, *, stream: int = 0) -> None:
+        """Unmap a segment returned by :meth:`allocate`; emits SEGMENT_FREE."""
+        ...
+
+    def segment_kind(self, ptr: int) -> MemoryKind | None:
+        """The kind of the segment holding ``ptr``, or None if no live segment does."""
+        ...
+
+    def prefetch(self, ptr: int, size: int, location: Location, *, stream: int = 0) -> None:
+        """``cudaMemPrefetchAsync``: migrate a managed range to ``location``; no-op on other memory."""
+        ...
+
+    def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
+        """``cudaMemAdvise`` on a managed range."""
+        ...
+
+    def range_advice(self, ptr: int, size: int) -> RangeAdvice:
+        """Read the advice back, as ``cudaMemRangeGetAttribute`` does."""
+        ...
+
+    def access(self, ptr: int, size: int, processor: Location, mode: AccessMode, *, stream: int = 0) -> AccessResult:
+        """Run an access by ``processor`` to every page of the range (a kernel on a GPU; a loop on the host)."""
+        ...
+
+    def synchronize(self) -> None: ...

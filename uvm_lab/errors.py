@@ -1,0 +1,116 @@
+"""The uvm_lab exception tree.
+
+Every error raised on purpose by uvm_lab derives from :class:`UvmLabError`, and each leaf
+also subclasses the builtin it refines, so ``except ValueError`` keeps working::
+
+    UvmLabError
+    ├── InvalidArgumentError (ValueError)      a bad value given to a public entry point
+    │   ├── InvalidSizeError                   "12 parsecs", -1, 0 where a size is needed
+    │   ├── InvalidLocationError               "tpu", device 7 on a one-device machine
+    │   └── InvalidAdviceError                 an advice name that CUDA does not have
+    ├── InvalidStateError (RuntimeError)       the call is fine but the object is not
+    │   ├── BufferClosedError                  prefetch, advise or touch of freed memory
+    │   ├── DoubleFreeError                    deallocate of a pointer already freed
+    │   └── BackendError                       a backend cannot do what was asked
+    ├── OutOfMemoryError (MemoryError)         an allocation that does not fit
+    └── ProtocolError (ValueError)             a malformed message from the front end
+
+Errors carry their data as attributes (``err.value``, ``err.size`` ...) and pickle, so they
+survive being sent across processes. Raising one never leaves state half-changed: every
+entry point validates before it mutates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackendError",
+    "BufferClosedError",
+    "DoubleFreeError",
+    "InvalidAdviceError",
+    "InvalidArgumentError",
+    "InvalidLocationError",
+    "InvalidSizeError",
+    "InvalidStateError",
+    "OutOfMemoryError",
+    "ProtocolError",
+    "UvmLabError",
+]
+
+
+class UvmLabError(Exception):
+    """Root of every error uvm_lab raises on purpose."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take keyword data; rebuild from the message plus __dict__.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[UvmLabError], args: tuple[Any, ...], state: dict[str, Any]) -> UvmLabError:
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(state)
+    return err
+
+
+class InvalidArgumentError(UvmLabError, ValueError):
+    """A public entry point was given a value it cannot accept.
+
+    ``value`` is what arrived; ``expected`` says what would have been valid.
+    """
+
+    def __init__(self, message: str, *, value: Any = None, expected: str = "") -> None:
+        super().__init__(message)
+        self.value = value
+        self.expected = expected
+
+
+class InvalidSizeError(InvalidArgumentError):
+    """A size that is not a non-negative whole number of bytes (or a string such as "2GiB")."""
+
+
+class InvalidLocationError(InvalidArgumentError):
+    """A location that is neither the host nor a device that exists."""
+
+
+class InvalidAdviceError(InvalidArgumentError):
+    """An advice name or value that CUDA's ``cudaMemAdvise`` does not have."""
+
+
+class InvalidStateError(UvmLabError, RuntimeError):
+    """The arguments are fine, but the object cannot do this now."""
+
+
+class BufferClosedError(InvalidStateError):
+    """The buffer's memory has been freed; it can no longer be prefetched, advised or touched."""
+
+
+class DoubleFreeError(InvalidStateError):
+    """A pointer was given back to a memory resource that does not hold it (already freed, or never its own)."""
+
+    def __init__(self, message: str, *, ptr: int = 0) -> None:
+        super().__init__(message)
+        self.ptr = ptr
+
+
+class BackendError(InvalidStateError):
+    """The backend cannot do what was asked (a missing capability, or a driver error)."""
+
+
+class OutOfMemoryError(UvmLabError, MemoryError):
+    """An allocation of ``size`` bytes did not fit: ``free`` bytes were left under a ``limit``."""
+
+    def __init__(self, message: str, *, size: int = 0, free: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        self.free = free
+        self.limit = limit
+
+
+class ProtocolError(UvmLabError, ValueError):
+    """A message from the front end that is not one of the known commands, or is malformed."""
+
+    def __init__(self, message: str, *, command: Any = None) -> None:
+        super().__init__(message)
+        self.command = command

@@ -1,0 +1,144 @@
+"""The event bus: every producer publishes record arrays here; every consumer subscribes.
+
+Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emits a thousand
+migrations pays one call, not a thousand. The bus keeps the most recent records in a ring, so a
+view that attaches late (the lab panel's timeline) can start with history; ``dropped`` counts
+records the ring overwrote. A subscriber that raises is detached and logged, never allowed to
+break the producer (a page fault must not fail because a plot did).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from .schema import EVENT_DTYPE, EventKind
+
+__all__ = ["EventBus", "Subscription", "get_bus", "new_alloc_id"]
+
+log = logging.getLogger("uvm_lab.events")
+
+Callback = Callable[[np.ndarray], None]
+
+_alloc_ids = itertools.count(1)
+
+
+def new_alloc_id() -> int:
+    """A process-unique allocation id (0 means "unknown" in records)."""
+    return next(_alloc_ids)
+
+
+class Subscription:
+    """A live subscription; ``close()`` (or leaving its ``with`` block) detaches it."""
+
+    def __init__(self, bus: EventBus, callback: Callback, kinds: frozenset[int] | None) -> None:
+        self.bus = bus
+        self.callback = callback
+        self.kinds = kinds
+        self._mask: np.ndarray | None = None
+        if kinds is not None:
+            self._mask = np.zeros(256, dtype=bool)
+            self._mask[list(kinds)] = True
+
+    def deliver(self, records: np.ndarray) -> None:
+        if self._mask is not None:
+            records = records[self._mask[records["kind"]]]
+            if not len(records):
+                return
+        self.callback(records)
+
+    def close(self) -> None:
+        self.bus.unsubscribe(self)
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class EventBus:
+    """Fan-out of event records to subscribers, with a ring of recent history."""
+
+    def __init__(self, capacity: int = 1 << 20) -> None:
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self._ring = np.zeros(capacity, dtype=EVENT_DTYPE)
+        self._written = 0          # records ever published
+        self._subscribers: tuple[Subscription, ...] = ()
+        self._lock = threading.RLock()
+
+    @property
+    def capacity(self) -> int:
+        return len(self._ring)
+
+    @property
+    def published(self) -> int:
+        """Records published since the bus was made."""
+        return self._written
+
+    @property
+    def dropped(self) -> int:
+        """Records that fell out of the history ring."""
+        return max(0, self._written - len(self._ring))
+
+    def subscribe(self, callback: Callback, kinds: Iterable[EventKind | int] | None = None) -> Subscription:
+        """Call ``callback(records)`` with every batch published from now on (only ``kinds``, if given)."""
+        sub = Subscription(self, callback, frozenset(int(k) for k in kinds) if kinds is not None else None)
+        with self._lock:
+            self._subscribers = (*self._subscribers, sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+
+    def publish(self, records: np.ndarray) -> None:
+        """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, in order."""
+        if records.dtype != EVENT_DTYPE:
+            raise TypeError(f"records must have EVENT_DTYPE, got {records.dtype}")
+        n = len(records)
+        if not n:
+            return
+        with self._lock:
+            self._append(records)
+            for sub in self._subscribers:
+                try:
+                    sub.deliver(records)
+                except Exception:
+                    self.unsubscribe(sub)
+                    log.exception("event subscriber %r raised and has been detached", sub.callback)
+
+    def history(self) -> np.ndarray:
+        """A copy of the records still in the ring, oldest first."""
+        with self._lock:
+            cap = len(self._ring)
+            if self._written <= cap:
+                return self._ring[: self._written].copy()
+            head = self._written % cap
+            return np.concatenate([self._ring[head:], self._ring[:head]])
+
+    def _append(self, records: np.ndarray) -> None:
+        cap = len(self._ring)
+        if len(records) >= cap:
+            tail = records[-cap:]
+            shift = (self._written + len(records) - cap) % cap
+            self._ring[:] = np.roll(tail, shift)
+        else:
+            head = self._written % cap
+            first = min(cap - head, len(records))
+            self._ring[head : head + first] = records[:first]
+            self._ring[: len(records) - first] = records[first:]
+        self._written += len(records)
+
+
+_bus = EventBus()
+
+
+def get_bus() -> EventBus:
+    """The process-wide bus that both backends and every resource publish to."""
+    return _bus

@@ -1,0 +1,138 @@
+"""The one event record: CUPTI's ``UnifiedMemoryCounter3`` fields, plus allocator events.
+
+Both backends emit arrays of :data:`EVENT_DTYPE`. The unified-memory kinds keep CUPTI's numbers
+(``CUpti_ActivityUnifiedMemoryCounterKind``) and the ``flags`` field keeps CUPTI's meaning for each
+kind: the migration cause for HtoD/DtoH, the access type for GPU faults, the remote-map cause for
+REMOTE_MAP. Allocator events (numbered from 16) use ``flags`` as documented on :class:`EventKind`.
+
+Fields
+------
+kind      EventKind
+flags     per kind, see above (CPU faults: the access type; CUPTI leaves it 0 = unknown)
+src, dst  processor ids: a device ordinal, or -1 for the host
+start,end nanoseconds on the backend's clock (simulated time on the simulator)
+address   first byte concerned
+bytes     extent in bytes (migrations: bytes moved; faults: the range serviced)
+value     CUPTI's value: bytes for transfers, number of faults for fault records
+alloc_id  the allocation the address belongs to (0 when unknown)
+stream    stream handle (0 = default stream)
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+import numpy as np
+
+__all__ = [
+    "EVENT_DTYPE",
+    "AccessType",
+    "Advice",
+    "EventKind",
+    "MemoryKind",
+    "MigrationCause",
+    "RemoteMapCause",
+    "make_events",
+]
+
+EVENT_DTYPE = np.dtype([
+    ("kind", np.uint8),
+    ("flags", np.uint8),
+    ("src", np.int16),
+    ("dst", np.int16),
+    ("start", np.uint64),
+    ("end", np.uint64),
+    ("address", np.uint64),
+    ("bytes", np.uint64),
+    ("value", np.uint64),
+    ("alloc_id", np.uint64),
+    ("stream", np.uint64),
+])
+
+
+class EventKind(IntEnum):
+    # CUPTI unified-memory counter kinds, same numbers.
+    HTOD = 1
+    DTOH = 2
+    CPU_PAGE_FAULT = 3
+    GPU_PAGE_FAULT = 4
+    THRASHING = 5
+    THROTTLING = 6
+    REMOTE_MAP = 7
+    DTOD = 8
+    # Allocator events.
+    SEGMENT_ALLOC = 16   #: the backend mapped memory (cudaMallocManaged ...); flags = MemoryKind, dst = device
+    SEGMENT_FREE = 17    #: the backend unmapped it
+    ALLOC = 18           #: a memory resource handed out a buffer; value = requested size
+    FREE = 19            #: a buffer went back to its resource
+    ALLOC_FAILURE = 20   #: an allocation failed; bytes = requested size
+    POOL_GROW = 21       #: a pool took ``bytes`` more from its upstream
+    PREFETCH = 22        #: a prefetch was requested; dst = destination
+    ADVICE = 23          #: memory advice was set; flags = Advice, dst = location (or -2 when none applies)
+
+    @property
+    def is_migration(self) -> bool:
+        return self in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD)
+
+
+class MigrationCause(IntEnum):
+    """``CUpti_ActivityUnifiedMemoryMigrationCause``."""
+
+    UNKNOWN = 0
+    USER = 1             #: an explicit request: cudaMemPrefetchAsync
+    COHERENCE = 2        #: to satisfy a page fault
+    PREFETCH = 3         #: the driver's own speculative prefetch
+    EVICTION = 4         #: to make room on a full GPU
+    ACCESS_COUNTERS = 5  #: access-counter driven migration
+
+
+class AccessType(IntEnum):
+    """``CUpti_ActivityUnifiedMemoryAccessType``."""
+
+    UNKNOWN = 0
+    READ = 1
+    WRITE = 2
+    ATOMIC = 3
+    PREFETCH = 4
+
+
+class RemoteMapCause(IntEnum):
+    """``CUpti_ActivityUnifiedMemoryRemoteMapCause``."""
+
+    UNKNOWN = 0
+    COHERENCE = 1
+    THRASHING = 2
+    POLICY = 3
+    OUT_OF_MEMORY = 4
+    EVICTION = 5
+
+
+class MemoryKind(IntEnum):
+    """What a segment is, in the ``flags`` of SEGMENT_ALLOC."""
+
+    DEVICE = 1       #: cudaMalloc: on the GPU, never migrates
+    MANAGED = 2      #: cudaMallocManaged: migrates page by page
+    PINNED_HOST = 3  #: cudaHostAlloc: on the host, GPU-accessible
+
+
+class Advice(IntEnum):
+    """``cudaMemoryAdvise``, same numbers."""
+
+    SET_READ_MOSTLY = 1
+    UNSET_READ_MOSTLY = 2
+    SET_PREFERRED_LOCATION = 3
+    UNSET_PREFERRED_LOCATION = 4
+    SET_ACCESSED_BY = 5
+    UNSET_ACCESSED_BY = 6
+
+
+#: ``dst`` for events where no processor applies.
+NO_PROCESSOR = -2
+
+
+def make_events(n: int = 1, **fields: object) -> np.ndarray:
+    """An array of ``n`` zeroed records with ``fields`` set (scalars broadcast, arrays per record)."""
+    out = np.zeros(n, dtype=EVENT_DTYPE)
+    for name, value in fields.items():
+        out[name] = value
+    return out

@@ -1,0 +1,186 @@
+"""Memory resources: RMM's ``allocate(nbytes, stream) -> ptr`` / ``deallocate(ptr, nbytes, stream)``.
+
+``*MemoryResource`` classes hand out memory and publish ALLOC / FREE / ALLOC_FAILURE events;
+``*ResourceAdaptor`` classes wrap an upstream resource and add behaviour (prefetch, statistics ...)
+without handing out memory of their own. The chain is explicit: every adaptor has ``upstream_mr``,
+and :func:`resource_chain` lists the whole chain top-down.
+"""
+
+from __future__ import annotations
+
+import threading
+from numbers import Integral
+from typing import TYPE_CHECKING
+
+from ..errors import DoubleFreeError, InvalidArgumentError, OutOfMemoryError
+from ..events.bus import new_alloc_id
+from ..events.schema import EventKind, make_events
+from ..units import format_bytes, parse_size
+
+if TYPE_CHECKING:
+    from ..backends.base import Backend
+
+__all__ = ["MemoryResource", "ResourceAdaptor", "resource_chain"]
+
+
+def _check_stream(stream: object) -> int:
+    if stream is None:
+        return 0
+    if isinstance(stream, Integral) and not isinstance(stream, bool) and int(stream) >= 0:
+        return int(stream)
+    raise InvalidArgumentError(f"stream must be None or a non-negative stream handle, got {stream!r}",
+                               value=stream, expected="None or a non-negative int")
+
+
+class MemoryResource:
+    """Base of every resource. Subclasses implement ``_allocate`` and ``_deallocate``.
+
+    The public methods validate, keep the table of live allocations (so a double free is caught
+    and named), and publish the allocator events.
+    """
+
+    backend: Backend
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._live: dict[int, tuple[int, int]] = {}     # ptr -> (size, alloc_id)
+        self._lock = threading.RLock()
+
+    # -- what the resource hands out ------------------------------------------------------------
+    @property
+    def is_managed(self) -> bool:
+        """Whether allocations are unified (managed) memory that can migrate and take advice."""
+        return False
+
+    @property
+    def device_id(self) -> int:
+        """The device this resource allocates for (-1 when it does not apply)."""
+        return self.backend.current_device()
+
+    # -- RMM's interface --------------------------------------------------------------------------
+    def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
+        """Allocate ``nbytes`` (an int or a string such as ``"2GiB"``) and return the address."""
+        size = parse_size(nbytes, name="nbytes")
+        s = _check_stream(stream)
+        with self._lock:
+            try:
+                ptr = self._allocate(size, s)
+            except OutOfMemoryError:
+                self._emit(EventKind.ALLOC_FAILURE, 0, size, 0, s)
+                raise
+            alloc_id = new_alloc_id()
+            self._live[ptr] = (size, alloc_id)
+        self._emit(EventKind.ALLOC, ptr, size, alloc_id, s)
+        return ptr
+
+    def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
+        """Give back ``ptr``, which this resource returned for ``nbytes`` bytes."""
+        size = parse_size(nbytes, name="nbytes")
+        s = _check_stream(stream)
+        with self._lock:
+            held = self._live.get(ptr) if isinstance(ptr, Integral) else None
+            if held is None:
+                raise DoubleFreeError(
+                    f"{type(self).__name__} does not hold pointer {ptr!r}: it was already freed, "
+                    f"or was allocated by another resource", ptr=ptr if isinstance(ptr, int) else 0)
+            if held[0] != size:
+                raise InvalidArgumentError(
+                    f"pointer {ptr:#x} was allocated with {held[0]} bytes, but deallocate was given {size}",
+                    value=nbytes, expected=f"{held[0]}")
+            self._deallocate(ptr, size, s)
+            del self._live[ptr]
+        self._emit(EventKind.FREE, ptr, size, held[1], s)
+
+    def allocation_id(self, ptr: int) -> int:
+        """The event id of the live allocation at ``ptr`` (what ALLOC published)."""
+        held = self._live.get(ptr)
+        if held is None:
+            raise DoubleFreeError(f"{type(self).__name__} holds no allocation at {ptr!r}", ptr=ptr)
+        return held[1]
+
+    def get_allocated_bytes(self) -> int:
+        """Bytes currently handed out by this resource."""
+        with self._lock:
+            return sum(size for size, _ in self._live.values())
+
+    # -- for subclasses -------------------------------------------------------------------------
+    def _allocate(self, size: int, stream: int) -> int:
+        raise NotImplementedError
+
+    def _deallocate(self, ptr: int, size: int, stream: int) -> None:
+        raise NotImplementedError
+
+    def _emit(self, kind: EventKind, ptr: int, size: int, alloc_id: int, stream: int) -> None:
+        now = self.backend.now_ns()
+        self.backend.bus.publish(make_events(1, kind=kind, start=now, end=now, address=ptr, bytes=size,
+                                             value=size, alloc_id=alloc_id, stream=stream,
+                                             dst=self.device_id))
+
+    def _out_of_memory(self, size: int, free: int, limit: int, why: str) -> OutOfMemoryError:
+        return OutOfMemoryError(
+            f"{type(self).__name__} cannot allocate {format_bytes(size)} ({size} bytes): {why}",
+            size=size, free=free, limit=limit)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class ResourceAdaptor(MemoryResource):
+    """A resource that wraps ``upstream_mr`` and hands out the upstream's memory.
+
+    Adaptors publish no ALLOC/FREE of their own (the upstream did); they add behaviour around it.
+    """
+
+    def __init__(self, upstream_mr: MemoryResource) -> None:
+        if not isinstance(upstream_mr, MemoryResource):
+            raise InvalidArgumentError(
+                f"upstream_mr must be a uvm_lab memory resource, got {upstream_mr!r} ({type(upstream_mr).__name__})",
+                value=upstream_mr, expected="a uvm_lab.mr.MemoryResource")
+        super().__init__(upstream_mr.backend)
+        self.upstream_mr = upstream_mr
+
+    def get_upstream(self) -> MemoryResource:
+        """RMM's name for ``upstream_mr``."""
+        return self.upstream_mr
+
+    @property
+    def is_managed(self) -> bool:
+        return self.upstream_mr.is_managed
+
+    @property
+    def device_id(self) -> int:
+        return self.upstream_mr.device_id
+
+    def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
+        size = parse_size(nbytes, name="nbytes")
+        s = _check_stream(stream)
+        return self._allocate(size, s)
+
+    def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
+        size = parse_size(nbytes, name="nbytes")
+        s = _check_stream(stream)
+        self._deallocate(ptr, size, s)
+
+    def allocation_id(self, ptr: int) -> int:
+        return self.upstream_mr.allocation_id(ptr)
+
+    def get_allocated_bytes(self) -> int:
+        return self.upstream_mr.get_allocated_bytes()
+
+    def _allocate(self, size: int, stream: int) -> int:
+        return self.upstream_mr.allocate(size, stream)
+
+    def _deallocate(self, ptr: int, size: int, stream: int) -> None:
+        self.upstream_mr.deallocate(ptr, size, stream)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.upstream_mr!r})"
+
+
+def resource_chain(mr: MemoryResource) -> list[MemoryResource]:
+    """The chain from ``mr`` down to the resource that owns the memory: ``[mr, upstream, ...]``."""
+    chain = [mr]
+    # Suballocators (pool, arena, binning) are resources of their own but still have an upstream.
+    while (upstream := getattr(chain[-1], "upstream_mr", None)) is not None:
+        chain.append(upstream)
+    return chain
