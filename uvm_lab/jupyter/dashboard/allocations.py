@@ -1,0 +1,80 @@
+"""The allocation list: every live buffer, oldest first; picking one selects it for the map and controls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+from bokeh.models import ColumnDataSource
+
+from uvm_lab.units import format_bytes
+
+from .base import DashboardComponent, update_source
+
+__all__ = ["AllocationList"]
+
+
+def _option_label(alloc: Mapping[str, Any]) -> str:
+    label = f" {alloc['label']}" if alloc["label"] else ""
+    kind = "managed" if alloc["is_managed"] else "device"
+    return f"#{alloc['id']}{label} · {format_bytes(alloc['size'])} · {kind}"
+
+
+class AllocationList(DashboardComponent):
+    """An ipywidgets ``Select`` of the live allocations; ``on_select(alloc_id | None)`` hears the choice.
+
+    ``source`` holds one row per allocation (id, label, size, residency fractions).
+    """
+
+    def __init__(self, on_select: Callable[[int | None], None] | None = None) -> None:
+        self.on_select = on_select
+        self.source = ColumnDataSource(data=self._columns([]))
+        self.root = widgets.Select(options=[], rows=8, description="", layout=widgets.Layout(width="300px"))
+        self._syncing = False
+        self.root.observe(self._changed, names="value")
+
+    @property
+    def selected(self) -> int | None:
+        return self.root.value
+
+    def select(self, alloc_id: int | None) -> None:
+        """Select ``alloc_id`` (None, or an id not in the list, clears the selection)."""
+        ids = [i for _, i in self.root.options]
+        self.root.value = alloc_id if alloc_id in ids else None
+
+    @staticmethod
+    def _columns(allocs: list[Mapping[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": np.array([a["id"] for a in allocs], dtype=np.int64),
+            "label": [a["label"] for a in allocs],
+            "size": np.array([a["size"] for a in allocs], dtype=np.int64),
+            **{s: np.array([a["summary"][s] for a in allocs], dtype=np.float64)
+               for s in ("gpu", "host", "both", "nowhere")},
+        }
+
+    def update(self, snapshot: Mapping[str, Any]) -> None:
+        allocs = snapshot["allocations"]
+        update_source(self.source, self._columns(allocs))
+        options = [(_option_label(a), a["id"]) for a in allocs]
+        if list(self.root.options) == options:
+            return
+        before = self.root.value
+        self._syncing = True
+        try:
+            self.root.options = options               # selects the first option; put the old one back
+            ids = [i for _, i in options]
+            self.root.value = before if before in ids else (ids[-1] if ids else None)
+        finally:
+            self._syncing = False
+        if self.root.value != before:
+            self._notify()
+
+    def _changed(self, change: dict[str, Any]) -> None:
+        if not self._syncing:
+            self._notify()
+
+    def _notify(self) -> None:
+        if self.on_select is not None:
+            self.on_select(self.root.value)

@@ -1,0 +1,194 @@
+"""The dashboard: composes the components, listens to the event bus, refreshes at most ~5 times a second.
+
+Events may be published on any thread (a simulated kernel in a cell, a widget callback on a comm
+subshell, a user's worker thread). The bus callback only feeds running totals and arms a timer; the
+timer thread collects one snapshot and renders it, so a burst of a thousand events costs one
+refresh. Rendering is serialised by a lock, so a click and a timer never render at the same time.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+import time
+from typing import Any
+
+import ipywidgets as widgets
+import numpy as np
+
+import uvm_lab as ul
+from uvm_lab.events import get_bus
+from uvm_lab.units import format_bytes
+
+from .allocations import AllocationList
+from .base import DashboardComponent, close_widget_tree
+from .collect import EventTotals, collect_snapshot
+from .controls import AdviceControls, PrefetchControls
+from .residency import ResidencyMap, ResidencyOverview
+from .statistics import Statistics
+
+__all__ = ["Dashboard", "load_bokehjs"]
+
+log = logging.getLogger("uvm_lab.jupyter")
+
+_bokehjs_loaded = False
+
+
+def load_bokehjs(force: bool = False) -> None:
+    """Load BokehJS into the notebook's page once per kernel, inline (works offline, no CDN)."""
+    global _bokehjs_loaded
+    if _bokehjs_loaded and not force:
+        return
+    from bokeh.io import output_notebook
+    from bokeh.resources import INLINE
+
+    output_notebook(resources=INLINE, hide_banner=True)
+    _bokehjs_loaded = True
+
+
+class Dashboard:
+    """The uvm_lab widget dashboard: allocations, residency maps, statistics, prefetch and advice.
+
+    Parameters
+    ----------
+    interval:
+        Least time between two refreshes caused by events, in seconds (0.2: at most 5 a second).
+    live:
+        Subscribe to the event bus (the default). With ``live=False`` the dashboard changes only
+        when :meth:`refresh` is called.
+    """
+
+    def __init__(self, *, interval: float = 0.2, live: bool = True) -> None:
+        self.interval = float(interval)
+        backend = ul.get_backend()
+        bus = get_bus()
+        self.totals = EventTotals(bus.history())
+        self.allocations = AllocationList(on_select=self._on_select)
+        self.residency = ResidencyMap()
+        self.overview = ResidencyOverview()
+        self.statistics = Statistics()
+        self.prefetch = PrefetchControls(on_change=self.refresh)
+        self.advice = AdviceControls(on_change=self.refresh, device_count=backend.device_count())
+        self.components: tuple[DashboardComponent, ...] = (
+            self.allocations, self.residency, self.overview, self.statistics, self.prefetch, self.advice)
+        self.header = widgets.HTML()
+        self.root = widgets.VBox([
+            self.header,
+            widgets.HBox([
+                widgets.VBox([widgets.HTML("<b>Allocations</b>"), self.allocations.root,
+                              widgets.HTML("<b>Prefetch</b>"), self.prefetch.root,
+                              widgets.HTML("<b>Advice</b>"), self.advice.root],
+                             layout=widgets.Layout(width="320px", margin="0 12px 0 0")),
+                self.residency.root,
+            ]),
+            widgets.HBox([self.overview.root, self.statistics.root]),
+        ])
+        self.snapshot: dict[str, Any] | None = None
+        self.refreshes = 0
+        self._render_lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+        self._last = 0.0
+        self._closed = False
+        self._subscription = bus.subscribe(self._on_events) if live else None
+        self.refresh()
+
+    # -- rendering --------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Collect a snapshot now and render it in every component."""
+        with self._render_lock:
+            if self._closed:
+                return
+            self._last = time.monotonic()
+            try:
+                snapshot = collect_snapshot(self.totals)
+                self.snapshot = snapshot
+                # The list first: it may change the selection that the others render.
+                self.allocations.update(snapshot)
+                self._propagate_selection(self.allocations.selected)
+                for component in self.components[1:]:
+                    component.update(snapshot)
+                self.header.value = self._header(snapshot)
+                self.refreshes += 1
+            except Exception as err:  # a broken refresh must not kill the timer thread or the kernel
+                log.exception("uvm_lab dashboard refresh failed")
+                self.header.value = f'<span style="color:#c62828">refresh failed: {html.escape(repr(err))}</span>'
+
+    @staticmethod
+    def _header(snapshot: dict[str, Any]) -> str:
+        mem = snapshot["memory"]
+        ev = snapshot["events"]
+        return (f"<b>uvm_lab</b> · backend <code>{html.escape(snapshot['backend'])}</code> · device memory "
+                f"{format_bytes(mem['used'])} used of {format_bytes(mem['total'])} · "
+                f"{len(snapshot['allocations'])} live allocation(s) · {ev['published']:,} events"
+                + (f", {ev['dropped']:,} dropped from history" if ev["dropped"] else ""))
+
+    def select(self, alloc_id: int | None) -> None:
+        """Select an allocation (what picking it in the list does)."""
+        self.allocations.select(alloc_id)
+
+    def _on_select(self, alloc_id: int | None) -> None:
+        with self._render_lock:
+            self._propagate_selection(alloc_id)
+            if self.snapshot is not None:
+                for component in (self.residency, self.prefetch, self.advice):
+                    component.update(self.snapshot)
+
+    def _propagate_selection(self, alloc_id: int | None) -> None:
+        for component in (self.residency, self.prefetch, self.advice):
+            if component.selected != alloc_id:
+                component.selected = alloc_id
+                if hasattr(component, "message"):
+                    component.message.value = ""
+
+    # -- live updates -------------------------------------------------------------------------------
+    def _on_events(self, records: np.ndarray) -> None:
+        # On the publisher's thread, under the bus's lock: be quick, never render here.
+        self.totals.feed(records)
+        with self._lock:
+            if self._closed or self._timer is not None:
+                return
+            delay = max(0.0, self._last + self.interval - time.monotonic())
+            self._timer = threading.Timer(delay, self._tick)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _tick(self) -> None:
+        with self._lock:
+            self._timer = None
+        self.refresh()
+
+    @property
+    def live(self) -> bool:
+        """Whether the dashboard is listening to the event bus."""
+        return self._subscription is not None and not self._closed
+
+    # -- lifetime -------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop listening to events and close every widget. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        if self._subscription is not None:
+            self._subscription.close()
+        with self._render_lock:
+            close_widget_tree(self.root)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> Dashboard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        load_bokehjs()
+        return self.root._repr_mimebundle_(**kwargs)

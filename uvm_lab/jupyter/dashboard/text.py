@@ -1,0 +1,83 @@
+"""Plain-text views of a snapshot and of a trace summary, for ``%uvm status`` and ``%%uvm_trace``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from uvm_lab.units import format_bytes
+
+__all__ = ["format_status", "format_table", "format_trace_summary"]
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[int] = ()) -> str:
+    """A fixed-width table; columns whose index is in ``right`` are right-aligned."""
+    cells = [[str(h) for h in headers], *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+
+    def line(row: list[str]) -> str:
+        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths,
+                                                                                              strict=True))).rstrip()
+
+    return "\n".join([line(cells[0]), line(["-" * w for w in widths]), *(line(r) for r in cells[1:])])
+
+
+def _advice_text(advice: Mapping[str, Any] | None) -> str:
+    if advice is None:
+        return "n/a (not managed)"
+    parts = []
+    if advice["read_mostly"]:
+        parts.append("read_mostly")
+    if advice["preferred_location"]:
+        parts.append(f"preferred={advice['preferred_location']}")
+    if advice["accessed_by"]:
+        parts.append("accessed_by=" + ",".join(advice["accessed_by"]))
+    return ", ".join(parts) or "-"
+
+
+def format_status(snapshot: Mapping[str, Any]) -> str:
+    """The ``%uvm status`` report: backend, device memory, resource, live allocations, event counters."""
+    mem = snapshot["memory"]
+    ev = snapshot["events"]
+    lines = [
+        f"backend: {snapshot['backend']} ({snapshot['device_count']} device(s)), "
+        f"clock {snapshot['time_ns'] / 1e6:,.3f} ms",
+        f"device memory: {format_bytes(mem['used'])} used, {format_bytes(mem['free'])} free, "
+        f"{format_bytes(mem['total'])} total",
+        "resource: " + " -> ".join(snapshot["resource"]),
+        f"events: {ev['published']:,} published, {ev['dropped']:,} dropped from history",
+    ]
+    allocs = snapshot["allocations"]
+    if not allocs:
+        lines.append("live allocations: none")
+        return "\n".join(lines)
+    total = sum(a["size"] for a in allocs)
+    lines.append(f"live allocations: {len(allocs)}, {format_bytes(total)}")
+    rows = []
+    for a in allocs:
+        s = a["summary"]
+        rows.append([a["id"], a["label"] or "-", format_bytes(a["size"]), "managed" if a["is_managed"] else "device",
+                     *(f"{100 * s[k]:.1f}%" for k in ("gpu", "host", "both", "nowhere")), _advice_text(a["advice"])])
+    table = format_table(["id", "label", "size", "kind", "gpu", "host", "both", "nowhere", "advice"], rows,
+                         right=(0, 2, 4, 5, 6, 7))
+    lines += ["", table]
+    return "\n".join(lines)
+
+
+def format_trace_summary(summary: Mapping[str, Any], *, elapsed_ns: int | None = None, clock: str = "backend") -> str:
+    """The ``%%uvm_trace`` report from :func:`~uvm_lab.jupyter.dashboard.collect.summarize_records` output."""
+    head = f"uvm_trace: {summary['events']:,} events"
+    if elapsed_ns is not None:
+        head += f", {elapsed_ns / 1e6:,.3f} ms of {clock} time"
+    rows = [
+        ["migrated host -> device", format_bytes(summary["htod_bytes"])],
+        ["migrated device -> host", format_bytes(summary["dtoh_bytes"])],
+        ["GPU page faults", f"{summary['gpu_faults']:,}"],
+        ["CPU page faults", f"{summary['cpu_faults']:,}"],
+    ]
+    lines = [head, *(f"  {name:<24}{value}" for name, value in rows)]
+    by_kind = summary["by_kind"]
+    if by_kind:
+        lines.append("  events by kind: " + ", ".join(f"{k} {n:,}" for k, n in sorted(by_kind.items(),
+                                                                                     key=lambda kv: -kv[1])))
+    return "\n".join(lines)
