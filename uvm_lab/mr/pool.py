@@ -1,0 +1,326 @@
+"""A coalescing best-fit suballocator over an upstream resource: RMM's ``PoolMemoryResource``.
+
+The pool takes large blocks from its upstream and carves allocations out of them, so most
+``allocate``/``deallocate`` calls never reach the upstream (nor, on a real GPU, the driver).
+
+How it works
+------------
+* Every allocation is rounded up to :data:`ALIGNMENT` (256 bytes, ``CUDA_ALLOCATION_ALIGNMENT``),
+  so every address the pool returns is 256-byte aligned. (A 0-byte request never gets here: as
+  ``cudaMalloc(0)`` and RMM, every resource answers it with a null pointer.)
+* **Best fit.** A request takes the smallest free range that holds it (the lowest address among
+  equals) and is cut from the front of that range; the rest stays free.
+* **Coalescing.** A freed range merges with the free ranges just before and after it, but never
+  across the edge of an upstream block: two blocks the upstream happened to place side by side
+  are still two blocks, each given back whole.
+* **Growth.** When no free range is large enough the pool takes a new block from the upstream and
+  publishes a ``POOL_GROW`` event (``address`` = the new block, ``bytes`` = its size). As RMM does,
+  an uncapped pool grows by ``max(request, pool_size())`` (it doubles), and a capped pool by
+  ``max(request, remaining // 2)``, half the way to ``maximum_pool_size``. If the upstream is out of
+  memory the pool halves its attempt, down to the request itself, before it gives up.
+* **Failure.** A request that no free range holds and no growth can supply raises
+  :class:`~uvm_lab.errors.OutOfMemoryError`, and the pool is left exactly as it was.
+* **Release.** Blocks go back to the upstream on :meth:`PoolMemoryResource.release` (only when no
+  allocation is live) or when the pool is garbage-collected. A freed allocation only returns its
+  range to the pool; ``pool_size()`` never shrinks before then.
+
+Differences from RMM: allocation is not stream-ordered (one free list for all streams; the
+simulated backend is synchronous); ``initial_pool_size=None`` is clamped to ``maximum_pool_size``
+instead of failing; and a capped pool does not hand wholly free blocks back to make headroom
+(RMM 26 does), so that an out-of-memory failure never changes the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from bisect import bisect_left, insort
+
+from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
+from ..events.schema import EventKind, make_events
+from ..units import format_bytes, parse_size
+from .base import MemoryResource
+
+__all__ = ["ALIGNMENT", "PoolMemoryResource"]
+
+#: Alignment of every pool allocation and of the pool's sizes: ``rmm::CUDA_ALLOCATION_ALIGNMENT``.
+ALIGNMENT = 256
+
+# Free ranges are kept in a list sorted by one int key, size in the high bits and address in the
+# low 64, so a best-fit search is a single bisect with no tuple building on the hot path.
+_SHIFT = 64
+_ADDRESS_MASK = (1 << _SHIFT) - 1
+
+
+def _align_up(n: int) -> int:
+    return (n + ALIGNMENT - 1) & -ALIGNMENT
+
+
+def _align_down(n: int) -> int:
+    return n & -ALIGNMENT
+
+
+class PoolMemoryResource(MemoryResource):
+    """A coalescing best-fit pool of memory taken from ``upstream_mr``.
+
+    Parameters
+    ----------
+    upstream_mr
+        The resource the pool takes its blocks from (``ManagedMemoryResource()``, ...).
+    initial_pool_size
+        Bytes to take from the upstream now, an int or a string such as ``"1GiB"``; a multiple of
+        256. ``None`` (the default) takes half of the device's free memory, rounded down to 256
+        bytes (and at most ``maximum_pool_size``); ``0`` takes nothing until the first allocation.
+    maximum_pool_size
+        The most the pool may ever hold from the upstream; a multiple of 256. ``None`` (the
+        default) leaves only the upstream's own limit.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``upstream_mr`` is not a memory resource, or ``initial_pool_size > maximum_pool_size``.
+    InvalidSizeError
+        A size that is not a non-negative number of bytes, or not a multiple of 256.
+    OutOfMemoryError
+        The upstream cannot supply ``initial_pool_size``.
+
+    Examples
+    --------
+    >>> pool = ul.mr.PoolMemoryResource(ul.mr.ManagedMemoryResource(), "1GiB", "4GiB")
+    >>> ptr = pool.allocate("100MiB")
+    >>> pool.deallocate(ptr, "100MiB")
+    """
+
+    def __init__(self, upstream_mr: MemoryResource, initial_pool_size: int | str | None = None,
+                 maximum_pool_size: int | str | None = None) -> None:
+        if not isinstance(upstream_mr, MemoryResource):
+            raise InvalidArgumentError(
+                f"upstream_mr must be a uvm_lab memory resource, got {upstream_mr!r} ({type(upstream_mr).__name__})",
+                value=upstream_mr, expected="a uvm_lab.mr.MemoryResource, such as ul.mr.ManagedMemoryResource()")
+        maximum = None if maximum_pool_size is None else _aligned_size(maximum_pool_size, "maximum_pool_size",
+                                                                        allow_zero=False)
+        if initial_pool_size is None:
+            device = upstream_mr.device_id
+            free = upstream_mr.backend.mem_info(device if device >= 0 else upstream_mr.backend.current_device())[0]
+            initial = _align_down(free // 2)
+            if maximum is not None:
+                initial = min(initial, maximum)
+        else:
+            initial = _aligned_size(initial_pool_size, "initial_pool_size", allow_zero=True)
+            if maximum is not None and initial > maximum:
+                raise InvalidArgumentError(
+                    f"initial_pool_size ({format_bytes(initial)}) is larger than maximum_pool_size "
+                    f"({format_bytes(maximum)}); give an initial size of at most the maximum",
+                    value=initial_pool_size, expected=f"at most maximum_pool_size = {maximum}")
+
+        super().__init__(upstream_mr.backend)
+        self.upstream_mr = upstream_mr
+        self._maximum = maximum
+        self._pool_size = 0
+        self._blocks: dict[int, int] = {}        # upstream block address -> size
+        self._free_keys: list[int] = []          # sorted (size << 64 | address) of every free range
+        self._free_start: dict[int, int] = {}    # free range address -> size
+        self._free_end: dict[int, int] = {}      # free range end -> address
+        if initial:
+            with self._lock:
+                self._add_block(*self._take_from_upstream(initial, initial, 0), 0)
+
+    # -- what the pool is -----------------------------------------------------------------------
+    @property
+    def is_managed(self) -> bool:
+        return self.upstream_mr.is_managed
+
+    @property
+    def device_id(self) -> int:
+        return self.upstream_mr.device_id
+
+    @property
+    def maximum_pool_size(self) -> int | None:
+        """The cap on :meth:`pool_size`, or None when only the upstream limits it."""
+        return self._maximum
+
+    def get_upstream(self) -> MemoryResource:
+        """RMM's name for ``upstream_mr``."""
+        return self.upstream_mr
+
+    def pool_size(self) -> int:
+        """Bytes the pool holds from its upstream (allocated and free)."""
+        return self._pool_size
+
+    def upstream_blocks(self) -> list[tuple[int, int]]:
+        """``(address, size)`` of every block held from the upstream, by address."""
+        with self._lock:
+            return sorted(self._blocks.items())
+
+    def free_ranges(self) -> list[tuple[int, int]]:
+        """``(address, size)`` of every free range in the pool, by address."""
+        with self._lock:
+            return sorted(self._free_start.items())
+
+    def release(self) -> None:
+        """Give every block back to the upstream; the pool is empty afterwards (it grows again on use).
+
+        Raises
+        ------
+        InvalidStateError
+            Allocations are still live: deallocate them first.
+        """
+        with self._lock:
+            if self._live:
+                live = sum(_align_up(size) for size, _ in self._live.values())
+                raise InvalidStateError(
+                    f"cannot release {type(self).__name__}: {len(self._live)} allocation(s) "
+                    f"({format_bytes(live)}) are still live; deallocate them first")
+            for ptr, size in sorted(self._blocks.items()):
+                self.upstream_mr.deallocate(ptr, size)
+                del self._blocks[ptr]
+                self._pool_size -= size
+            self._free_keys.clear()
+            self._free_start.clear()
+            self._free_end.clear()
+
+    # -- the suballocator (called by MemoryResource.allocate/deallocate, under self._lock) --------
+    def _allocate(self, size: int, stream: int) -> int:
+        need = (size + ALIGNMENT - 1) & -ALIGNMENT
+        keys = self._free_keys
+        i = bisect_left(keys, need << _SHIFT)          # the smallest free range that holds ``need``
+        if i == len(keys):
+            self._add_block(*self._grow(need, stream), stream)
+            i = bisect_left(keys, need << _SHIFT)
+        key = keys[i]
+        ptr = key & _ADDRESS_MASK
+        have = key >> _SHIFT
+        del self._free_start[ptr]
+        if have == need:
+            del keys[i]
+            del self._free_end[ptr + have]
+            return ptr
+        rest = ptr + need                                # the tail stays free
+        self._free_start[rest] = have - need
+        self._free_end[ptr + have] = rest
+        key = ((have - need) << _SHIFT) | rest
+        if i == 0 or keys[i - 1] < key:                  # still in order: replace in place
+            keys[i] = key
+        else:
+            del keys[i]
+            insort(keys, key, 0, i)
+        return ptr
+
+    def _deallocate(self, ptr: int, size: int, stream: int) -> None:
+        end = ptr + ((size + ALIGNMENT - 1) & -ALIGNMENT)
+        blocks = self._blocks
+        # Neighbours merge only within one upstream block: a range that starts a block has no
+        # neighbour below, and a free range that starts a block is no neighbour above.
+        below = None if ptr in blocks else self._free_end.pop(ptr, None)
+        above = None if end in blocks else self._free_start.pop(end, None)
+        keys = self._free_keys
+        start = ptr
+        old = -1                 # key of a merged-away range, whose slot the merged range can take
+        if below is not None:
+            start = below
+            old = ((ptr - below) << _SHIFT) | below
+        if above is not None:
+            if old >= 0:
+                del keys[bisect_left(keys, old)]
+            old = (above << _SHIFT) | end
+            end += above
+        key = ((end - start) << _SHIFT) | start
+        if old < 0:
+            insort(keys, key)
+        else:
+            # The merged range is larger than the one it replaces, so it sorts at or after it.
+            j = bisect_left(keys, old)
+            if j + 1 == len(keys) or keys[j + 1] > key:
+                keys[j] = key
+            else:
+                del keys[j]
+                insort(keys, key, j)
+        self._free_start[start] = end - start            # overwrites the merged-away entries
+        self._free_end[end] = start
+
+    # -- growth ---------------------------------------------------------------------------------
+    def _grow(self, need: int, stream: int) -> tuple[int, int]:
+        """Take a block of at least ``need`` bytes from the upstream, or raise with nothing changed."""
+        if self._maximum is None:
+            return self._take_from_upstream(max(need, self._pool_size), need, stream)
+        remaining = self._maximum - self._pool_size
+        if need > remaining:
+            raise self._out_of_memory(
+                need, self._free_bytes(), self._maximum,
+                f"the pool holds {format_bytes(self._pool_size)} of its maximum_pool_size "
+                f"{format_bytes(self._maximum)}, and its largest free range is {format_bytes(self._largest_free())}")
+        return self._take_from_upstream(max(need, _align_down(remaining // 2)), need, stream)
+
+    def _take_from_upstream(self, try_size: int, need: int, stream: int) -> tuple[int, int]:
+        """RMM's ``try_to_expand``: ask for ``try_size``, halving on failure down to ``need``."""
+        while True:
+            try:
+                ptr = self.upstream_mr.allocate(try_size, stream)
+            except OutOfMemoryError as err:
+                if try_size <= need:
+                    raise self._out_of_memory(
+                        need, self._free_bytes(), self._maximum or 0,
+                        f"its upstream {type(self.upstream_mr).__name__} cannot supply a block of "
+                        f"{format_bytes(need)} ({err})") from err
+                try_size = max(need, _align_down(try_size // 2))
+                continue
+            return ptr, try_size
+
+    def _add_block(self, ptr: int, size: int, stream: int) -> None:
+        """Make a block just taken from the upstream one free range of the pool, and say so."""
+        if ptr % ALIGNMENT:
+            self.upstream_mr.deallocate(ptr, size, stream)
+            raise BackendError(
+                f"{type(self.upstream_mr).__name__} returned address {ptr:#x}, which is not {ALIGNMENT}-byte "
+                f"aligned; a pool needs an upstream whose allocations are")
+        self._blocks[ptr] = size
+        self._pool_size += size
+        self._free_start[ptr] = size
+        self._free_end[ptr + size] = ptr
+        insort(self._free_keys, (size << _SHIFT) | ptr)
+        now = self.backend.now_ns()
+        self.backend.bus.publish(make_events(
+            1, kind=EventKind.POOL_GROW, start=now, end=now, address=ptr, bytes=size, value=size,
+            alloc_id=self.upstream_mr.allocation_id(ptr), stream=stream, dst=self.device_id))
+
+    def _free_bytes(self) -> int:
+        return sum(self._free_start.values())
+
+    def _largest_free(self) -> int:
+        return self._free_keys[-1] >> _SHIFT if self._free_keys else 0
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def __del__(self) -> None:
+        # A destructor never raises: blocks go back as RMM's destructor gives them back, and any
+        # trouble (a half torn-down interpreter, an upstream already gone) becomes a warning.
+        blocks = getattr(self, "_blocks", None)
+        if not blocks:
+            return
+        try:
+            if self._live:
+                warnings.warn(f"{type(self).__name__} was garbage-collected with {len(self._live)} live "
+                              f"allocation(s); their memory went back to the upstream", ResourceWarning,
+                              stacklevel=1)
+            for ptr, size in list(blocks.items()):
+                self.upstream_mr.deallocate(ptr, size)
+                del blocks[ptr]
+        except Exception as err:
+            with contextlib.suppress(Exception):
+                warnings.warn(f"{type(self).__name__} could not give its blocks back to the upstream "
+                              f"({err!r}); the memory may have leaked", ResourceWarning, stacklevel=1)
+
+    def __repr__(self) -> str:
+        maximum = None if self._maximum is None else format_bytes(self._maximum)
+        return (f"{type(self).__name__}({self.upstream_mr!r}, pool_size={format_bytes(self._pool_size)!r}, "
+                f"maximum_pool_size={maximum!r})")
+
+
+def _aligned_size(value: object, name: str, *, allow_zero: bool) -> int:
+    size = parse_size(value, name=name, allow_zero=allow_zero)
+    if size % ALIGNMENT:
+        down, up = _align_down(size), _align_up(size)
+        hint = f"{down} or {up}" if down else f"{up}"
+        raise InvalidSizeError(f"{name} must be a multiple of {ALIGNMENT} bytes, got {value!r} = {size} bytes; "
+                               f"use {hint}", value=value, expected=f"a multiple of {ALIGNMENT} bytes")
+    return size
+

@@ -1,0 +1,122 @@
+"""Counting what passes through a resource: RMM's ``StatisticsResourceAdaptor``.
+
+The adaptor keeps a stack of counter levels. Each level counts bytes and allocations three ways:
+
+``current``  what is live now (within a pushed level this can go below zero: freeing memory that
+             was allocated before the push counts against the level)
+``peak``     the highest ``current`` the level has seen
+``total``    everything ever allocated at that level
+
+:meth:`~StatisticsResourceAdaptor.allocation_counts` reads the top level.
+:meth:`~StatisticsResourceAdaptor.push_counters` starts a fresh level (returning the counters of
+the level below it); :meth:`~StatisticsResourceAdaptor.pop_counters` removes the top level,
+returns its counters and folds them into the level below, exactly as RMM does: the lower level's
+current and total grow by the popped ones, and its peak becomes at least its current-at-push plus
+the popped level's peak.
+"""
+
+from __future__ import annotations
+
+from ..errors import InvalidStateError
+from .base import MemoryResource, ResourceAdaptor
+
+__all__ = ["StatisticsResourceAdaptor"]
+
+# One counter level is a list: [bytes current, bytes peak, bytes total, count current, count peak, count total].
+
+
+def _as_dict(level: list[int]) -> dict[str, int]:
+    return {
+        "current_bytes": level[0], "current_count": level[3],
+        "peak_bytes": level[1], "peak_count": level[4],
+        "total_bytes": level[2], "total_count": level[5],
+    }
+
+
+class StatisticsResourceAdaptor(ResourceAdaptor):
+    """Counts the bytes and allocations that go through it to ``upstream_mr``.
+
+    Parameters
+    ----------
+    upstream_mr
+        The resource that hands out the memory.
+
+    Examples
+    --------
+    >>> mr = ul.mr.StatisticsResourceAdaptor(ul.mr.ManagedMemoryResource())
+    >>> ptr = mr.allocate(1000)
+    >>> mr.allocation_counts["current_bytes"]
+    1000
+    """
+
+    def __init__(self, upstream_mr: MemoryResource) -> None:
+        super().__init__(upstream_mr)
+        self._levels: list[list[int]] = [[0, 0, 0, 0, 0, 0]]
+        self._current_bytes = 0    # across every level: what went through this adaptor and is still live
+
+    @property
+    def allocation_counts(self) -> dict[str, int]:
+        """The top level's counters: ``current_bytes``, ``current_count``, ``peak_bytes``, ``peak_count``,
+        ``total_bytes`` and ``total_count`` (a fresh dict)."""
+        with self._lock:
+            return _as_dict(self._levels[-1])
+
+    def push_counters(self) -> dict[str, int]:
+        """Start a new level of counters, all zero; return the counters of the level it covers."""
+        with self._lock:
+            below = _as_dict(self._levels[-1])
+            self._levels.append([0, 0, 0, 0, 0, 0])
+            return below
+
+    def pop_counters(self) -> dict[str, int]:
+        """Remove the top level, fold it into the level below, and return its counters.
+
+        Raises
+        ------
+        InvalidStateError
+            There is no pushed level: the bottom level is never popped.
+        """
+        with self._lock:
+            if len(self._levels) < 2:
+                raise InvalidStateError("cannot pop the last level of counters: pop_counters() must follow a "
+                                        "push_counters()")
+            top = self._levels.pop()
+            below = self._levels[-1]
+            for cur, peak, total in ((0, 1, 2), (3, 4, 5)):
+                below[peak] = max(below[peak], below[cur] + top[peak])
+                below[cur] += top[cur]
+                below[total] += top[total]
+            return _as_dict(top)
+
+    @property
+    def counter_depth(self) -> int:
+        """How many levels of counters there are (1 until :meth:`push_counters` is called)."""
+        return len(self._levels)
+
+    def get_allocated_bytes(self) -> int:
+        """Bytes allocated through this adaptor and not yet freed, whatever the counter level."""
+        return self._current_bytes
+
+    def _allocate(self, size: int, stream: int) -> int:
+        ptr = self.upstream_mr.allocate(size, stream)
+        with self._lock:
+            level = self._levels[-1]
+            level[0] += size
+            level[2] += size
+            if level[0] > level[1]:
+                level[1] = level[0]
+            level[3] += 1
+            level[5] += 1
+            if level[3] > level[4]:
+                level[4] = level[3]
+            self._current_bytes += size
+        return ptr
+
+    def _deallocate(self, ptr: int, size: int, stream: int) -> None:
+        # The upstream goes first: a double free raises there and leaves the counters untouched.
+        self.upstream_mr.deallocate(ptr, size, stream)
+        with self._lock:
+            level = self._levels[-1]
+            level[0] -= size
+            level[3] -= 1
+            self._current_bytes -= size
