@@ -1,0 +1,62 @@
+"""uvm_lab: a workbench for CUDA unified memory.
+
+    import uvm_lab as ul
+    ul.use_backend("sim", device_memory="4GiB")
+    buf = ul.DeviceBuffer(size="512MiB")
+    buf.prefetch("gpu")
+    ul.residency(buf).summary()
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import errors, events, mr
+from .access import touch
+from .backends import get_backend, use_backend
+from .backends.base import AccessResult
+from .buffer import DeviceBuffer, find_buffer, live_buffers
+from .events.trace import Trace, record
+from .location import Location
+from .residency_map import ResidencyMap, get_tracker, residency
+from .units import format_bytes, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessResult",
+    "DeviceBuffer",
+    "Location",
+    "ResidencyMap",
+    "Trace",
+    "__version__",
+    "errors",
+    "events",
+    "find_buffer",
+    "format_bytes",
+    "get_backend",
+    "live_buffers",
+    "load_ipython_extension",
+    "mr",
+    "parse_size",
+    "record",
+    "residency",
+    "touch",
+    "unload_ipython_extension",
+    "use_backend",
+]
+
+get_tracker()  # residency maps are built from events: start listening before the first allocation
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext uvm_lab``: the magics, the dashboard and the lab panel's comm target."""
+    from .jupyter import load_ipython_extension as load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    from .jupyter import unload_ipython_extension as unload
+
+    unload(ipython)

@@ -1,0 +1,53 @@
+"""Choosing the device: ``use_backend("sim" | "cuda" | "auto")`` and ``get_backend()``."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from typing import Any
+
+from ..errors import BackendError, InvalidArgumentError
+from .base import AccessMode, AccessResult, Backend, RangeAdvice
+from .sim import SimBackend
+
+__all__ = ["AccessMode", "AccessResult", "Backend", "RangeAdvice", "SimBackend", "get_backend", "use_backend"]
+
+_BACKENDS = ("auto", "sim", "cuda")
+_current: Backend | None = None
+_lock = threading.Lock()
+
+
+def _cuda_backend_class() -> Any | None:
+    """The CUDA backend, if this installation has one and a usable GPU; otherwise None."""
+    if importlib.util.find_spec("uvm_lab.backends.cuda") is None:
+        return None
+    from .cuda import CudaBackend  # only this module touches cuda.*
+
+    return CudaBackend if CudaBackend.is_available() else None
+
+
+def use_backend(name: str = "auto", **options: Any) -> Backend:
+    """Make a new backend current and return it.
+
+    ``"sim"`` is the simulated device (options: ``device_memory``, ``platform``); ``"cuda"`` the real
+    GPU; ``"auto"`` picks ``"cuda"`` where a usable GPU and the CUDA backend are present, else ``"sim"``.
+    Resources and buffers made earlier keep the backend they were made on; the current device resource
+    starts afresh on the new one.
+    """
+    global _current
+    if name not in _BACKENDS:
+        raise InvalidArgumentError(f"backend must be one of {', '.join(_BACKENDS)}, got {name!r}",
+                                   value=name, expected=", ".join(_BACKENDS))
+    cuda = _cuda_backend_class() if name in ("auto", "cuda") else None
+    if name == "cuda" and cuda is None:
+        raise BackendError("the CUDA backend is not available here: it needs an NVIDIA GPU, its driver and "
+                           "uvm_lab's cuda extra (pip install 'uvm_lab[cuda]'); use_backend('sim') simulates one")
+    backend: Backend = cuda(**options) if cuda is not None else SimBackend(**options)
+    with _lock:
+        _current = backend
+    return backend
+
+
+def get_backend() -> Backend:
+    """The current backend; the first call picks one as ``use_backend("auto")`` does."""
+    return _current if _current is not None else use_backend("auto")

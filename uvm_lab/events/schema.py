@@ -69,6 +69,8 @@ class EventKind(IntEnum):
     POOL_GROW = 21       #: a pool took ``bytes`` more from its upstream
     PREFETCH = 22        #: a prefetch was requested; dst = destination
     ADVICE = 23          #: memory advice was set; flags = Advice, dst = location (or -2 when none applies)
+    # Driver events that CUPTI's counters do not carry (the UVM driver's own vocabulary).
+    INVALIDATE = 24      #: copies on ``src`` dropped without a transfer (read-duplicate collapse, eviction of a copy)
 
     @property
     def is_migration(self) -> bool:

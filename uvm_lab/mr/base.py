@@ -20,10 +20,11 @@ from ..units import format_bytes, parse_size
 if TYPE_CHECKING:
     from ..backends.base import Backend
 
-__all__ = ["MemoryResource", "ResourceAdaptor", "resource_chain"]
+__all__ = ["MemoryResource", "ResourceAdaptor", "resource_chain", "validate_stream"]
 
 
-def _check_stream(stream: object) -> int:
+def validate_stream(stream: object) -> int:
+    """A stream argument as a handle: None is the default stream (0)."""
     if stream is None:
         return 0
     if isinstance(stream, Integral) and not isinstance(stream, bool) and int(stream) >= 0:
@@ -61,7 +62,9 @@ class MemoryResource:
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
         """Allocate ``nbytes`` (an int or a string such as ``"2GiB"``) and return the address."""
         size = parse_size(nbytes, name="nbytes")
-        s = _check_stream(stream)
+        s = validate_stream(stream)
+        if size == 0:
+            return 0  # as cudaMalloc(0) and RMM: a null pointer, nothing to track
         with self._lock:
             try:
                 ptr = self._allocate(size, s)
@@ -76,7 +79,9 @@ class MemoryResource:
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
         """Give back ``ptr``, which this resource returned for ``nbytes`` bytes."""
         size = parse_size(nbytes, name="nbytes")
-        s = _check_stream(stream)
+        s = validate_stream(stream)
+        if ptr == 0 and size == 0:
+            return
         with self._lock:
             held = self._live.get(ptr) if isinstance(ptr, Integral) else None
             if held is None:
@@ -153,12 +158,12 @@ class ResourceAdaptor(MemoryResource):
 
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
         size = parse_size(nbytes, name="nbytes")
-        s = _check_stream(stream)
+        s = validate_stream(stream)
         return self._allocate(size, s)
 
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
         size = parse_size(nbytes, name="nbytes")
-        s = _check_stream(stream)
+        s = validate_stream(stream)
         self._deallocate(ptr, size, s)
 
     def allocation_id(self, ptr: int) -> int:

@@ -1,0 +1,253 @@
+"""DeviceBuffer: memory from a resource, with prefetch and memory advice.
+
+Advice is read back from the backend each time (``cudaMemRangeGetAttribute`` on a GPU), never
+cached here, so what a buffer reports is what the driver holds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+import weakref
+from collections.abc import Iterable
+from numbers import Integral
+from typing import Any
+
+from .backends.base import RangeAdvice
+from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError
+from .events.schema import Advice, MemoryKind
+from .location import Location
+from .mr.base import MemoryResource, validate_stream
+from .mr.current import get_current_device_resource
+from .units import format_bytes, parse_size
+
+__all__ = ["DeviceBuffer", "find_buffer", "live_buffers"]
+
+_live: dict[int, weakref.ref[DeviceBuffer]] = {}
+_live_lock = threading.Lock()
+_empty_ids = itertools.count(-1, -1)   # zero-size buffers hold no allocation: negative ids never clash
+
+_ADVICE_NAMES = {
+    "read_mostly": Advice.SET_READ_MOSTLY,
+    "unset_read_mostly": Advice.UNSET_READ_MOSTLY,
+    "preferred_location": Advice.SET_PREFERRED_LOCATION,
+    "unset_preferred_location": Advice.UNSET_PREFERRED_LOCATION,
+    "accessed_by": Advice.SET_ACCESSED_BY,
+    "unset_accessed_by": Advice.UNSET_ACCESSED_BY,
+}
+
+
+def _release(mr: MemoryResource, ptr: int, size: int, stream: int | None, buffer_id: int) -> None:
+    with _live_lock:
+        _live.pop(buffer_id, None)
+    try:
+        mr.deallocate(ptr, size, stream)
+    except Exception as exc:  # a destructor never raises
+        warnings.warn(f"freeing buffer {buffer_id} at {ptr:#x} failed ({exc}); the allocation may have leaked",
+                      RuntimeWarning, stacklevel=2)
+
+
+class DeviceBuffer:
+    """``size`` bytes from ``mr`` (the current device resource by default).
+
+    Parameters
+    ----------
+    size
+        Bytes, as an int or a string such as ``"512MiB"``.
+    mr
+        The memory resource to allocate from.
+    stream
+        Stream handle the allocation is ordered on (None: the default stream).
+    label
+        A name shown in residency maps and dashboards (default ``"buffer <id>"``).
+    """
+
+    def __init__(self, *, size: int | str = 0, mr: MemoryResource | None = None, stream: int | None = None,
+                 label: str | None = None) -> None:
+        nbytes = parse_size(size)
+        if mr is None:
+            mr = get_current_device_resource()
+        elif not isinstance(mr, MemoryResource):
+            raise InvalidArgumentError(f"mr must be a uvm_lab memory resource, got {mr!r} ({type(mr).__name__})",
+                                       value=mr, expected="a uvm_lab.mr.MemoryResource or None")
+        if label is not None and not isinstance(label, str):
+            raise InvalidArgumentError(f"label must be a str or None, got {label!r}", value=label,
+                                       expected="a str or None")
+        ptr = mr.allocate(nbytes, stream)
+        self._ptr = ptr
+        self._size = nbytes
+        self._mr = mr
+        self._stream = stream
+        self.id = mr.allocation_id(ptr) if nbytes else next(_empty_ids)
+        self.label = label if label is not None else f"buffer {self.id}"
+        self._finalizer = weakref.finalize(self, _release, mr, ptr, nbytes, stream, self.id)
+        with _live_lock:
+            _live[self.id] = weakref.ref(self)
+
+    # -- what it is --------------------------------------------------------------------------------------
+    @property
+    def ptr(self) -> int:
+        return self._ptr
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def nbytes(self) -> int:
+        return self._size
+
+    @property
+    def mr(self) -> MemoryResource:
+        return self._mr
+
+    @property
+    def stream(self) -> int | None:
+        return self._stream
+
+    @property
+    def closed(self) -> bool:
+        return not self._finalizer.alive
+
+    @property
+    def is_managed(self) -> bool:
+        """Whether the memory is unified (can migrate, take advice)."""
+        return self._mr.backend.segment_kind(self._ptr) is MemoryKind.MANAGED if self._size else self._mr.is_managed
+
+    def close(self) -> None:
+        """Give the memory back to its resource. Closing twice is harmless; using a closed buffer is an error."""
+        self._finalizer()
+
+    def __enter__(self) -> DeviceBuffer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"ptr={self._ptr:#x}"
+        return f"<DeviceBuffer {self.label!r} id={self.id} size={format_bytes(self._size)} {state}>"
+
+    # -- prefetch and advice ---------------------------------------------------------------------------
+    def prefetch(self, location: int | str | Location = "gpu", stream: int | None = None) -> None:
+        """Migrate the buffer's pages to ``location`` (``"gpu"``, ``"gpu:N"``, ``"host"`` or an ordinal).
+
+        As ``cudaMemPrefetchAsync``: pages not yet touched are populated there; memory that cannot
+        migrate (device or pinned host memory) is left alone.
+        """
+        self._check_open("prefetch")
+        loc = self._location(location, "location")
+        if self._size:
+            self._mr.backend.prefetch(self._ptr, self._size, loc, stream=validate_stream(stream))
+
+    def advise(self, advice: str | Advice, location: int | str | Location | None = None) -> None:
+        """Apply ``cudaMemAdvise``: ``advice`` is a name such as ``"read_mostly"`` or ``"unset_accessed_by"``."""
+        self._check_open("advise")
+        adv = self._advice(advice)
+        needs = adv in (Advice.SET_PREFERRED_LOCATION, Advice.SET_ACCESSED_BY, Advice.UNSET_ACCESSED_BY)
+        if needs and location is None:
+            raise InvalidAdviceError(f"advice {adv.name.lower()!r} needs a location", value=location,
+                                     expected='"host", "gpu" or a device ordinal')
+        loc = self._location(location, "location") if location is not None else None
+        self._advise(adv, loc)
+
+    @property
+    def read_mostly(self) -> bool:
+        """ReadMostly advice: reads make read-only copies where they happen; a write collapses them."""
+        return self._range_advice().read_mostly
+
+    @read_mostly.setter
+    def read_mostly(self, value: bool) -> None:
+        self._check_open("set read_mostly on")
+        if not isinstance(value, bool):
+            raise InvalidAdviceError(f"read_mostly must be True or False, got {value!r}", value=value,
+                                     expected="True or False")
+        self._advise(Advice.SET_READ_MOSTLY if value else Advice.UNSET_READ_MOSTLY, None)
+
+    @property
+    def preferred_location(self) -> str | None:
+        """Where the driver should keep the pages (``"host"``, ``"gpu:0"``), or None when unset."""
+        loc = self._range_advice().preferred_location
+        return str(loc) if loc is not None else None
+
+    @preferred_location.setter
+    def preferred_location(self, value: int | str | Location | None) -> None:
+        self._check_open("set preferred_location on")
+        if value is None:
+            self._advise(Advice.UNSET_PREFERRED_LOCATION, None)
+        else:
+            self._advise(Advice.SET_PREFERRED_LOCATION, self._location(value, "preferred_location"))
+
+    @property
+    def accessed_by(self) -> tuple[str, ...]:
+        """Processors that keep a mapping to the pages wherever they live."""
+        return tuple(str(loc) for loc in self._range_advice().accessed_by)
+
+    @accessed_by.setter
+    def accessed_by(self, value: int | str | Location | Iterable[int | str | Location] | None) -> None:
+        self._check_open("set accessed_by on")
+        if value is None:
+            wanted: set[Location] = set()
+        elif isinstance(value, (str, Integral, Location)):
+            wanted = {self._location(value, "accessed_by")}
+        elif isinstance(value, Iterable):
+            wanted = {self._location(v, "accessed_by") for v in value}   # validate all before changing any
+        else:
+            raise InvalidAdviceError(f"accessed_by must be a location, a sequence of locations or None, got {value!r}",
+                                     value=value, expected="a location, a sequence of locations, or None")
+        current = set(self._range_advice().accessed_by)
+        for loc in sorted(current - wanted):
+            self._advise(Advice.UNSET_ACCESSED_BY, loc)
+        for loc in sorted(wanted - current):
+            self._advise(Advice.SET_ACCESSED_BY, loc)
+
+    # -- helpers ---------------------------------------------------------------------------------------------
+    def _check_open(self, action: str) -> None:
+        if self.closed:
+            raise BufferClosedError(f"cannot {action} {self.label!r}: its memory was freed (the buffer is closed)")
+
+    def _location(self, value: Any, name: str) -> Location:
+        backend = self._mr.backend
+        return Location.parse(value, device_count=backend.device_count(), current_device=backend.current_device(),
+                              name=name)
+
+    def _advice(self, advice: Any) -> Advice:
+        if isinstance(advice, Advice):
+            return advice
+        if isinstance(advice, str) and advice.lower() in _ADVICE_NAMES:
+            return _ADVICE_NAMES[advice.lower()]
+        valid = ", ".join(_ADVICE_NAMES)
+        raise InvalidAdviceError(f"unknown advice {advice!r}; valid: {valid}", value=advice, expected=valid)
+
+    def _advise(self, advice: Advice, location: Location | None) -> None:
+        if self._size:
+            self._mr.backend.advise(self._ptr, self._size, advice, location)
+
+    def _range_advice(self) -> RangeAdvice:
+        self._check_open("read advice of")
+        if not self._size:
+            return RangeAdvice(False, None, (), None)
+        return self._mr.backend.range_advice(self._ptr, self._size)
+
+
+def live_buffers() -> list[DeviceBuffer]:
+    """Every buffer not yet closed, oldest first."""
+    with _live_lock:
+        refs = sorted(_live.items())
+    return [buf for _, ref in refs if (buf := ref()) is not None and not buf.closed]
+
+
+def find_buffer(buffer_id: int) -> DeviceBuffer:
+    """The live buffer with this id, or :class:`InvalidArgumentError` naming the ids that exist."""
+    if isinstance(buffer_id, bool) or not isinstance(buffer_id, Integral):
+        raise InvalidArgumentError(f"buffer id must be an int, got {buffer_id!r}", value=buffer_id,
+                                   expected="the id of a live buffer")
+    with _live_lock:
+        ref = _live.get(int(buffer_id))
+    buf = ref() if ref is not None else None
+    if buf is None or buf.closed:
+        ids = [b.id for b in live_buffers()]
+        raise InvalidArgumentError(f"no live buffer has id {buffer_id}; live ids: {ids}", value=buffer_id,
+                                   expected=f"one of {ids}")
+    return buf

@@ -1,0 +1,141 @@
+"""Recorded traces: ``with record() as trace:`` keeps every event published inside the block."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .bus import EventBus, get_bus
+from .schema import EVENT_DTYPE, AccessType, Advice, EventKind, MemoryKind, MigrationCause, RemoteMapCause
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Trace", "record"]
+
+_FAULTS = (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT)
+
+
+def _decode_flags(kind: int, flags: int) -> tuple[str, str]:
+    """``(cause, detail)``: CUPTI's flags mean a different enum for each kind."""
+    try:
+        k = EventKind(kind)
+        if k.is_migration:
+            return MigrationCause(flags).name.lower(), ""
+        if k in _FAULTS:
+            return "", AccessType(flags).name.lower()
+        if k is EventKind.REMOTE_MAP:
+            return RemoteMapCause(flags).name.lower(), ""
+        if k is EventKind.ADVICE:
+            return "", Advice(flags).name.lower()
+        if k in (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE):
+            return "", MemoryKind(flags).name.lower()
+    except ValueError:
+        pass
+    return "", str(flags) if flags else ""
+
+
+def _processor(p: int) -> str:
+    return "host" if p == -1 else ("" if p < -1 else f"gpu:{p}")
+
+
+class Trace:
+    """The events of a recording, as one ``EVENT_DTYPE`` array."""
+
+    def __init__(self, events: np.ndarray | None = None) -> None:
+        self._chunks: list[np.ndarray] = [] if events is None else [events]
+        self._events: np.ndarray | None = None
+
+    def _add(self, records: np.ndarray) -> None:
+        self._chunks.append(records.copy())
+        self._events = None
+
+    @property
+    def events(self) -> np.ndarray:
+        """All records, in the order they were published."""
+        if self._events is None:
+            self._events = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=EVENT_DTYPE)
+            self._chunks = [self._events]
+        return self._events
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def of_kind(self, *kinds: EventKind) -> np.ndarray:
+        ev = self.events
+        return ev[np.isin(ev["kind"], [int(k) for k in kinds])]
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per event: kind, start/end/duration (ns), address, bytes, value, src, dst, cause, detail, alloc_id."""
+        import pandas as pd
+
+        ev = self.events
+        names = {int(k): k.name.lower() for k in EventKind}
+        decoded = [_decode_flags(k, f) for k, f in zip(ev["kind"].tolist(), ev["flags"].tolist(), strict=True)]
+        return pd.DataFrame({
+            "kind": pd.Categorical([names.get(k, str(k)) for k in ev["kind"].tolist()]),
+            "start": ev["start"].astype(np.int64),
+            "end": ev["end"].astype(np.int64),
+            "duration": (ev["end"] - ev["start"]).astype(np.int64),
+            "address": ev["address"],
+            "bytes": ev["bytes"].astype(np.int64),
+            "value": ev["value"].astype(np.int64),
+            "src": [_processor(p) for p in ev["src"].tolist()],
+            "dst": [_processor(p) for p in ev["dst"].tolist()],
+            "cause": [c for c, _ in decoded],
+            "detail": [d for _, d in decoded],
+            "alloc_id": ev["alloc_id"].astype(np.int64),
+            "stream": ev["stream"],
+        })
+
+    def summary(self) -> dict[str, Any]:
+        """Counts per kind, bytes migrated each way, faults taken, and the time the trace spans."""
+        ev = self.events
+        kinds = ev["kind"]
+        counts = {EventKind(int(k)).name.lower(): int(n) for k, n in zip(*np.unique(kinds, return_counts=True),
+                                                                          strict=True)}
+        faults = ev[np.isin(kinds, [int(k) for k in _FAULTS])]
+        span = int(ev["end"].max() - ev["start"].min()) if len(ev) else 0
+        return {
+            "events": int(len(ev)),
+            "counts": counts,
+            "bytes_htod": int(ev["bytes"][kinds == EventKind.HTOD].sum()),
+            "bytes_dtoh": int(ev["bytes"][kinds == EventKind.DTOH].sum()),
+            "gpu_faults": int(faults["value"][faults["kind"] == EventKind.GPU_PAGE_FAULT].sum()),
+            "cpu_faults": int(faults["value"][faults["kind"] == EventKind.CPU_PAGE_FAULT].sum()),
+            "seconds": span / 1e9,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the trace to ``path`` (NumPy ``.npy``), exactly."""
+        with open(path, "wb") as f:
+            np.save(f, self.events, allow_pickle=False)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Trace:
+        events = np.load(path, allow_pickle=False)
+        if events.dtype != EVENT_DTYPE:
+            raise ValueError(f"{path} does not hold uvm_lab events (dtype {events.dtype})")
+        return cls(events)
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"<Trace {s['events']} events, {s['bytes_htod']} B HtoD, {s['bytes_dtoh']} B DtoH, "
+                f"{s['gpu_faults']} GPU / {s['cpu_faults']} CPU faults, {s['seconds'] * 1e3:.3f} ms>")
+
+
+@contextlib.contextmanager
+def record(bus: EventBus | None = None) -> Iterator[Trace]:
+    """Record every event published while the block runs::
+
+        with ul.record() as trace:
+            ul.touch(buf, on="gpu")
+        trace.to_pandas()
+    """
+    trace = Trace()
+    with (bus or get_bus()).subscribe(trace._add):
+        yield trace

@@ -1,0 +1,69 @@
+"""The current device resource, per device, as RMM's ``set_current_device_resource``.
+
+uvm_lab's default is :class:`ManagedMemoryResource` rather than RMM's ``CudaMemoryResource``:
+unified memory is what this library is for, so a plain ``DeviceBuffer(size=...)`` can be prefetched,
+advised and watched page by page.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from ..backends import get_backend
+from ..errors import InvalidArgumentError
+from ..location import Location
+from .base import MemoryResource
+from .managed import ManagedMemoryResource
+
+__all__ = [
+    "get_current_device_resource",
+    "get_per_device_resource",
+    "set_current_device_resource",
+    "set_per_device_resource",
+]
+
+_resources: dict[int, MemoryResource] = {}
+_lock = threading.Lock()
+
+
+def _device(device: object) -> int:
+    backend = get_backend()
+    loc = Location.parse(device, device_count=backend.device_count(), name="device")
+    if loc.is_host:
+        raise InvalidArgumentError("device resources are per GPU; got the host", value=device,
+                                   expected=f"a device ordinal 0..{backend.device_count() - 1}")
+    return loc.id
+
+
+def get_per_device_resource(device: int) -> MemoryResource:
+    """The resource that ``DeviceBuffer`` uses on ``device`` (made on first use)."""
+    dev = _device(device)
+    backend = get_backend()
+    with _lock:
+        mr = _resources.get(dev)
+        if mr is None or mr.backend is not backend:   # a new backend starts with a fresh default
+            mr = _resources[dev] = ManagedMemoryResource()
+        return mr
+
+
+def set_per_device_resource(device: int, mr: MemoryResource) -> None:
+    """Make ``mr`` the resource for ``device``."""
+    dev = _device(device)
+    if not isinstance(mr, MemoryResource):
+        raise InvalidArgumentError(f"mr must be a uvm_lab memory resource, got {mr!r} ({type(mr).__name__})",
+                                   value=mr, expected="a uvm_lab.mr.MemoryResource")
+    if mr.backend is not get_backend():
+        raise InvalidArgumentError(f"{mr!r} was made on another backend ({mr.backend!r}); make it again after "
+                                   f"use_backend()", value=mr, expected="a resource of the current backend")
+    with _lock:
+        _resources[dev] = mr
+
+
+def get_current_device_resource() -> MemoryResource:
+    """The resource for the current device."""
+    return get_per_device_resource(get_backend().current_device())
+
+
+def set_current_device_resource(mr: MemoryResource) -> None:
+    """Make ``mr`` the resource for the current device."""
+    set_per_device_resource(get_backend().current_device(), mr)

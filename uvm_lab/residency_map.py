@@ -1,0 +1,207 @@
+"""Residency maps: where each 4 KiB page of every allocation lives, rebuilt from events alone.
+
+The tracker never asks a backend where a page is: it replays the event stream with the driver's
+rules, so a map is exactly as true as the events are, on the simulator and on a real GPU alike.
+A page state is a bitmask of the processors holding a copy: :data:`HOST` (1), :data:`GPU` (2),
+both (3, read-duplicated) or none (0, never touched).
+
+Rules applied per record:
+- SEGMENT_ALLOC: managed pages start nowhere, device memory on its GPU, pinned memory on the host.
+- HtoD / DtoH / DtoD: the pages move to ``dst``; into a ReadMostly page that still has its source
+  copy they are duplicated instead. An eviction (DtoH, cause EVICTION) leaves only the host copy.
+- INVALIDATE: the copies on ``src`` are dropped.
+- PREFETCH (the request): untouched pages are populated at the destination.
+- GPU / CPU page fault: untouched pages in the serviced range are populated at the preferred
+  location if set, else at the faulting processor (first touch); a write leaves one copy, the writer's.
+- ADVICE: ReadMostly and PreferredLocation are tracked, since the rules above depend on them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .buffer import DeviceBuffer, find_buffer
+from .errors import BufferClosedError, InvalidArgumentError
+from .events.bus import EventBus, get_bus
+from .events.schema import AccessType, Advice, EventKind, MemoryKind, MigrationCause
+from .location import HOST_ID
+from .units import PAGE_SIZE, format_bytes
+
+__all__ = ["BOTH", "GPU", "HOST", "NOWHERE", "ResidencyMap", "ResidencyTracker", "get_tracker", "residency"]
+
+NOWHERE, HOST, GPU, BOTH = 0, 1, 2, 3
+_NO_PREFERENCE = -2
+_WRITES = (AccessType.WRITE, AccessType.ATOMIC)
+
+
+def _bit(processor: int) -> int:
+    return 1 if processor == HOST_ID else 1 << (processor + 1)
+
+
+@dataclass(frozen=True)
+class ResidencyMap:
+    """A snapshot of the page states of one address range."""
+
+    address: int
+    size: int
+    states: np.ndarray
+    page_size: int = PAGE_SIZE
+
+    NOWHERE = NOWHERE
+    HOST = HOST
+    GPU = GPU
+    BOTH = BOTH
+
+    def counts(self) -> dict[str, int]:
+        """Pages by where their copies are: ``gpu`` (only), ``host`` (only), ``both``, ``nowhere``."""
+        on_host = (self.states & 1) != 0
+        on_gpu = (self.states & ~np.uint8(1)) != 0
+        return {
+            "gpu": int((on_gpu & ~on_host).sum()),
+            "host": int((on_host & ~on_gpu).sum()),
+            "both": int((on_host & on_gpu).sum()),
+            "nowhere": int((self.states == 0).sum()),
+        }
+
+    def summary(self) -> dict[str, float]:
+        """Fractions of pages on the GPU only, the host only, both, and nowhere; they sum to 1."""
+        n = max(len(self.states), 1)
+        return {k: v / n for k, v in self.counts().items()}
+
+    def __repr__(self) -> str:
+        parts = ", ".join(f"{k} {v:.1%}" for k, v in self.summary().items())
+        return f"<ResidencyMap {format_bytes(self.size)} at {self.address:#x}, {len(self.states)} pages: {parts}>"
+
+
+class _Segment:
+    __slots__ = ("address", "id", "kind", "preferred", "read_mostly", "size", "state")
+
+    def __init__(self, address: int, size: int, kind: int, device: int, seg_id: int) -> None:
+        n = -(-size // PAGE_SIZE)
+        initial = {MemoryKind.MANAGED: 0, MemoryKind.DEVICE: _bit(device), MemoryKind.PINNED_HOST: 1}.get(kind, 0)
+        self.address, self.size, self.kind, self.id = address, size, kind, seg_id
+        self.state = np.full(n, initial, dtype=np.uint8)
+        self.read_mostly = np.zeros(n, dtype=bool)
+        self.preferred = np.full(n, _NO_PREFERENCE, dtype=np.int16)
+
+    def pages(self, address: int, nbytes: int) -> slice:
+        first = max((address - self.address) // PAGE_SIZE, 0)
+        last = min(-(-(address + nbytes - self.address) // PAGE_SIZE), len(self.state))
+        return slice(int(first), int(last))
+
+
+class ResidencyTracker:
+    """Keeps the page states of every live segment by replaying the events published on a bus."""
+
+    def __init__(self, bus: EventBus | None = None) -> None:
+        self._segments: dict[int, _Segment] = {}
+        self._starts: list[int] = []
+        self._lock = threading.Lock()
+        self.subscription = (bus or get_bus()).subscribe(self.apply)
+
+    def close(self) -> None:
+        self.subscription.close()
+
+    def apply(self, records: np.ndarray) -> None:
+        """Replay ``records`` (in order) onto the page states."""
+        with self._lock:
+            for rec in records.tolist():
+                self._apply_one(*rec)
+
+    def _apply_one(self, kind: int, flags: int, src: int, dst: int, _start: int, _end: int, address: int,
+                   nbytes: int, _value: int, alloc_id: int, _stream: int) -> None:
+        if kind == EventKind.SEGMENT_ALLOC:
+            self._segments[address] = _Segment(address, nbytes, flags, dst, alloc_id)
+            bisect.insort(self._starts, address)
+            return
+        if kind == EventKind.SEGMENT_FREE:
+            if self._segments.pop(address, None) is not None:
+                self._starts.remove(address)
+            return
+        seg = self._segment_at(address)
+        if seg is None:
+            return
+        sl = seg.pages(address, nbytes)
+        st = seg.state[sl]
+        if kind in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD):
+            target = _bit(dst)
+            if kind == EventKind.DTOH and flags == MigrationCause.EVICTION:
+                st[:] = HOST
+            else:
+                keep = seg.read_mostly[sl] & ((st & _bit(src)) != 0)   # a read-duplicate keeps its source
+                st[:] = np.where(keep, st | target, target)
+        elif kind == EventKind.INVALIDATE:
+            st &= ~np.uint8(_bit(src))
+        elif kind == EventKind.PREFETCH:
+            st[st == 0] = _bit(dst)
+        elif kind in (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT):
+            faulter = dst if kind == EventKind.GPU_PAGE_FAULT else HOST_ID
+            pref = seg.preferred[sl]
+            untouched = st == 0
+            # First touch: the preferred location if the faulter can reach it, else the faulter.
+            # On x86 the CPU cannot reach GPU memory, so a CPU first touch always lands on the host.
+            usable = (pref != _NO_PREFERENCE) & ((pref == HOST_ID) | (faulter != HOST_ID))
+            pref_bits = np.where(pref == HOST_ID, 1, np.left_shift(1, np.maximum(pref, 0) + 1))
+            st[untouched] = np.where(usable, pref_bits, _bit(faulter))[untouched].astype(np.uint8)
+            if flags in _WRITES:
+                st[(st & (st - 1)) != 0] = _bit(faulter)
+        elif kind == EventKind.ADVICE:
+            if flags in (Advice.SET_READ_MOSTLY, Advice.UNSET_READ_MOSTLY):
+                seg.read_mostly[sl] = flags == Advice.SET_READ_MOSTLY
+            elif flags == Advice.SET_PREFERRED_LOCATION:
+                seg.preferred[sl] = dst
+            elif flags == Advice.UNSET_PREFERRED_LOCATION:
+                seg.preferred[sl] = _NO_PREFERENCE
+
+    def _segment_at(self, address: int) -> _Segment | None:
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0:
+            return None
+        seg = self._segments[self._starts[i]]
+        return seg if address < seg.address + seg.size else None
+
+    def map(self, address: int, size: int) -> ResidencyMap:
+        """The page states of ``[address, address + size)``, which must lie in one live segment."""
+        with self._lock:
+            seg = self._segment_at(address)
+            if seg is None or address + size > seg.address + seg.size:
+                raise InvalidArgumentError(f"no live allocation holds the range {address:#x} + {size} bytes",
+                                           value=address, expected="the range of a live allocation")
+            return ResidencyMap(address, size, seg.state[seg.pages(address, size)].copy())
+
+    def segments(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [{"id": s.id, "address": s.address, "size": s.size, "kind": MemoryKind(s.kind).name.lower()}
+                    for s in self._segments.values()]
+
+
+_tracker: ResidencyTracker | None = None
+_tracker_lock = threading.Lock()
+
+
+def get_tracker() -> ResidencyTracker:
+    """The process-wide tracker, listening to the process-wide bus."""
+    global _tracker
+    with _tracker_lock:
+        if _tracker is None:
+            _tracker = ResidencyTracker()
+        return _tracker
+
+
+def residency(buffer: Any) -> ResidencyMap:
+    """The residency map of a :class:`~uvm_lab.DeviceBuffer` (or of the live buffer with that id)."""
+    buf = buffer if isinstance(buffer, DeviceBuffer) else find_buffer(buffer)
+    if buf.closed:
+        raise BufferClosedError(f"{buf.label!r} is closed: its pages no longer exist")
+    if buf.size == 0:
+        return ResidencyMap(buf.ptr, 0, np.zeros(0, dtype=np.uint8))
+    return get_tracker().map(buf.ptr, buf.size)
+
+
+# ``ul.residency.GPU`` and friends, beside ``ul.residency(buf)``.
+residency.NOWHERE, residency.HOST, residency.GPU, residency.BOTH = NOWHERE, HOST, GPU, BOTH  # type: ignore[attr-defined]
