@@ -9,15 +9,19 @@ from .current import (
 )
 from .device import CudaMemoryResource, PinnedHostMemoryResource
 from .managed import ManagedMemoryResource
+from .pool import PoolMemoryResource
 from .prefetch import PrefetchResourceAdaptor
+from .statistics import StatisticsResourceAdaptor
 
 __all__ = [
     "CudaMemoryResource",
     "ManagedMemoryResource",
     "MemoryResource",
     "PinnedHostMemoryResource",
+    "PoolMemoryResource",
     "PrefetchResourceAdaptor",
     "ResourceAdaptor",
+    "StatisticsResourceAdaptor",
     "get_current_device_resource",
     "get_per_device_resource",
     "resource_chain",
