@@ -1,0 +1,362 @@
+/**
+ * The panel's model: one comm to the current notebook's kernel, the allocations it reported,
+ * and Lumino signals for the view. It never draws anything.
+ */
+
+import { ISessionContext } from '@jupyterlab/apputils';
+import { Kernel, KernelMessage } from '@jupyterlab/services';
+import { ISignal, Signal } from '@lumino/signaling';
+
+import {
+  AdviceName,
+  AllocationInfo,
+  COMM_TARGET,
+  Command,
+  DeviceInfo,
+  Location,
+  PROTOCOL_VERSION,
+  Result,
+  Snapshot,
+  Update,
+  asKernelMessage,
+  bufferBytes
+} from './protocol';
+
+/** Where the model stands with the kernel. */
+export type ConnectionState =
+  | 'no-notebook' // no notebook is current
+  | 'no-kernel' // the notebook has no running kernel
+  | 'connecting' // a hello is on its way; no answer yet (the kernel may be busy)
+  | 'not-loaded' // the kernel closed our comm: `%load_ext uvm_lab` has not run there
+  | 'connected'; // snapshots and updates flow
+
+/** One allocation as last reported: its metadata and its residency bytes. */
+export interface IAllocation {
+  info: AllocationInfo;
+  cells: Uint8Array;
+  /** Bumped on every snapshot or update that carried this allocation. */
+  revision: number;
+}
+
+/** Omit<T, K> over each member of a union, so a command can be built without its seq. */
+type CommandBody<T> = T extends Command ? Omit<T, 'seq'> : never;
+
+export class UvmLabModel {
+  /** Emitted when the connection state, status text or device info change. */
+  get stateChanged(): ISignal<this, void> {
+    return this._stateChanged;
+  }
+
+  /** Emitted with the ids whose entries changed or went away (all of them after a snapshot). */
+  get allocationsChanged(): ISignal<this, number[]> {
+    return this._allocationsChanged;
+  }
+
+  /** Emitted with each command's result. */
+  get resultReceived(): ISignal<this, Result> {
+    return this._resultReceived;
+  }
+
+  get state(): ConnectionState {
+    return this._state;
+  }
+
+  /** A line for the status bar of the panel. */
+  get status(): string {
+    return this._status;
+  }
+
+  get device(): DeviceInfo | null {
+    return this._device;
+  }
+
+  get kernelName(): string {
+    return this._session?.kernelDisplayName ?? '';
+  }
+
+  get allocations(): ReadonlyMap<number, IAllocation> {
+    return this._allocations;
+  }
+
+  get paused(): boolean {
+    return this._paused;
+  }
+
+  /** Follow another notebook's session (or none). */
+  setSession(session: ISessionContext | null): void {
+    if (session === this._session) {
+      return;
+    }
+    if (this._session) {
+      this._session.kernelChanged.disconnect(this._onKernelChanged, this);
+      this._session.statusChanged.disconnect(this._onStatusChanged, this);
+      this._session.iopubMessage.disconnect(this._onIOPub, this);
+    }
+    this._session = session;
+    if (session) {
+      session.kernelChanged.connect(this._onKernelChanged, this);
+      session.statusChanged.connect(this._onStatusChanged, this);
+      session.iopubMessage.connect(this._onIOPub, this);
+    }
+    void this.attach();
+  }
+
+  /** Open a fresh comm to the current kernel and ask for a snapshot. */
+  async attach(): Promise<void> {
+    this._detach();
+    const session = this._session;
+    if (!session) {
+      this._setState('no-notebook', 'Open a notebook to see its allocations.');
+      return;
+    }
+    // The session may still be starting; only a ready one has a kernel worth asking.
+    await session.ready;
+    if (session !== this._session || this._comm) {
+      return;
+    }
+    const kernel = session.session?.kernel;
+    if (!kernel || kernel.status === 'dead') {
+      this._setState('no-kernel', 'This notebook has no running kernel.');
+      return;
+    }
+    this._openComm(kernel);
+  }
+
+  /** Ask the kernel to move an allocation's pages. */
+  prefetch(id: number, location: Location): Promise<Result> {
+    return this.send({ type: 'prefetch', id, location });
+  }
+
+  /** Set one kind of memory advice on an allocation. */
+  setAdvice(id: number, advice: AdviceName, value: boolean | string | string[] | null): Promise<Result> {
+    return this.send({ type: 'set_advice', id, advice, value });
+  }
+
+  /** Stop (while the panel is hidden) or restart the flow of updates. */
+  setPaused(paused: boolean): void {
+    if (paused === this._paused) {
+      return;
+    }
+    this._paused = paused;
+    if (this._state === 'connected') {
+      void this.send({ type: 'pause', paused });
+    }
+  }
+
+  /** Send a command; resolves with the kernel's result for it. */
+  send(body: CommandBody<Command>): Promise<Result> {
+    const comm = this._comm;
+    if (!comm || this._state !== 'connected') {
+      return Promise.resolve(this._localError(body.type, 'not connected to a kernel that has run %load_ext uvm_lab'));
+    }
+    const seq = this._nextSeq++;
+    const command = { ...body, seq } as Command;
+    return new Promise<Result>(resolve => {
+      this._pending.set(seq, resolve);
+      comm.send(command);
+    });
+  }
+
+  dispose(): void {
+    if (this._disposed) {
+      return;
+    }
+    this._disposed = true;
+    this.setSession(null);
+    this._detach();
+    Signal.clearData(this);
+  }
+
+  private _openComm(kernel: Kernel.IKernelConnection): void {
+    const comm = kernel.createComm(COMM_TARGET);
+    this._comm = comm;
+    comm.onMsg = msg => this._onCommMsg(comm, msg);
+    comm.onClose = () => this._onCommClose(comm);
+    this._setState('connecting', 'Asking the kernel for its allocations…');
+    // The open message is itself the hello: the kernel answers it with a snapshot.
+    const hello = { type: 'hello', seq: this._nextSeq++ } as const;
+    try {
+      comm.open(hello);
+    } catch (err) {
+      this._detach();
+      this._setState('no-kernel', `Could not reach the kernel: ${String(err)}`);
+    }
+  }
+
+  private _onCommMsg(comm: Kernel.IComm, msg: KernelMessage.ICommMsgMsg): void {
+    if (comm !== this._comm) {
+      return;
+    }
+    const data = asKernelMessage(msg.content.data);
+    if (!data) {
+      console.warn('uvm-lab: ignoring an unknown message from the kernel', msg.content.data);
+      return;
+    }
+    const buffers = msg.buffers ?? [];
+    switch (data.type) {
+      case 'snapshot':
+        this._onSnapshot(data, buffers);
+        break;
+      case 'update':
+        this._onUpdate(data, buffers);
+        break;
+      case 'removed':
+        this._forget(data.ids);
+        break;
+      case 'result':
+        this._onResult(data);
+        break;
+    }
+  }
+
+  private _onSnapshot(data: Snapshot, buffers: (ArrayBuffer | ArrayBufferView)[]): void {
+    if (data.version !== PROTOCOL_VERSION) {
+      this._detach();
+      this._setState(
+        'not-loaded',
+        `The kernel speaks protocol version ${data.version}; this panel speaks ${PROTOCOL_VERSION}. ` +
+          'Install matching versions of uvm_lab and the extension.'
+      );
+      return;
+    }
+    const gone = [...this._allocations.keys()];
+    this._allocations.clear();
+    this._store(data.allocations, buffers);
+    this._device = data.device;
+    const wasConnected = this._state === 'connected';
+    this._setState('connected', this._summary());
+    if (!wasConnected && this._paused) {
+      void this.send({ type: 'pause', paused: true });
+    }
+    this._allocationsChanged.emit([...gone, ...data.allocations.map(a => a.id)]);
+  }
+
+  private _onUpdate(data: Update, buffers: (ArrayBuffer | ArrayBufferView)[]): void {
+    this._store(data.allocations, buffers);
+    this._device = data.device;
+    this._setState('connected', this._summary());
+    this._allocationsChanged.emit(data.allocations.map(a => a.id));
+  }
+
+  private _store(infos: AllocationInfo[], buffers: (ArrayBuffer | ArrayBufferView)[]): void {
+    infos.forEach((info, i) => {
+      const buffer = buffers[i];
+      const cells = buffer ? bufferBytes(buffer).slice() : new Uint8Array(info.cells);
+      const revision = (this._allocations.get(info.id)?.revision ?? 0) + 1;
+      this._allocations.set(info.id, { info, cells, revision });
+    });
+  }
+
+  private _forget(ids: number[]): void {
+    ids.forEach(id => this._allocations.delete(id));
+    this._setState(this._state, this._summary());
+    this._allocationsChanged.emit(ids);
+  }
+
+  private _onResult(result: Result): void {
+    const resolve = result.seq === null ? undefined : this._pending.get(result.seq);
+    if (resolve && result.seq !== null) {
+      this._pending.delete(result.seq);
+      resolve(result);
+    }
+    if (!result.ok && result.error) {
+      this._setState(this._state, `${result.command ?? 'command'} failed: ${result.error.type}: ${result.error.message}`);
+    }
+    this._resultReceived.emit(result);
+  }
+
+  private _onCommClose(comm: Kernel.IComm): void {
+    if (comm !== this._comm) {
+      return;
+    }
+    const wasConnected = this._state === 'connected';
+    this._detach();
+    this._setState(
+      'not-loaded',
+      wasConnected
+        ? 'The kernel closed the UVM Lab connection.'
+        : 'This kernel has not loaded uvm_lab. Run %load_ext uvm_lab in the notebook, then retry.'
+    );
+  }
+
+  private _onKernelChanged(): void {
+    void this.attach();
+  }
+
+  private _onStatusChanged(_: ISessionContext, status: Kernel.Status): void {
+    if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
+      // A restart drops every comm without a close message; start over once it is back.
+      this._detach();
+      this._restarted = true;
+      this._setState('no-kernel', status === 'dead' ? 'The kernel died.' : 'The kernel is restarting…');
+    } else if (status === 'idle' && this._restarted) {
+      this._restarted = false;
+      void this.attach();
+    }
+  }
+
+  private _onIOPub(_: ISessionContext, msg: KernelMessage.IMessage): void {
+    // After a cell has run, try again if we were waiting for `%load_ext uvm_lab`. Only
+    // executions count: our own comm_open also makes the kernel go busy and idle.
+    if (
+      msg.header.msg_type === 'status' &&
+      (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'idle' &&
+      (msg.parent_header as Partial<KernelMessage.IHeader>).msg_type === 'execute_request' &&
+      this._state === 'not-loaded'
+    ) {
+      void this.attach();
+    }
+  }
+
+  private _detach(): void {
+    const comm = this._comm;
+    this._comm = null;
+    for (const [seq, resolve] of this._pending) {
+      resolve(this._localError('command', 'the connection to the kernel closed', seq));
+    }
+    this._pending.clear();
+    if (this._allocations.size) {
+      const ids = [...this._allocations.keys()];
+      this._allocations.clear();
+      this._allocationsChanged.emit(ids);
+    }
+    this._device = null;
+    if (comm && !comm.isDisposed) {
+      try {
+        comm.close();
+      } catch {
+        // The kernel is gone already; nothing to tell it.
+      }
+    }
+  }
+
+  private _localError(command: string, message: string, seq: number | null = null): Result {
+    return { type: 'result', seq, command, ok: false, error: { type: 'NotConnected', message } };
+  }
+
+  private _summary(): string {
+    const n = this._allocations.size;
+    return `${n} live allocation${n === 1 ? '' : 's'} · ${this._device?.backend ?? '?'} backend`;
+  }
+
+  private _setState(state: ConnectionState, status: string): void {
+    this._state = state;
+    this._status = status;
+    this._stateChanged.emit();
+  }
+
+  private _session: ISessionContext | null = null;
+  private _comm: Kernel.IComm | null = null;
+  private _state: ConnectionState = 'no-notebook';
+  private _status = 'Open a notebook to see its allocations.';
+  private _device: DeviceInfo | null = null;
+  private _allocations = new Map<number, IAllocation>();
+  private _pending = new Map<number, (result: Result) => void>();
+  private _nextSeq = 1;
+  private _paused = false;
+  private _restarted = false;
+  private _disposed = false;
+  private _stateChanged = new Signal<this, void>(this);
+  private _allocationsChanged = new Signal<this, number[]>(this);
+  private _resultReceived = new Signal<this, Result>(this);
+}
