@@ -26,7 +26,7 @@ import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.units import parse_size
 
-from .dashboard.collect import collect_snapshot, summarize_records
+from .dashboard.collect import collect_snapshot
 from .dashboard.text import format_status, format_trace_summary
 
 __all__ = ["RESOURCE_KINDS", "UvmMagics"]
@@ -196,8 +196,6 @@ class UvmMagics(Magics):
             return None
         if args.out is not None and not args.out.isidentifier():
             raise UsageError(f"%%uvm_trace: -o needs a Python name, got {args.out!r}")
-        backend = ul.get_backend()
-        start = backend.now_ns()
         trace = None
         try:
             with ul.record() as trace:
@@ -208,9 +206,8 @@ class UvmMagics(Magics):
                 if args.out is not None:
                     self.shell.user_ns[args.out] = trace
                 if not args.quiet:
-                    clock = "simulated" if backend.name == "sim" else f"{backend.name} backend"
-                    print(format_trace_summary(summarize_records(trace.events),
-                                               elapsed_ns=backend.now_ns() - start, clock=clock))
+                    name = ul.get_backend().name
+                    print(format_trace_summary(trace.summary(), clock="simulated" if name == "sim" else name))
 
     def _run_cell(self, cell: str) -> Any:
         # As %%time does: IPython's transforms, then exec, evaluating a trailing expression for display.

@@ -23,12 +23,15 @@ def _option_label(alloc: Mapping[str, Any]) -> str:
 
 
 class AllocationList(DashboardComponent):
-    """An ipywidgets ``Select`` of the live allocations; ``on_select(alloc_id | None)`` hears the choice.
+    """An ipywidgets ``Select`` of the live allocations.
+
+    ``on_select(alloc_id | None, by_user)`` hears every change of selection; ``by_user`` is False when
+    the list changed it (the selected allocation was freed, or the first one appeared).
 
     ``source`` holds one row per allocation (id, label, size, residency fractions).
     """
 
-    def __init__(self, on_select: Callable[[int | None], None] | None = None) -> None:
+    def __init__(self, on_select: Callable[[int | None, bool], None] | None = None) -> None:
         self.on_select = on_select
         self.source = ColumnDataSource(data=self._columns([]))
         self.root = widgets.Select(options=[], rows=8, description="", layout=widgets.Layout(width="300px"))
@@ -69,12 +72,12 @@ class AllocationList(DashboardComponent):
         finally:
             self._syncing = False
         if self.root.value != before:
-            self._notify()
+            self._notify(by_user=False)
 
     def _changed(self, change: dict[str, Any]) -> None:
         if not self._syncing:
-            self._notify()
+            self._notify(by_user=True)
 
-    def _notify(self) -> None:
+    def _notify(self, *, by_user: bool) -> None:
         if self.on_select is not None:
-            self.on_select(self.root.value)
+            self.on_select(self.root.value, by_user)

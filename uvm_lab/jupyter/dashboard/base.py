@@ -12,8 +12,25 @@ from typing import Any
 
 import numpy as np
 from bokeh.models import ColumnDataSource
+from jupyter_bokeh import BokehModel
 
-__all__ = ["DashboardComponent", "close_widget_tree", "columns_equal", "update_source"]
+__all__ = ["BokehView", "DashboardComponent", "close_widget_tree", "columns_equal", "update_source"]
+
+
+class BokehView(BokehModel):
+    """jupyter_bokeh's ``BokehModel`` (a bokeh layout shown as an ipywidget), closable more than once.
+
+    ``BokehModel.close`` raises KeyError the second time, and ipywidgets closes every widget again
+    when it is garbage-collected.
+    """
+
+    _closed_once = False
+
+    def close(self) -> None:
+        if self._closed_once:
+            return
+        self._closed_once = True
+        super().close()
 
 
 class DashboardComponent:

@@ -31,69 +31,40 @@ import numpy as np
 import uvm_lab as ul
 from uvm_lab.errors import BufferClosedError
 from uvm_lab.events import get_bus
-from uvm_lab.events.schema import EventKind
 
-__all__ = ["STATE_NAMES", "EventTotals", "bin_states", "collect_snapshot", "describe_buffer", "summarize_records"]
+__all__ = ["STATE_NAMES", "EventTotals", "bin_states", "collect_snapshot", "describe_buffer"]
 
 #: ``ul.residency`` page states, by value: 0 nowhere, 1 host, 2 gpu, 3 both.
 STATE_NAMES = ("nowhere", "host", "gpu", "both")
 
-_FAULT_KINDS = (int(EventKind.GPU_PAGE_FAULT), int(EventKind.CPU_PAGE_FAULT))
-
-
-def summarize_records(records: np.ndarray) -> dict[str, Any]:
-    """Totals over an array of event records: counts per kind, bytes moved, faults, time span.
-
-    ``value`` carries the number of faults in fault records and the bytes in transfer records
-    (CUPTI's convention), so faults and bytes are sums of ``value``, not record counts.
-    """
-    kinds = records["kind"]
-    values = records["value"]
-    counts = np.bincount(kinds, minlength=256)
-    by_kind = {EventKind(k).name: int(counts[k]) for k in np.flatnonzero(counts) if k in EventKind._value2member_map_}
-
-    def total(kind: EventKind) -> int:
-        return int(values[kinds == int(kind)].sum())
-
-    return {
-        "events": len(records),
-        "by_kind": by_kind,
-        "htod_bytes": total(EventKind.HTOD),
-        "dtoh_bytes": total(EventKind.DTOH),
-        "dtod_bytes": total(EventKind.DTOD),
-        "gpu_faults": total(EventKind.GPU_PAGE_FAULT),
-        "cpu_faults": total(EventKind.CPU_PAGE_FAULT),
-        "start_ns": int(records["start"].min()) if len(records) else None,
-        "end_ns": int(records["end"].max()) if len(records) else None,
-    }
-
-
 class EventTotals:
-    """Running totals of everything published on a bus since it was made (as far as its history reaches).
+    """Running totals of ``Trace.summary()`` over every batch the bus delivers: events, counts per kind,
+    bytes migrated each way, faults.
 
-    ``feed`` may be called from any thread (the bus delivers on the publisher's thread).
+    Seeded with the bus's history, so it counts from the start of the session as far as the history
+    ring reaches. ``feed`` may be called from any thread (the bus delivers on the publisher's thread).
     """
 
-    _SUMMED = ("events", "htod_bytes", "dtoh_bytes", "dtod_bytes", "gpu_faults", "cpu_faults")
+    _SUMMED = ("events", "bytes_htod", "bytes_dtoh", "gpu_faults", "cpu_faults")
 
     def __init__(self, history: np.ndarray | None = None) -> None:
         self._lock = threading.Lock()
         self._totals: dict[str, int] = dict.fromkeys(self._SUMMED, 0)
-        self._by_kind: dict[str, int] = {}
+        self._counts: dict[str, int] = {}
         if history is not None and len(history):
             self.feed(history)
 
     def feed(self, records: np.ndarray) -> None:
-        part = summarize_records(records)
+        part = ul.Trace(records).summary()
         with self._lock:
             for key in self._SUMMED:
                 self._totals[key] += part[key]
-            for name, n in part["by_kind"].items():
-                self._by_kind[name] = self._by_kind.get(name, 0) + n
+            for name, n in part["counts"].items():
+                self._counts[name] = self._counts.get(name, 0) + n
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {**self._totals, "by_kind": dict(self._by_kind)}
+            return {**self._totals, "counts": dict(self._counts)}
 
 
 def describe_buffer(buf: Any) -> dict[str, Any]:
@@ -148,6 +119,8 @@ def collect_snapshot(totals: EventTotals | None = None) -> dict[str, Any]:
 def bin_states(states: np.ndarray, n_bins: int) -> dict[str, np.ndarray]:
     """Group pages into at most ``n_bins`` equal runs; per bin: page range, pages per state, dominant state.
 
+    ``states`` is ``ResidencyMap.states``; the result's states are 0 nowhere, 1 host, 2 gpu, 3 both.
+
     Returns columns ``first``, ``last`` (page indices, inclusive), ``nowhere``, ``host``, ``gpu``,
     ``both`` (page counts) and ``state`` (the state most of the bin's pages are in).
     """
@@ -157,8 +130,11 @@ def bin_states(states: np.ndarray, n_bins: int) -> dict[str, np.ndarray]:
         return {"first": empty, "last": empty, **{s: empty for s in STATE_NAMES}, "state": np.zeros(0, np.uint8)}
     per_bin = -(-n // max(1, n_bins))          # ceil: every bin but the last holds per_bin pages
     starts = np.arange(0, n, per_bin)
+    # ul.residency's states are processor bitmasks (bit 0 the host, bit d+1 device d): fold every
+    # GPU bit into "gpu", so a page on gpu:1 counts as gpu, not as an unknown state.
+    category = (states & 1) + 2 * ((states & ~np.uint8(1)) != 0)
     onehot = np.zeros((n, 4), dtype=np.int64)
-    onehot[np.arange(n), np.minimum(states, 3)] = 1
+    onehot[np.arange(n), category] = 1
     counts = np.add.reduceat(onehot, starts, axis=0)
     out = {
         "first": starts.astype(np.int64),

@@ -128,19 +128,18 @@ class Dashboard:
         """Select an allocation (what picking it in the list does)."""
         self.allocations.select(alloc_id)
 
-    def _on_select(self, alloc_id: int | None) -> None:
+    def _on_select(self, alloc_id: int | None, by_user: bool) -> None:
         with self._render_lock:
             self._propagate_selection(alloc_id)
+            if by_user:  # a message about the previous allocation no longer applies
+                self.prefetch.message.value = self.advice.message.value = ""
             if self.snapshot is not None:
                 for component in (self.residency, self.prefetch, self.advice):
                     component.update(self.snapshot)
 
     def _propagate_selection(self, alloc_id: int | None) -> None:
         for component in (self.residency, self.prefetch, self.advice):
-            if component.selected != alloc_id:
-                component.selected = alloc_id
-                if hasattr(component, "message"):
-                    component.message.value = ""
+            component.selected = alloc_id
 
     # -- live updates -------------------------------------------------------------------------------
     def _on_events(self, records: np.ndarray) -> None:

@@ -14,11 +14,10 @@ from typing import Any
 import numpy as np
 from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Legend, LegendItem, LinearColorMapper, Range1d
 from bokeh.plotting import figure
-from jupyter_bokeh import BokehModel
 
 from uvm_lab.units import format_bytes
 
-from .base import DashboardComponent, update_source
+from .base import BokehView, DashboardComponent, update_source
 from .collect import STATE_NAMES, bin_states
 
 __all__ = ["STATE_COLORS", "ResidencyMap", "ResidencyOverview"]
@@ -73,7 +72,7 @@ class ResidencyMap(DashboardComponent):
         fig.outline_line_color = None
         _add_state_legend(fig)
         self.figure = fig
-        self.root = BokehModel(fig)
+        self.root = BokehView(fig)
 
     def _height(self, rows: int) -> int:
         return rows * self.cell_px + 60
@@ -122,7 +121,7 @@ class ResidencyOverview(DashboardComponent):
         fig.outline_line_color = None
         _add_state_legend(fig)
         self.figure = fig
-        self.root = BokehModel(fig)
+        self.root = BokehView(fig)
 
     def _height(self, n: int) -> int:
         return max(1, n) * self.row_px + 70

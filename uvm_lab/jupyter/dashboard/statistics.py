@@ -6,11 +6,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from bokeh.models import ColumnDataSource, DataTable, TableColumn
-from jupyter_bokeh import BokehModel
 
 from uvm_lab.units import format_bytes
 
-from .base import DashboardComponent, update_source
+from .base import BokehView, DashboardComponent, update_source
 
 __all__ = ["Statistics", "statistics_rows"]
 
@@ -34,8 +33,8 @@ def statistics_rows(snapshot: Mapping[str, Any]) -> list[tuple[str, str]]:
     totals = snapshot.get("totals")
     if totals is not None:
         rows += [
-            ("migrated host → device", format_bytes(totals["htod_bytes"])),
-            ("migrated device → host", format_bytes(totals["dtoh_bytes"])),
+            ("migrated host → device", format_bytes(totals["bytes_htod"])),
+            ("migrated device → host", format_bytes(totals["bytes_dtoh"])),
             ("GPU page faults", f"{totals['gpu_faults']:,}"),
             ("CPU page faults", f"{totals['cpu_faults']:,}"),
         ]
@@ -58,7 +57,7 @@ class Statistics(DashboardComponent):
             columns=[TableColumn(field="metric", title="metric", width=170),
                      TableColumn(field="value", title="value", width=width - 170)],
         )
-        self.root = BokehModel(self.table)
+        self.root = BokehView(self.table)
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         rows = statistics_rows(snapshot)

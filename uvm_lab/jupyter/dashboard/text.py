@@ -64,20 +64,18 @@ def format_status(snapshot: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def format_trace_summary(summary: Mapping[str, Any], *, elapsed_ns: int | None = None, clock: str = "backend") -> str:
-    """The ``%%uvm_trace`` report from :func:`~uvm_lab.jupyter.dashboard.collect.summarize_records` output."""
-    head = f"uvm_trace: {summary['events']:,} events"
-    if elapsed_ns is not None:
-        head += f", {elapsed_ns / 1e6:,.3f} ms of {clock} time"
+def format_trace_summary(summary: Mapping[str, Any], *, clock: str = "backend") -> str:
+    """The ``%%uvm_trace`` report, from ``Trace.summary()``."""
+    head = f"uvm_trace: {summary['events']:,} events over {summary['seconds'] * 1e3:,.3f} ms of {clock} time"
     rows = [
-        ["migrated host -> device", format_bytes(summary["htod_bytes"])],
-        ["migrated device -> host", format_bytes(summary["dtoh_bytes"])],
+        ["migrated host -> device", format_bytes(summary["bytes_htod"])],
+        ["migrated device -> host", format_bytes(summary["bytes_dtoh"])],
         ["GPU page faults", f"{summary['gpu_faults']:,}"],
         ["CPU page faults", f"{summary['cpu_faults']:,}"],
     ]
-    lines = [head, *(f"  {name:<24}{value}" for name, value in rows)]
-    by_kind = summary["by_kind"]
-    if by_kind:
-        lines.append("  events by kind: " + ", ".join(f"{k} {n:,}" for k, n in sorted(by_kind.items(),
-                                                                                     key=lambda kv: -kv[1])))
+    lines = [head, *(f"  {name:<26}{value}" for name, value in rows)]
+    counts = summary["counts"]
+    if counts:
+        lines.append("  events by kind: " + ", ".join(f"{k} {n:,}" for k, n in sorted(counts.items(),
+                                                                                    key=lambda kv: -kv[1])))
     return "\n".join(lines)

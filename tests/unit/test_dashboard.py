@@ -1,0 +1,294 @@
+"""The widget dashboard on the simulator: collectors agree with ul.residency, the controls act on the
+kernel-side buffer through its public entry points, and the bokeh sources show the result."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ipywidgets")
+pytest.importorskip("bokeh")
+pytest.importorskip("jupyter_bokeh")
+
+import uvm_lab as ul
+from uvm_lab.jupyter.dashboard import Dashboard, collect_snapshot
+from uvm_lab.jupyter.dashboard.base import update_source
+from uvm_lab.jupyter.dashboard.collect import EventTotals, bin_states
+
+NOWHERE, HOST, GPU, BOTH = 0, 1, 2, 3
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+@pytest.fixture
+def sim():
+    """A fresh simulated 4 GiB GPU with a managed current resource; frees what the test allocated."""
+    backend = ul.use_backend("sim", device_memory="4GiB")
+    ul.mr.set_current_device_resource(ul.mr.ManagedMemoryResource())
+    before = {b.id for b in ul.live_buffers()}
+    yield backend
+    for b in ul.live_buffers():
+        if b.id not in before:
+            b.close()
+
+
+@pytest.fixture
+def dash(sim):
+    d = Dashboard(interval=0.05)
+    yield d
+    d.close()
+
+
+def grid_counts(component):
+    data = component.source.data
+    return {s: int(np.sum(data[s])) for s in ("gpu", "host", "both", "nowhere")}
+
+
+# -- collectors: plain data that agrees with the public API ---------------------------------------
+
+def test_snapshot_matches_residency_and_mem_info(sim):
+    a = ul.DeviceBuffer(size="8MiB", label="a")
+    b = ul.DeviceBuffer(size="2MiB", label="b")
+    a.prefetch("gpu")
+    ul.touch(b, on="host", mode="write")
+    snap = collect_snapshot()
+    assert snap["backend"] == "sim"
+    free, total = sim.mem_info()
+    assert snap["memory"] == {"free": free, "total": total, "used": total - free}
+    by_id = {x["id"]: x for x in snap["allocations"]}
+    assert [x["id"] for x in snap["allocations"]][-2:] == [a.id, b.id]   # oldest first
+    for buf in (a, b):
+        res = ul.residency(buf)
+        got = by_id[buf.id]
+        assert got["label"] == buf.label and got["size"] == buf.size and got["is_managed"]
+        assert np.array_equal(got["states"], res.states)
+        assert got["summary"] == pytest.approx(res.summary())
+        assert got["advice"] == {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
+    assert by_id[a.id]["summary"]["gpu"] == 1.0
+    assert by_id[b.id]["summary"]["host"] == 1.0
+
+
+def test_snapshot_is_a_copy(sim):
+    a = ul.DeviceBuffer(size="1MiB")
+    snap = collect_snapshot()
+    states = next(x for x in snap["allocations"] if x["id"] == a.id)["states"].copy()
+    a.prefetch("host")
+    assert np.array_equal(next(x for x in snap["allocations"] if x["id"] == a.id)["states"], states)
+
+
+def test_bin_states_counts_every_page_once():
+    states = np.array([HOST] * 5 + [GPU] * 3 + [BOTH] * 2 + [NOWHERE] * 1 + [4], dtype=np.uint8)  # 4: gpu:1
+    bins = bin_states(states, 4)
+    assert list(bins["first"]) == [0, 3, 6, 9] and list(bins["last"]) == [2, 5, 8, 11]
+    assert bins["host"].sum() == 5 and bins["gpu"].sum() == 4 and bins["both"].sum() == 2
+    assert bins["nowhere"].sum() == 1
+    assert list(bins["state"][:3]) == [HOST, HOST, GPU]        # the majority of each bin
+    assert bins["state"][3] in (NOWHERE, GPU, BOTH)              # a three-way tie: one of them
+    assert all(len(v) == 0 for v in bin_states(np.zeros(0, np.uint8), 8).values())
+
+
+def test_event_totals_add_up_to_the_trace_summary(sim):
+    a = ul.DeviceBuffer(size="4MiB")
+    a.prefetch("host")
+    with ul.record() as trace:
+        ul.touch(a, on="gpu", mode="read")
+    whole = trace.summary()
+    totals = EventTotals()
+    totals.feed(trace.events[:3])
+    totals.feed(trace.events[3:])
+    got = totals.snapshot()
+    assert got["bytes_htod"] == whole["bytes_htod"] == 4 << 20
+    assert got["gpu_faults"] == whole["gpu_faults"] > 0
+    assert got["counts"] == whole["counts"] and got["events"] == whole["events"]
+
+
+# -- components render the snapshot ----------------------------------------------------------------
+
+def test_dashboard_shows_every_allocation_and_selects_the_newest(sim, dash):
+    a = ul.DeviceBuffer(size="4MiB", label="first")
+    b = ul.DeviceBuffer(size="2MiB", label="second")
+    dash.refresh()
+    ids = [v for _, v in dash.allocations.root.options]
+    assert ids[-2:] == [a.id, b.id]
+    assert list(dash.allocations.source.data["id"][-2:]) == [a.id, b.id]
+    assert dash.allocations.selected == b.id
+    dash.select(a.id)
+    assert dash.residency.selected == dash.prefetch.selected == dash.advice.selected == a.id
+    # the overview has one strip per allocation
+    names = set(dash.overview.source.data["name"])
+    assert any("first" in n for n in names) and any("second" in n for n in names)
+    assert len(dash.overview.figure.y_range.factors) == len(ul.live_buffers())
+
+
+def test_residency_map_agrees_with_ul_residency(sim, dash):
+    a = ul.DeviceBuffer(size="6MiB", label="a")
+    a.prefetch("gpu")
+    dash.refresh()
+    dash.select(a.id)
+    counts = ul.residency(a).counts()
+    assert grid_counts(dash.residency) == counts
+    pages = len(ul.residency(a).states)
+    assert dash.residency.source.data["last"][-1] == pages - 1
+    assert set(dash.residency.source.data["state"]) == {GPU}
+
+
+def test_large_allocation_is_binned_into_a_bounded_grid(sim, dash):
+    a = ul.DeviceBuffer(size="512MiB", label="big")
+    dash.refresh()
+    dash.select(a.id)
+    n = len(dash.residency.source.data["x"])
+    assert 0 < n <= dash.residency.columns * dash.residency.max_rows
+    assert dash.residency.pages_per_cell == -(-(512 << 20) // 4096 // n)
+    assert grid_counts(dash.residency) == ul.residency(a).counts()
+
+
+def test_prefetch_buttons_move_the_buffer_and_the_map_follows(sim, dash):
+    a = ul.DeviceBuffer(size="8MiB", label="a")
+    dash.refresh()
+    dash.select(a.id)
+
+    dash.prefetch.to_host.click()
+    assert ul.residency(a).summary()["host"] == 1.0
+    assert set(dash.residency.source.data["state"]) == {HOST}
+    assert dash.prefetch.source.data["host"][0] == 1.0
+    assert "error" not in dash.prefetch.message.value.lower()
+
+    htod_before = dash.totals.snapshot()["bytes_htod"]
+    dash.prefetch.to_gpu.click()
+    assert ul.residency(a).summary()["gpu"] == 1.0
+    assert set(dash.residency.source.data["state"]) == {GPU}
+    assert grid_counts(dash.residency) == ul.residency(a).counts()
+    # the statistics count the 8 MiB that just moved (on top of the session's earlier migrations)
+    htod = dash.totals.snapshot()["bytes_htod"]
+    assert htod - htod_before == 8 << 20
+    row = dict(zip(dash.statistics.source.data["metric"], dash.statistics.source.data["value"], strict=True))
+    assert row["migrated host → device"] == ul.format_bytes(htod)
+
+
+def test_advice_controls_set_the_advice_and_read_it_back(sim, dash):
+    a = ul.DeviceBuffer(size="4MiB", label="a")
+    dash.refresh()
+    dash.select(a.id)
+    adv = dash.advice
+
+    adv.read_mostly.value = True
+    assert a.read_mostly is True
+    assert adv.source.data["read_mostly"] == [True]
+
+    adv.preferred.value = "host"
+    assert a.preferred_location == "host"
+    assert adv.source.data["preferred_location"] == ["host"]
+    adv.preferred.value = "gpu:0"
+    assert a.preferred_location == "gpu:0"
+    adv.preferred.value = "none"
+    assert a.preferred_location is None
+
+    adv.accessed_by["gpu:0"].value = True
+    assert a.accessed_by == ("gpu:0",)
+    assert adv.source.data["accessed_by"] == ["gpu:0"]
+    adv.accessed_by["gpu:0"].value = False
+    assert a.accessed_by == ()
+
+    adv.read_mostly.value = False
+    assert a.read_mostly is False
+
+
+def test_advice_set_in_code_shows_in_the_widgets(sim, dash):
+    a = ul.DeviceBuffer(size="4MiB")
+    dash.refresh()
+    dash.select(a.id)
+    a.read_mostly = True
+    a.preferred_location = "host"
+    dash.refresh()
+    assert dash.advice.read_mostly.value is True
+    assert dash.advice.preferred.value == "host"
+    # and syncing the widgets from the backend did not call the buffer back
+    assert a.read_mostly is True and a.preferred_location == "host"
+
+
+def test_errors_are_shown_in_the_widget_not_raised(sim, dash):
+    a = ul.DeviceBuffer(size="4MiB", label="doomed")
+    dash.refresh()
+    dash.select(a.id)
+    a_id = a.id
+    a.close()                               # freed behind the dashboard's back, before it refreshed
+    dash.prefetch.to_gpu.click()            # must not raise
+    msg = dash.prefetch.message.value
+    assert "prefetch to gpu failed" in msg and str(a_id) in msg
+    assert dash.allocations.selected != a_id  # and the list has moved on
+
+
+def test_no_selection_disables_the_controls(sim, dash):
+    dash.select(None)
+    assert dash.advice.read_mostly.disabled and dash.advice.preferred.disabled
+    dash.prefetch.to_gpu.click()
+    assert "select an allocation" in dash.prefetch.message.value
+
+
+def test_refresh_without_changes_sends_nothing(sim, dash):
+    a = ul.DeviceBuffer(size="4MiB")
+    dash.refresh()
+    dash.select(a.id)
+    dash.refresh()
+    patches = []
+    docs = {c.source.document for c in dash.components if c.source.document is not None}
+    assert docs
+    for doc in docs:
+        doc.on_change(patches.append)
+    dash.refresh()
+    assert patches == []
+    assert update_source(dash.residency.source, dict(dash.residency.source.data)) is False
+    a.prefetch("host")
+    dash.refresh()
+    assert patches  # and a real change is sent
+
+
+# -- live updates ------------------------------------------------------------------------------------
+
+def test_events_from_another_thread_refresh_the_dashboard(sim, dash):
+    a = ul.DeviceBuffer(size="4MiB", label="a")
+    dash.refresh()
+    dash.select(a.id)
+    worker = threading.Thread(target=a.prefetch, args=("host",))
+    worker.start()
+    worker.join(5)
+    assert wait_for(lambda: set(dash.residency.source.data["state"]) == {HOST})
+
+
+def test_bursts_of_events_are_coalesced(sim):
+    bufs = [ul.DeviceBuffer(size="64KiB") for _ in range(4)]
+    with Dashboard(interval=0.2) as d:
+        start_count = d.refreshes
+        t0 = time.monotonic()
+        for _ in range(50):
+            for b in bufs:
+                b.prefetch("gpu")
+                b.prefetch("host")
+        elapsed = time.monotonic() - t0
+        time.sleep(0.35)
+        refreshes = d.refreshes - start_count
+        assert 1 <= refreshes <= elapsed / 0.2 + 2
+        assert d.snapshot is not None
+
+
+def test_close_stops_listening(sim):
+    d = Dashboard(interval=0.01)
+    assert d.live
+    d.close()
+    assert not d.live and d.closed
+    count = d.refreshes
+    b = ul.DeviceBuffer(size="1MiB")
+    b.prefetch("gpu")
+    time.sleep(0.1)
+    assert d.refreshes == count
+    d.close()  # idempotent

@@ -1,0 +1,192 @@
+"""%load_ext uvm_lab, %uvm and %%uvm_trace in a real IPython InteractiveShell."""
+
+from __future__ import annotations
+
+import re
+import sys
+import types
+
+import pytest
+
+pytest.importorskip("IPython")
+
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+
+import uvm_lab as ul
+from uvm_lab.jupyter import load_ipython_extension, unload_ipython_extension
+from uvm_lab.jupyter.magics import UvmMagics
+
+
+@pytest.fixture
+def sim():
+    backend = ul.use_backend("sim", device_memory="4GiB")
+    ul.mr.set_current_device_resource(ul.mr.ManagedMemoryResource())
+    before = {b.id for b in ul.live_buffers()}
+    yield backend
+    for b in ul.live_buffers():
+        if b.id not in before:
+            b.close()
+
+
+@pytest.fixture
+def shell(sim):
+    ip = InteractiveShell.instance()
+    ip.run_line_magic("load_ext", "uvm_lab")
+    yield ip
+    ip.run_line_magic("unload_ext", "uvm_lab")
+
+
+def test_load_ext_registers_the_magics_once(shell):
+    assert "uvm" in shell.magics_manager.magics["line"]
+    assert "uvm_trace" in shell.magics_manager.magics["cell"]
+    first = shell.magics_manager.registry["UvmMagics"]
+    load_ipython_extension(shell)                  # a second load is harmless
+    assert shell.magics_manager.registry["UvmMagics"] is first
+
+
+def test_unload_removes_the_magics(sim):
+    ip = InteractiveShell.instance()
+    load_ipython_extension(ip)
+    unload_ipython_extension(ip)
+    assert "uvm" not in ip.magics_manager.magics["line"]
+    assert "uvm_trace" not in ip.magics_manager.magics["cell"]
+    load_ipython_extension(ip)                     # and it can come back
+    assert "uvm" in ip.magics_manager.magics["line"]
+    unload_ipython_extension(ip)
+
+
+def test_load_registers_the_comm_target_when_the_module_exists(sim, monkeypatch):
+    calls = []
+    fake = types.ModuleType("uvm_lab.jupyter.comm")
+    fake.register_comm_target = lambda: calls.append(1) or False
+    monkeypatch.setitem(sys.modules, "uvm_lab.jupyter.comm", fake)
+    ip = InteractiveShell.instance()
+    load_ipython_extension(ip)
+    load_ipython_extension(ip)
+    assert calls == [1, 1]                         # idempotent on its side; we call it on every load
+    unload_ipython_extension(ip)
+
+
+def test_status_lists_backend_memory_and_allocations(shell, sim, capsys):
+    a = ul.DeviceBuffer(size="8MiB", label="weights")
+    a.prefetch("host")
+    capsys.readouterr()
+    assert shell.run_line_magic("uvm", "status") is None
+    out = capsys.readouterr().out
+    assert "backend: sim" in out
+    assert "4 GiB total" in out
+    assert "weights" in out and "8 MiB" in out
+    line = next(x for x in out.splitlines() if "weights" in x)
+    assert "100.0%" in line                        # all of it on the host
+    assert "published" in out and "dropped" in out
+
+
+def test_status_shows_advice(shell, capsys):
+    a = ul.DeviceBuffer(size="4MiB", label="adv")
+    a.read_mostly = True
+    a.preferred_location = "host"
+    capsys.readouterr()
+    shell.run_line_magic("uvm", "status")
+    line = next(x for x in capsys.readouterr().out.splitlines() if " adv " in x)
+    assert "read_mostly" in line and "preferred=host" in line
+
+
+def test_bare_uvm_prints_help(shell, capsys):
+    shell.run_line_magic("uvm", "")
+    out = capsys.readouterr().out
+    assert "status" in out and "dashboard" in out and "resource" in out
+    shell.run_line_magic("uvm", "resource -h")
+    assert "--pool-size" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("line", "names"), [
+    ("bogus", ["'bogus'", "status", "dashboard", "resource"]),
+    ("resource tpu", ["'tpu'", "managed", "cuda", "pool"]),
+    ("resource pool --pool-size 12parsecs", ["12parsecs", "512MiB"]),
+    ("resource managed --pool-size 1GiB", ["--pool-size", "pool", "'managed'"]),
+    ("resource cuda --prefetch", ["--prefetch", "managed"]),
+    ("resource --prefetch", ["KIND", "managed"]),
+    ("status --verbose", ["--verbose"]),
+    ("status 'unclosed", ["cannot parse"]),
+])
+def test_bad_input_raises_usage_error_naming_it(shell, line, names):
+    with pytest.raises(UsageError) as info:
+        shell.run_line_magic("uvm", line)
+    for name in names:
+        assert name in str(info.value)
+
+
+def test_resource_prints_and_sets_the_chain(shell, capsys):
+    shell.run_line_magic("uvm", "resource")
+    out = capsys.readouterr().out
+    assert "ManagedMemoryResource" in out
+    shell.run_line_magic("uvm", "resource pool --pool-size 64MiB --prefetch --statistics")
+    chain = ul.mr.resource_chain(ul.mr.get_current_device_resource())
+    assert [type(r).__name__ for r in chain] == [
+        "StatisticsResourceAdaptor", "PrefetchResourceAdaptor", "PoolMemoryResource", "ManagedMemoryResource"]
+    out = capsys.readouterr().out
+    assert out.index("StatisticsResourceAdaptor") < out.index("PoolMemoryResource")
+    a = ul.DeviceBuffer(size="4MiB")
+    assert ul.residency(a).summary()["gpu"] == 1.0  # the prefetch adaptor did its job
+    a.close()
+    shell.run_line_magic("uvm", "resource cuda")
+    assert not ul.mr.get_current_device_resource().is_managed
+
+
+def test_uvm_trace_summarises_and_stores_the_trace(shell, capsys):
+    shell.user_ns.update(ul=ul, a=ul.DeviceBuffer(size="8MiB", label="a"))
+    shell.user_ns["a"].prefetch("host")
+    capsys.readouterr()
+    result = shell.run_cell_magic("uvm_trace", "-o t", "r = ul.touch(a, on='gpu', mode='read')\nr.faults")
+    out = capsys.readouterr().out
+    trace = shell.user_ns["t"]
+    assert len(trace) > 0
+    assert result == shell.user_ns["r"].faults > 0           # the last expression is the cell's value
+    assert "uvm_trace:" in out and "simulated time" in out
+    assert re.search(r"migrated host -> device\s+8 MiB", out)
+    assert re.search(rf"GPU page faults\s+{shell.user_ns['r'].faults:,}\b", out)
+    assert "gpu_page_fault" in out and "htod" in out
+
+
+def test_uvm_trace_runs_ipython_syntax_and_quiet(shell, capsys):
+    shell.user_ns["a"] = ul.DeviceBuffer(size="1MiB", label="a")
+    capsys.readouterr()
+    shell.run_cell_magic("uvm_trace", "-q -o t2", "x = 1\n%uvm status\na.prefetch('gpu')")
+    out = capsys.readouterr().out
+    assert "uvm_trace:" not in out and "backend: sim" in out
+    assert len(shell.user_ns["t2"]) > 0
+
+
+def test_uvm_trace_reports_even_when_the_cell_raises(shell, capsys):
+    shell.user_ns["a"] = ul.DeviceBuffer(size="1MiB", label="a")
+    with pytest.raises(ZeroDivisionError):
+        shell.run_cell_magic("uvm_trace", "-o t3", "a.prefetch('gpu')\n1 / 0")
+    assert "uvm_trace:" in capsys.readouterr().out
+    assert len(shell.user_ns["t3"]) > 0
+
+
+def test_uvm_trace_rejects_a_bad_name(shell):
+    with pytest.raises(UsageError, match="'1bad'"):
+        shell.run_cell_magic("uvm_trace", "-o 1bad", "pass")
+    with pytest.raises(UsageError, match="--frobnicate"):
+        shell.run_cell_magic("uvm_trace", "--frobnicate", "pass")
+
+
+def test_dashboard_magic_displays_reuses_and_closes(shell, capsys):
+    pytest.importorskip("jupyter_bokeh")
+    magics = shell.magics_manager.registry["UvmMagics"]
+    assert isinstance(magics, UvmMagics)
+    assert shell.run_line_magic("uvm", "dashboard") is None
+    dash = magics.dashboard
+    assert dash is not None and dash.live
+    shell.run_line_magic("uvm", "dashboard")
+    assert magics.dashboard is dash                        # shown again, not rebuilt
+    shell.run_line_magic("uvm", "dashboard --close")
+    assert dash.closed and not dash.live and magics.dashboard is None
+    shell.run_line_magic("uvm", "dashboard")
+    second = magics.dashboard
+    assert second is not dash and second.live
+    shell.run_line_magic("unload_ext", "uvm_lab")         # unloading closes it
+    assert second.closed
+    shell.run_line_magic("load_ext", "uvm_lab")           # the fixture unloads again
