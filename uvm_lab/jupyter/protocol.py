@@ -38,6 +38,7 @@ from typing import Any, Final, Literal, TypedDict
 import numpy as np
 
 from ..errors import ProtocolError
+from .dashboard.collect import bin_states
 
 __all__ = [
     "ADVICE_NAMES",
@@ -61,7 +62,6 @@ __all__ = [
     "Snapshot",
     "Update",
     "pack_states",
-    "page_counts",
     "parse_command",
 ]
 
@@ -221,7 +221,8 @@ def parse_command(data: object) -> Command:
     if kind == "prefetch":
         location = data["location"]
         if location not in LOCATIONS or not isinstance(location, str):
-            raise ProtocolError(f"prefetch location must be one of {_choices(LOCATIONS)}, got {location!r}", command=data)
+            raise ProtocolError(f"prefetch location must be one of {_choices(LOCATIONS)}, got {location!r}",
+                                command=data)
         return Prefetch(type="prefetch", seq=seq, id=alloc_id, location=location)  # type: ignore[typeddict-item]
     advice = data["advice"]
     if advice not in ADVICE_NAMES or not isinstance(advice, str):
@@ -280,28 +281,19 @@ def _choices(options: tuple[str, ...]) -> str:
 # --- residency encoding -------------------------------------------------------------------------
 
 
-def pack_states(states: np.ndarray, limit: int = CELL_LIMIT) -> tuple[int, np.ndarray]:
-    """The bytes that carry a page-state array: ``(cell_pages, cells)``.
+def pack_states(states: np.ndarray, limit: int = CELL_LIMIT) -> tuple[int, np.ndarray, PageCounts]:
+    """The bytes that carry a page-state array, and its exact counts: ``(cell_pages, cells, counts)``.
 
-    Up to ``limit`` pages the states go as they are (``cell_pages`` 1). Beyond, each cell stands
-    for ``cell_pages`` consecutive pages and holds the state most of them are in (ties go to the
-    lower state number); the last cell may stand for fewer pages.
+    Up to ``limit`` pages, one byte per page (``cell_pages`` 1). Beyond, each byte stands for
+    ``cell_pages`` consecutive pages and holds the state most of them are in (the dashboard's
+    binning, ties to the lower state number); the last cell may stand for fewer pages. A page
+    on any GPU counts as "gpu", so the bytes are always 0 to 3.
     """
-    states = np.ascontiguousarray(states, dtype=np.uint8)
-    n = len(states)
-    if n <= limit:
-        return 1, states
-    cell_pages = -(-n // limit)
-    cells = -(-n // cell_pages)
-    # Pad with an out-of-range state so the short last cell's vote counts only its real pages.
-    padded = np.full(cells * cell_pages, 4, dtype=np.uint8)
-    padded[:n] = states
-    grid = padded.reshape(cells, cell_pages)
-    votes = np.stack([(grid == s).sum(axis=1) for s in range(4)], axis=1)
-    return cell_pages, votes.argmax(axis=1).astype(np.uint8)
-
-
-def page_counts(states: np.ndarray) -> PageCounts:
-    """The exact number of pages in each state."""
-    n = np.bincount(np.asarray(states, dtype=np.uint8), minlength=4)
-    return PageCounts(nowhere=int(n[0]), host=int(n[1]), gpu=int(n[2]), both=int(n[3]))
+    states = np.asarray(states, dtype=np.uint8)
+    if not len(states):
+        return 1, np.zeros(0, dtype=np.uint8), PageCounts(gpu=0, host=0, both=0, nowhere=0)
+    bins = bin_states(states, limit)
+    cell_pages = int(bins["last"][0] - bins["first"][0] + 1)
+    gpu, host, both, nowhere = (int(bins[name].sum()) for name in ("gpu", "host", "both", "nowhere"))
+    counts = PageCounts(gpu=gpu, host=host, both=both, nowhere=nowhere)
+    return cell_pages, np.ascontiguousarray(bins["state"], dtype=np.uint8), counts

@@ -1,0 +1,413 @@
+"""The kernel end of the lab panel, driven through a recording fake comm on the simulated device."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+
+import uvm_lab as ul
+from uvm_lab.jupyter import comm as lab_comm
+from uvm_lab.jupyter.comm import PanelSession, register_comm_target
+from uvm_lab.jupyter.protocol import CELL_LIMIT
+
+PAGE = 4096
+
+
+class RecordingComm:
+    """A comm that keeps every message sent to the front end (after ipywidgets' DummyComm)."""
+
+    def __init__(self):
+        self.messages = []  # (data, [bytes of each buffer])
+        self._on_msg = None
+        self._on_close = None
+        self.closed = False
+        self._lock = threading.Lock()
+
+    def send(self, data=None, metadata=None, buffers=None):
+        with self._lock:
+            self.messages.append((data, [bytes(b) for b in buffers or ()]))
+
+    def on_msg(self, callback):
+        self._on_msg = callback
+
+    def on_close(self, callback):
+        self._on_close = callback
+
+    def close(self, data=None, metadata=None, buffers=None):
+        self.closed = True
+
+    # what the front end does
+    def deliver(self, data):
+        self._on_msg({"content": {"comm_id": "c0", "data": data}, "buffers": []})
+
+    def close_from_frontend(self):
+        self._on_close({"content": {"comm_id": "c0", "data": {}}})
+
+    def of_type(self, kind):
+        with self._lock:
+            return [(d, b) for d, b in self.messages if d["type"] == kind]
+
+    def clear(self):
+        with self._lock:
+            self.messages.clear()
+
+
+@pytest.fixture
+def device():
+    backend = ul.use_backend("sim", device_memory="1GiB")
+    yield backend
+    for buf in ul.live_buffers():
+        buf.close()
+
+
+@pytest.fixture
+def session(device):
+    s = PanelSession(RecordingComm(), start=False)
+    yield s
+    s.close()
+
+
+def folded(buf):
+    """What the panel should draw for ``buf``: ul.residency's states, one byte per page."""
+    states = ul.residency(buf).states
+    return ((states & 1) + 2 * ((states & ~np.uint8(1)) != 0)).astype(np.uint8).tobytes()
+
+
+def allocation(message, buf):
+    data, buffers = message
+    i = next(i for i, a in enumerate(data["allocations"]) if a["id"] == buf.id)
+    return data["allocations"][i], buffers[i]
+
+
+def test_hello_sends_a_snapshot_with_binary_residency_matching_ul_residency(session, device):
+    a = ul.DeviceBuffer(size="8MiB", label="a")
+    b = ul.DeviceBuffer(size="2MiB", label="b")
+    a.prefetch("gpu")
+    ul.touch(b, on="host", mode="write")
+    session.comm.deliver({"type": "hello", "seq": 1})
+
+    (snapshot, buffers), (result, _) = session.comm.messages
+    assert result == {"type": "result", "seq": 1, "command": "hello", "ok": True, "error": None}
+    assert snapshot["type"] == "snapshot"
+    assert snapshot["version"] == 1 and snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
+    assert snapshot["device"] == {"backend": "sim", "free": device.mem_info()[0], "total": 1 << 30}
+    assert [x["id"] for x in snapshot["allocations"]] == [a.id, b.id]
+    assert len(buffers) == 2
+    for buf in (a, b):
+        info, cells = allocation((snapshot, buffers), buf)
+        assert cells == folded(buf)
+        assert info["counts"] == ul.residency(buf).counts()
+        assert info["pages"] == info["cells"] == buf.size // PAGE and info["cell_pages"] == 1
+        assert info["label"] == buf.label and info["size"] == buf.size and info["is_managed"] is True
+        assert info["advice"] == {"read_mostly": False, "preferred_location": None, "accessed_by": []}
+    assert allocation((snapshot, buffers), a)[0]["counts"]["gpu"] == 2048
+    assert allocation((snapshot, buffers), b)[0]["counts"]["host"] == 512
+
+
+def test_residency_never_travels_as_a_json_list(session, device):
+    buf = ul.DeviceBuffer(size="1MiB")
+    buf.prefetch("gpu")
+    session.comm.deliver({"type": "hello", "seq": 1})
+    snapshot, buffers = session.comm.of_type("snapshot")[0]
+
+    def lists(value):
+        if isinstance(value, dict):
+            return [x for v in value.values() for x in lists(v)]
+        if isinstance(value, list):
+            return [len(value), *(x for v in value for x in lists(v))]
+        return []
+
+    assert max(lists(snapshot)) < 256  # no page array hides in the JSON: 256 pages went as bytes
+    assert buffers == [folded(buf)] == [bytes([2]) * 256]
+
+
+def test_prefetch_changes_the_buffer_and_the_update_follows_before_the_result(session, device):
+    buf = ul.DeviceBuffer(size="4MiB", label="x")
+    session.handle({"type": "hello", "seq": 1})
+    session.comm.clear()
+
+    result = session.handle({"type": "prefetch", "seq": 2, "id": buf.id, "location": "gpu"})
+    assert result["ok"] is True
+    assert ul.residency(buf).counts()["gpu"] == 1024
+    (update, buffers), (sent_result, _) = session.comm.messages
+    assert sent_result is result
+    assert update["type"] == "update" and [a["id"] for a in update["allocations"]] == [buf.id]
+    assert buffers[0] == folded(buf) == bytes([2]) * 1024
+
+    session.comm.clear()
+    session.handle({"type": "prefetch", "seq": 3, "id": buf.id, "location": "host"})
+    assert ul.residency(buf).counts()["host"] == 1024
+    update, buffers = session.comm.of_type("update")[0]
+    assert buffers[0] == folded(buf) == bytes([1]) * 1024
+    assert update["allocations"][0]["counts"] == {"gpu": 0, "host": 1024, "both": 0, "nowhere": 0}
+
+
+def test_advice_commands_go_through_the_buffer_properties(session, device):
+    buf = ul.DeviceBuffer(size="2MiB")
+    buf.prefetch("gpu")
+    session.handle({"type": "hello", "seq": 1})
+
+    def advice():
+        session.comm.clear()
+        return session.comm
+
+    comm = advice()
+    assert session.handle({"type": "set_advice", "seq": 2, "id": buf.id, "advice": "read_mostly", "value": True})["ok"]
+    assert buf.read_mostly is True
+    assert comm.of_type("update")[0][0]["allocations"][0]["advice"]["read_mostly"] is True
+
+    comm = advice()
+    session.handle({"type": "set_advice", "seq": 3, "id": buf.id, "advice": "preferred_location", "value": "host"})
+    assert buf.preferred_location == "host"
+    assert comm.of_type("update")[0][0]["allocations"][0]["advice"]["preferred_location"] == "host"
+
+    session.handle({"type": "set_advice", "seq": 4, "id": buf.id, "advice": "preferred_location", "value": None})
+    assert buf.preferred_location is None
+
+    comm = advice()
+    session.handle({"type": "set_advice", "seq": 5, "id": buf.id, "advice": "accessed_by", "value": ["gpu"]})
+    assert buf.accessed_by == ("gpu:0",)
+    assert comm.of_type("update")[0][0]["allocations"][0]["advice"]["accessed_by"] == ["gpu:0"]
+    session.handle({"type": "set_advice", "seq": 6, "id": buf.id, "advice": "accessed_by", "value": []})
+    assert buf.accessed_by == ()
+
+    session.handle({"type": "set_advice", "seq": 7, "id": buf.id, "advice": "read_mostly", "value": False})
+    assert buf.read_mostly is False
+    assert all(r["ok"] for r, _ in session.comm.of_type("result"))
+
+
+@pytest.mark.parametrize(
+    ("command", "error_type", "mentions"),
+    [
+        ({"type": "prefetch", "seq": 5, "id": 999_999, "location": "gpu"}, "InvalidArgumentError", "no live buffer"),
+        ({"type": "set_advice", "seq": 5, "id": 999_999, "advice": "read_mostly", "value": True},
+         "InvalidArgumentError", "999999"),
+        ({"type": "set_advice", "seq": 5, "id": "ID", "advice": "preferred_location", "value": "gpu:3"},
+         "InvalidLocationError", "gpu:3"),
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "nowhere"}, "ProtocolError", "nowhere"),
+    ],
+)
+def test_errors_come_back_as_results_and_the_comm_lives_on(session, device, command, error_type, mentions):
+    buf = ul.DeviceBuffer(size="1MiB")
+    command = {k: (buf.id if v == "ID" else v) for k, v in command.items()}
+    session.comm.deliver(command)
+    (result, _), = session.comm.of_type("result")
+    assert result["ok"] is False and result["seq"] == 5 and result["command"] == command["type"]
+    assert result["error"]["type"] == error_type
+    assert mentions in result["error"]["message"]
+    assert not session.closed and not session.comm.closed
+
+    session.comm.deliver({"type": "prefetch", "seq": 6, "id": buf.id, "location": "gpu"})
+    assert session.comm.of_type("result")[-1][0]["ok"] is True
+    assert ul.residency(buf).counts()["gpu"] == 256
+
+
+def test_a_closed_buffer_is_reported_removed(session, device):
+    keep = ul.DeviceBuffer(size="1MiB")
+    drop = ul.DeviceBuffer(size="1MiB")
+    session.handle({"type": "hello", "seq": 1})
+    session.comm.clear()
+    drop.close()
+    assert session.flush() is True
+    assert [d for d, _ in session.comm.messages] == [{"type": "removed", "ids": [drop.id]}]
+    session.comm.clear()
+    result = session.handle({"type": "prefetch", "seq": 2, "id": drop.id, "location": "gpu"})
+    assert result["error"]["type"] == "InvalidArgumentError"
+    session.comm.clear()
+    keep.prefetch("gpu")
+    assert session.flush() is True
+    assert [a["id"] for a in session.comm.of_type("update")[0][0]["allocations"]] == [keep.id]
+
+
+def test_updates_carry_only_what_changed(session, device):
+    a = ul.DeviceBuffer(size="1MiB", label="a")
+    b = ul.DeviceBuffer(size="1MiB", label="b")
+    session.handle({"type": "hello", "seq": 1})
+    session.comm.clear()
+    assert session.flush() is False  # nothing happened
+    ul.touch(b, on="gpu")
+    assert session.flush() is True
+    (update, buffers), = session.comm.messages
+    assert [x["id"] for x in update["allocations"]] == [b.id]  # not a, untouched
+    assert buffers == [folded(b)]
+    assert a.id in session._sent
+    session.comm.clear()
+    b.prefetch("gpu")  # already there: events, but the same pages
+    assert session.flush() is False
+    assert session.comm.messages == []
+    c = ul.DeviceBuffer(size="1MiB", label="c")
+    assert session.flush() is True
+    assert [x["id"] for x in session.comm.of_type("update")[0][0]["allocations"]] == [c.id]
+
+
+def test_pause_stops_updates_and_resume_sends_a_snapshot(session, device):
+    buf = ul.DeviceBuffer(size="1MiB")
+    session.handle({"type": "hello", "seq": 1})
+    assert session.handle({"type": "pause", "seq": 2, "paused": True})["ok"]
+    assert session.paused
+    session.comm.clear()
+    buf.prefetch("gpu")
+    assert session.flush() is False
+    assert session.comm.of_type("update") == []
+    session.handle({"type": "pause", "seq": 3, "paused": False})
+    (_, buffers), = session.comm.of_type("snapshot")
+    assert buffers == [folded(buf)]
+    assert session.flush() is False  # the snapshot covered what changed while paused
+
+
+def test_huge_allocations_are_sent_in_cells_with_exact_counts(session, device):
+    buf = ul.DeviceBuffer(size="96MiB")  # 24576 pages: two per cell
+    ul.touch(buf, on="gpu", size="40MiB")
+    session.handle({"type": "hello", "seq": 1})
+    info, cells = allocation(session.comm.of_type("snapshot")[0], buf)
+    assert info["pages"] == 24576 and info["cell_pages"] == 2 and info["cells"] == len(cells) == 12288
+    assert info["counts"] == ul.residency(buf).counts()
+    assert cells == bytes([2]) * 5120 + bytes([0]) * 7168
+
+
+def test_zero_size_buffers_are_not_listed(session, device):
+    empty = ul.DeviceBuffer(size=0)
+    assert empty in ul.live_buffers()
+    real = ul.DeviceBuffer(size="1MiB")
+    session.handle({"type": "hello", "seq": 1})
+    assert [a["id"] for a in session.comm.of_type("snapshot")[0][0]["allocations"]] == [real.id]
+
+
+def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
+    comm = RecordingComm()
+    interval = 0.05
+    session = PanelSession(comm, interval=interval)
+    try:
+        buf = ul.DeviceBuffer(size="8MiB")
+        session.handle({"type": "hello", "seq": 1})
+        comm.clear()
+        # A "cell": 40 migrations in quick succession on this (main) thread.
+        start = time.monotonic()
+        for i in range(40):
+            buf.prefetch("gpu" if i % 2 == 0 else "host")
+            time.sleep(0.005)
+        buf.prefetch("gpu")
+        elapsed = time.monotonic() - start
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            updates = comm.of_type("update")
+            if updates and updates[-1][1] == [folded(buf)]:
+                break
+            time.sleep(0.01)
+        updates = comm.of_type("update")
+        assert updates, "no update came while the cell ran"
+        assert updates[-1][1] == [folded(buf)] == [bytes([2]) * 2048]
+        # Coalesced and throttled: far fewer updates than migrations, at most ~1 per interval.
+        assert len(updates) <= elapsed / interval + 3
+        assert len(updates) < 41
+    finally:
+        session.close()
+    session._thread.join(timeout=5)
+    assert not session._thread.is_alive()
+
+
+def test_commands_from_several_threads_at_once(device):
+    # ipykernel 7 runs comm handlers on subshell threads while the main thread runs a cell.
+    comm = RecordingComm()
+    session = PanelSession(comm, interval=0.01)
+    bufs = [ul.DeviceBuffer(size="1MiB", label=f"t{i}") for i in range(4)]
+    errors = []
+
+    def worker(buf, n):
+        try:
+            for i in range(n):
+                where = "gpu" if i % 2 else "host"
+                r = session.handle({"type": "prefetch", "seq": i, "id": buf.id, "location": where})
+                if not r["ok"]:
+                    errors.append(r)
+                session.handle({"type": "set_advice", "seq": i, "id": buf.id, "advice": "read_mostly",
+                                "value": bool(i % 2)})
+        except Exception as err:  # pragma: no cover - the assertion below reports it
+            errors.append(err)
+
+    try:
+        threads = [threading.Thread(target=worker, args=(b, 15)) for b in bufs]
+        for t in threads:
+            t.start()
+        for _ in range(15):  # the "cell"
+            ul.touch(bufs[0], on="host")
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == []
+        comm.clear()
+        session.handle({"type": "hello", "seq": 99})
+        snapshot, buffers = comm.of_type("snapshot")[0]
+        for buf in bufs:
+            info, cells = allocation((snapshot, buffers), buf)
+            assert cells == folded(buf)
+            assert info["advice"]["read_mostly"] is False  # each worker's last command (i = 14) turned it off
+    finally:
+        session.close()
+
+
+def test_closing_the_comm_ends_the_session(device):
+    comm = RecordingComm()
+    bus = ul.events.get_bus()
+    before = len(bus._subscribers)
+    session = PanelSession(comm, interval=0.01)
+    assert len(bus._subscribers) == before + 1
+    comm.close_from_frontend()
+    assert session.closed
+    assert len(bus._subscribers) == before
+    session._thread.join(timeout=5)
+    assert not session._thread.is_alive()
+    buf = ul.DeviceBuffer(size="1MiB")
+    buf.prefetch("gpu")
+    time.sleep(0.05)
+    assert comm.messages == []
+
+
+def test_register_comm_target_outside_a_kernel_is_a_no_op():
+    assert register_comm_target() is False
+
+
+class FakeCommManager:
+    def __init__(self):
+        self.targets = {}
+
+    def register_target(self, name, handler):
+        self.targets[name] = handler
+
+
+def test_register_comm_target_in_a_kernel_opens_sessions(device, monkeypatch):
+    manager = FakeCommManager()
+    shell = types.SimpleNamespace(kernel=types.SimpleNamespace(comm_manager=manager))
+    monkeypatch.setattr("IPython.get_ipython", lambda: shell)
+    assert register_comm_target() is True
+    assert register_comm_target() is True  # idempotent
+    assert list(manager.targets) == ["uvm_lab"]
+
+    buf = ul.DeviceBuffer(size="1MiB", label="opened")
+    comm = RecordingComm()
+    manager.targets["uvm_lab"](comm, {"content": {"comm_id": "c1", "target_name": "uvm_lab",
+                                                  "data": {"type": "hello", "seq": 1}}})
+    (snapshot, _), = comm.of_type("snapshot")
+    assert [a["label"] for a in snapshot["allocations"]] == ["opened"]
+    (session,) = [s for s in lab_comm.sessions() if s.comm is comm]
+    comm.close_from_frontend()
+    assert session not in lab_comm.sessions()
+    buf.close()
+
+
+def test_a_bad_open_message_is_answered_not_raised(device, monkeypatch):
+    manager = FakeCommManager()
+    monkeypatch.setattr("IPython.get_ipython",
+                        lambda: types.SimpleNamespace(kernel=types.SimpleNamespace(comm_manager=manager)))
+    register_comm_target()
+    comm = RecordingComm()
+    manager.targets["uvm_lab"](comm, {"content": {"data": {"type": "hello"}}})
+    (result, _), = comm.of_type("result")
+    assert result["error"]["type"] == "ProtocolError" and "seq" in result["error"]["message"]
+    for s in lab_comm.sessions():
+        if s.comm is comm:
+            s.close()

@@ -1,0 +1,340 @@
+"""The ``uvm_lab`` comm target: the kernel's end of the JupyterLab panel.
+
+The panel opens a comm to target ``"uvm_lab"`` with a ``hello``; each open comm gets a
+:class:`PanelSession`, which
+
+- answers every command (:mod:`.protocol`) with a ``result``, carrying it out only through the
+  entry points user code calls (``DeviceBuffer.prefetch`` and the advice properties); a bad
+  command or a failing call comes back as an error result and never closes the comm;
+- listens to the event bus, and from a background thread sends at most one ``update`` per
+  ``interval`` (0.1 s) holding only the allocations whose residency or advice changed, so the
+  map follows a cell while it runs;
+- stops sending while the panel says it is hidden (``pause``), and sends a full snapshot when it
+  is shown again.
+
+Handlers may run on any thread: ipykernel 7 delivers comm messages on subshell threads while a
+cell executes on the main one. Locks, in the only order they are taken::
+
+    _command_lock  (one command at a time)  ->  the core's own locks
+    _send_lock     (one snapshot/update at a time, owns _sent)  ->  the core's own locks
+    _lock          (the dirty ranges and the pause flag; held only for a few assignments)
+
+The bus callback takes only ``_lock``, so a producer publishing under the core's locks never
+waits on a send.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+import uvm_lab as ul
+
+from ..errors import BufferClosedError, InvalidArgumentError
+from ..events import get_bus
+from ..events.bus import EventBus
+from ..units import PAGE_SIZE
+from .dashboard.collect import describe_buffer
+from .protocol import (
+    CELL_LIMIT,
+    COMM_TARGET,
+    PROTOCOL_VERSION,
+    AdviceState,
+    AllocationInfo,
+    Command,
+    DeviceInfo,
+    ErrorInfo,
+    Removed,
+    Result,
+    Snapshot,
+    Update,
+    pack_states,
+    parse_command,
+)
+
+__all__ = ["PanelSession", "register_comm_target", "sessions"]
+
+log = logging.getLogger("uvm_lab.jupyter.comm")
+
+#: The least time between two updates, in seconds: about 10 a second at most.
+UPDATE_INTERVAL = 0.1
+# Past this many dirty ranges between two updates, treat every allocation as dirty.
+_MAX_DIRTY_RANGES = 256
+
+
+class CommLike(Protocol):
+    """What a session needs of a comm (``comm.base_comm.BaseComm``, or a test's fake)."""
+
+    def send(self, data: Any = None, metadata: Any = None, buffers: Any = None) -> None: ...
+
+    def on_msg(self, callback: Callable[[dict[str, Any]], Any]) -> None: ...
+
+    def on_close(self, callback: Callable[[dict[str, Any]], Any]) -> None: ...
+
+    def close(self, data: Any = None, metadata: Any = None, buffers: Any = None) -> None: ...
+
+
+class PanelSession:
+    """One panel's comm: validated commands in, throttled residency updates out."""
+
+    def __init__(self, comm: CommLike, *, interval: float = UPDATE_INTERVAL, bus: EventBus | None = None,
+                 start: bool = True) -> None:
+        self.comm = comm
+        self.interval = interval
+        self._command_lock = threading.Lock()
+        self._send_lock = threading.RLock()
+        self._lock = threading.Lock()
+        self._dirty: list[tuple[int, int]] = []  # [start, end) address ranges events touched
+        self._everything_dirty = False
+        self._paused = False
+        self._sent: dict[int, tuple[AllocationInfo, bytes]] = {}  # what the panel holds, by id
+        self._wake = threading.Event()
+        self._closed = threading.Event()
+        self._subscription = (bus or get_bus()).subscribe(self._on_events)
+        comm.on_msg(self._on_msg)
+        comm.on_close(self._on_close)
+        self._thread = threading.Thread(target=self._run, name="uvm_lab-panel-updates", daemon=True)
+        if start:
+            self._thread.start()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    def handle(self, data: object) -> Result:
+        """Validate and carry out one command; send its result (and any update it caused) back."""
+        seq = data.get("seq") if isinstance(data, dict) else None
+        kind = data.get("type") if isinstance(data, dict) else None
+        result = Result(type="result", seq=seq if type(seq) is int else None,
+                        command=kind if isinstance(kind, str) else None, ok=True, error=None)
+        try:
+            command = parse_command(data)
+            with self._command_lock:
+                self._execute(command)
+        except Exception as err:
+            # Any failure, ours or the core's, is the command's answer, never the comm's end.
+            result["ok"] = False
+            result["error"] = ErrorInfo(type=type(err).__name__, message=str(err))
+        self._send(result)
+        return result
+
+    def flush(self) -> bool:
+        """Send an ``update`` for every allocation that changed since the last one (and ``removed``
+        for those freed). Returns whether anything was sent. A paused session sends nothing and
+        keeps its dirty ranges for later."""
+        with self._lock:
+            if self._paused or self.closed:
+                return False
+            dirty, self._dirty = self._dirty, []
+            everything, self._everything_dirty = self._everything_dirty, False
+        with self._send_lock:
+            infos: list[AllocationInfo] = []
+            cells: list[np.ndarray] = []
+            live: set[int] = set()
+            for buf in _panel_buffers():
+                live.add(buf.id)
+                if buf.id in self._sent and not everything and not _touches(buf, dirty):
+                    continue
+                described = _describe(buf)
+                if described is None:
+                    continue
+                info, data = described
+                if self._sent.get(buf.id) == (info, data.tobytes()):
+                    continue
+                self._sent[buf.id] = (info, data.tobytes())
+                infos.append(info)
+                cells.append(data)
+            gone = sorted(set(self._sent) - live)
+            for alloc_id in gone:
+                del self._sent[alloc_id]
+            if infos:
+                self._send(Update(type="update", device=_device_info(), allocations=infos), cells)
+            if gone:
+                self._send(Removed(type="removed", ids=gone))
+            return bool(infos or gone)
+
+    def send_snapshot(self) -> None:
+        """Send every live allocation, replacing whatever the panel holds."""
+        with self._lock:
+            self._dirty, self._everything_dirty = [], False
+        with self._send_lock:
+            self._sent.clear()
+            infos: list[AllocationInfo] = []
+            cells: list[np.ndarray] = []
+            for buf in _panel_buffers():
+                described = _describe(buf)
+                if described is not None:
+                    info, data = described
+                    self._sent[buf.id] = (info, data.tobytes())
+                    infos.append(info)
+                    cells.append(data)
+            snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, page_size=PAGE_SIZE,
+                                cell_limit=CELL_LIMIT, device=_device_info(), allocations=infos)
+            self._send(snapshot, cells)
+
+    def close(self) -> None:
+        """Stop listening and sending (the comm closed, or the kernel is shutting down)."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        self._wake.set()
+        self._subscription.close()
+        with _sessions_lock:
+            _sessions.discard(self)
+
+    # -- commands --------------------------------------------------------------------------------------
+    def _execute(self, command: Command) -> None:
+        # Every branch is spelled out: a command picks one of these, it never names code to run.
+        if command["type"] == "hello":
+            self.send_snapshot()
+        elif command["type"] == "pause":
+            with self._lock:
+                self._paused = command["paused"]
+            if not command["paused"]:
+                self.send_snapshot()
+        elif command["type"] == "prefetch":
+            ul.find_buffer(command["id"]).prefetch(command["location"])
+            self.flush()
+        elif command["type"] == "set_advice":
+            buf = ul.find_buffer(command["id"])
+            value = command["value"]
+            if command["advice"] == "read_mostly":
+                buf.read_mostly = value  # type: ignore[assignment]
+            elif command["advice"] == "preferred_location":
+                buf.preferred_location = value  # type: ignore[assignment]
+            else:
+                buf.accessed_by = value
+            self.flush()
+
+    # -- comm and bus callbacks ------------------------------------------------------------------------
+    def _on_msg(self, msg: dict[str, Any]) -> None:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        self.handle(content.get("data") if isinstance(content, dict) else None)
+
+    def _on_close(self, msg: dict[str, Any]) -> None:
+        self.close()
+
+    def _on_events(self, records: np.ndarray) -> None:
+        # On the publisher's thread, under the bus's lock: note the touched range, nothing more.
+        lo = int(records["address"].min())
+        hi = int((records["address"] + records["bytes"]).max())
+        with self._lock:
+            if len(self._dirty) < _MAX_DIRTY_RANGES:
+                self._dirty.append((lo, max(hi, lo + 1)))
+            else:
+                self._everything_dirty = True
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed.is_set():
+                break
+            try:
+                self.flush()
+            except Exception:
+                # Keep serving: the next event tries again (a view must never stop the kernel's work).
+                log.exception("uvm_lab panel update failed")
+            # The throttle: events arriving meanwhile only set _wake, and go out together.
+            self._closed.wait(self.interval)
+
+    def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
+        if self.closed:
+            return
+        buffers = [c.data for c in cells] if cells else None
+        self.comm.send(data=message, buffers=buffers)
+
+
+# -- reading the core --------------------------------------------------------------------------------------
+
+
+def _panel_buffers() -> list[ul.DeviceBuffer]:
+    # A zero-size buffer holds no pages: there is nothing to draw or to move.
+    return [buf for buf in ul.live_buffers() if buf.size]
+
+
+def _describe(buf: ul.DeviceBuffer) -> tuple[AllocationInfo, np.ndarray] | None:
+    """An allocation's metadata and its residency bytes, or None if it was freed meanwhile."""
+    try:
+        plain = describe_buffer(buf)
+    except (BufferClosedError, InvalidArgumentError):
+        return None
+    cell_pages, cells, counts = pack_states(plain["states"])
+    advice = plain["advice"] or {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
+    info = AllocationInfo(
+        id=plain["id"], label=plain["label"], size=plain["size"], is_managed=plain["is_managed"],
+        advice=AdviceState(read_mostly=advice["read_mostly"], preferred_location=advice["preferred_location"],
+                           accessed_by=list(advice["accessed_by"])),
+        pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts,
+    )
+    return info, cells
+
+
+def _touches(buf: ul.DeviceBuffer, ranges: list[tuple[int, int]]) -> bool:
+    start, end = buf.ptr, buf.ptr + buf.size
+    return any(lo < end and start < hi for lo, hi in ranges)
+
+
+def _device_info() -> DeviceInfo:
+    backend = ul.get_backend()
+    free, total = backend.mem_info()
+    return DeviceInfo(backend=str(backend.name), free=int(free), total=int(total))
+
+
+# -- the comm target -------------------------------------------------------------------------------------
+
+# Open sessions, held here so a session lives as long as its comm (not as long as a reference).
+_sessions: set[PanelSession] = set()
+_sessions_lock = threading.Lock()
+
+
+def sessions() -> list[PanelSession]:
+    """The panels connected to this kernel now."""
+    with _sessions_lock:
+        return list(_sessions)
+
+
+def _open(comm: CommLike, msg: dict[str, Any]) -> None:
+    session = PanelSession(comm)
+    with _sessions_lock:
+        _sessions.add(session)
+    # The open message carries the panel's hello.
+    session._on_msg(msg)
+
+
+def register_comm_target() -> bool:
+    """Register the ``"uvm_lab"`` comm target with the running kernel.
+
+    Idempotent: registering again replaces the handler with itself. Returns False, and does
+    nothing, outside a kernel (plain Python, a terminal IPython).
+    """
+    manager = _kernel_comm_manager()
+    if manager is None:
+        return False
+    manager.register_target(COMM_TARGET, _open)
+    return True
+
+
+def _kernel_comm_manager() -> Any | None:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    kernel = getattr(get_ipython(), "kernel", None)
+    if kernel is None:
+        return None
+    manager = getattr(kernel, "comm_manager", None)
+    if manager is None:
+        import comm
+
+        manager = comm.get_comm_manager()
+    return manager
