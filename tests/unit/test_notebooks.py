@@ -1,0 +1,157 @@
+"""The notebooks run headless, top to bottom, and show what their text says they show."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("jupyter_bokeh")
+
+ROOT = Path(__file__).resolve().parents[2]
+WELCOME = ROOT / "notebooks" / "01-welcome.ipynb"
+MiB = 1 << 20
+
+# Appended by the test, never part of the notebook: reads the dashboard the tour displayed, giving its
+# timer thread a few seconds to pick up the events of the last cell.
+PROBE = """
+import json, time
+_d = get_ipython().magics_manager.registry["UvmMagics"].dashboard
+_deadline = time.monotonic() + 10
+while time.monotonic() < _deadline and set(_d.residency.source.data["state"]) != {2}:
+    time.sleep(0.05)
+print(json.dumps({"live": _d.live, "selected": _d.allocations.selected, "a": a.id,
+                  "states": sorted(int(s) for s in set(_d.residency.source.data["state"])),
+                  "refreshes": _d.refreshes}))
+"""
+
+
+def _kernel_available() -> bool:
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    try:
+        KernelSpecManager().get_kernel_spec("python3")
+    except NoSuchKernel:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def welcome():
+    """The welcome tour, executed in a fresh python3 kernel; returns {cell id: cell}."""
+    if not _kernel_available():
+        pytest.skip("no 'python3' Jupyter kernel is installed (pip install ipykernel)")
+    nb = nbformat.read(WELCOME, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE, id="test-probe"))
+    env_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env_path) if p)  # the kernel inherits it
+    try:
+        nbclient.NotebookClient(nb, kernel_name="python3", timeout=120, startup_timeout=60,
+                                resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        if env_path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = env_path
+    return {c.id: c for c in nb.cells}
+
+
+def stdout(cell) -> str:
+    return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
+
+
+def result(cell) -> str:
+    return next(o.data["text/plain"] for o in cell.outputs if o.output_type == "execute_result")
+
+
+def summary(cell) -> dict[str, float]:
+    return ast.literal_eval(result(cell))
+
+
+def access(cell) -> dict[str, float]:
+    text = result(cell)
+    assert text.startswith("AccessResult(")
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([\d.e+-]+)", text)}
+
+
+def test_committed_notebook_has_no_outputs():
+    nb = nbformat.read(WELCOME, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.outputs == [] and c.execution_count is None for c in code)
+    assert nb.metadata.kernelspec.name == "python3"
+
+
+def test_no_cell_fails(welcome):
+    for cell in welcome.values():
+        if cell.cell_type == "code":
+            assert not [o for o in cell.outputs if o.output_type == "error"], cell.id
+            assert "Traceback" not in stdout(cell), cell.id
+
+
+def test_steps_1_to_3_backend_resource_and_a_prefetched_buffer(welcome):
+    assert "backend 'sim': 4 GiB free of 4 GiB" in stdout(welcome["backend"])
+    chain = stdout(welcome["resource"])
+    assert chain.index("PrefetchResourceAdaptor") < chain.index("PoolMemoryResource") < chain.index(
+        "ManagedMemoryResource")
+    assert summary(welcome["buffer"]) == {"gpu": 1.0, "host": 0.0, "both": 0.0, "nowhere": 0.0}
+    assert "512 MiB of device memory in use" in stdout(welcome["memory"])
+
+
+def test_step_4_prefetch_to_host_moves_every_page(welcome):
+    assert summary(welcome["prefetch-host"])["host"] == 1.0
+
+
+def test_step_5_faults_one_per_page_and_prefetch_is_faster(welcome):
+    faulted = access(welcome["fault"])
+    assert faulted["faults"] == 512 * MiB // 4096
+    assert faulted["bytes_htod"] == 512 * MiB and faulted["bytes_dtoh"] == 0
+    out = stdout(welcome["compare"])
+    fault_ms = float(re.search(r"faulting:\s+([\d.]+) ms", out).group(1))
+    prefetch_ms, kernel_ms, faults = re.search(r"kernel:\s+([\d.]+) ms \+ ([\d.]+) ms with (\d+) faults", out).groups()
+    assert float(prefetch_ms) * 3 < fault_ms            # "several times faster"
+    assert int(faults) == 0 and float(kernel_ms) < 1.0   # "no faults", "a fraction of a millisecond"
+
+
+def test_step_6_advice_is_read_back_and_moves_nothing(welcome):
+    assert "read_mostly: True | preferred_location: host | accessed_by: ()" in stdout(welcome["advice"])
+    assert summary(welcome["advice"])["gpu"] == 1.0
+
+
+def test_step_7_host_write_faults_migrates_and_invalidates(welcome):
+    table = welcome["trace"].outputs[0].data["text/html"]
+    for word in ("cpu_page_fault", "dtoh", "coherence", "invalidate"):
+        assert word in table
+    totals = ast.literal_eval(result(welcome["trace-summary"]))
+    assert set(totals["counts"]) == {"cpu_page_fault", "dtoh", "invalidate"}
+    assert totals["bytes_dtoh"] == 512 * MiB and totals["bytes_htod"] == 0
+    assert totals["cpu_faults"] == 512 * MiB // 4096
+    assert summary(welcome["after-write"])["host"] == 1.0
+
+
+def test_step_8_read_mostly_duplicates_and_host_reads_take_no_faults(welcome):
+    out = stdout(welcome["duplicate"])
+    assert re.search(r"migrated host -> device\s+512 MiB", out)
+    assert re.search(r"migrated device -> host\s+0 B", out)
+    assert summary(welcome["duplicate"])["both"] == 1.0
+    read = access(welcome["host-read"])
+    assert read["faults"] == read["bytes_htod"] == read["bytes_dtoh"] == 0
+
+
+def test_status_and_dashboard(welcome):
+    status = stdout(welcome["status"])
+    row = next(line for line in status.splitlines() if re.match(r"\s*\d+\s+a\s", line))
+    assert "512 MiB" in row and "100.0%" in row and "read_mostly, preferred=host" in row
+    kinds = [k for o in welcome["dashboard"].outputs if o.output_type == "display_data" for k in o.data]
+    assert "application/vnd.bokehjs_load.v0+json" in kinds            # BokehJS, inline: works offline
+    assert "application/vnd.jupyter.widget-view+json" in kinds
+    probe = json.loads(stdout(welcome["test-probe"]))
+    assert probe["live"] and probe["selected"] == probe["a"]
+    assert probe["states"] == [2]      # "a write collapses the copies: the map turns green"
