@@ -1,0 +1,17 @@
+"""Every test starts on a fresh simulated device, so no test sees another's memory."""
+
+from __future__ import annotations
+
+import pytest
+
+import uvm_lab as ul
+
+
+@pytest.fixture(autouse=True)
+def sim_backend():
+    """A fresh 4 GiB simulated GPU (on the x86-pcie5 profile), made current for the test."""
+    backend = ul.use_backend("sim", device_memory="4GiB")
+    yield backend
+    for buf in ul.live_buffers():
+        if buf.mr.backend is backend:
+            buf.close()
