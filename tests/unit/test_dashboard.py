@@ -127,7 +127,9 @@ def test_dashboard_shows_every_allocation_and_selects_the_newest(sim, dash):
     # the overview has one strip per allocation
     names = set(dash.overview.source.data["name"])
     assert any("first" in n for n in names) and any("second" in n for n in names)
-    assert len(dash.overview.figure.y_range.factors) == len(ul.live_buffers())
+    labels = dash.overview.figure.yaxis[0].major_label_overrides
+    assert len(labels) == len(ul.live_buffers())
+    assert labels[len(labels) - 1].startswith(f"#{b.id} second")   # newest at the bottom
 
 
 def test_residency_map_agrees_with_ul_residency(sim, dash):

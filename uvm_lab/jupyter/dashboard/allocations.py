@@ -34,7 +34,7 @@ class AllocationList(DashboardComponent):
     def __init__(self, on_select: Callable[[int | None, bool], None] | None = None) -> None:
         self.on_select = on_select
         self.source = ColumnDataSource(data=self._columns([]))
-        self.root = widgets.Select(options=[], rows=8, description="", layout=widgets.Layout(width="300px"))
+        self.root = widgets.Select(options=[], rows=8, description="", layout=widgets.Layout(width="270px"))
         self._syncing = False
         self.root.observe(self._changed, names="value")
 

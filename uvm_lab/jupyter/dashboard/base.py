@@ -26,6 +26,12 @@ class BokehView(BokehModel):
 
     _closed_once = False
 
+    def resync(self) -> None:
+        """Rebuild the bundle a new view renders from. Patches reach only views that exist, so a view
+        created later (the dashboard displayed after it was built, or displayed again) would otherwise
+        start from the document as it was when this widget was made."""
+        self.update_from_model(self._model)
+
     def close(self) -> None:
         if self._closed_once:
             return

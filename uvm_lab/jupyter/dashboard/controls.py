@@ -70,10 +70,11 @@ class PrefetchControls(_BufferAction):
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         super().__init__(on_change)
         self.source = ColumnDataSource(data={"id": [], "gpu": [], "host": [], "both": [], "nowhere": []})
-        self.to_gpu = widgets.Button(description="Prefetch to GPU", icon="arrow-right",
-                                     tooltip="buffer.prefetch('gpu')")
-        self.to_host = widgets.Button(description="Prefetch to host", icon="arrow-left",
-                                      tooltip="buffer.prefetch('host')")
+        button = widgets.Layout(width="132px")
+        self.to_gpu = widgets.Button(description="to GPU", icon="arrow-right", tooltip="buffer.prefetch('gpu')",
+                                     layout=button)
+        self.to_host = widgets.Button(description="to host", icon="arrow-left", tooltip="buffer.prefetch('host')",
+                                      layout=button)
         self.to_gpu.on_click(lambda _: self._run("prefetch to gpu", lambda b: b.prefetch("gpu")))
         self.to_host.on_click(lambda _: self._run("prefetch to host", lambda b: b.prefetch("host")))
         self.where = widgets.HTML(value="")
@@ -113,7 +114,8 @@ class AdviceControls(_BufferAction):
         self.read_mostly = widgets.Checkbox(value=False, description="ReadMostly", indent=False)
         self.preferred = widgets.Dropdown(options=[("none", NONE), *gpu_options, ("host", "host")], value=NONE,
                                           description="PreferredLocation",
-                                          style={"description_width": "initial"})
+                                          style={"description_width": "initial"},
+                                          layout=widgets.Layout(width="270px"))
         self.accessed_by = {loc: widgets.Checkbox(value=False, description=loc, indent=False,
                                                   layout=widgets.Layout(width="auto"))
                             for loc in self.locations}

@@ -22,7 +22,7 @@ from uvm_lab.events import get_bus
 from uvm_lab.units import format_bytes
 
 from .allocations import AllocationList
-from .base import DashboardComponent, close_widget_tree
+from .base import BokehView, DashboardComponent, close_widget_tree
 from .collect import EventTotals, collect_snapshot
 from .controls import AdviceControls, PrefetchControls
 from .residency import ResidencyMap, ResidencyOverview
@@ -73,17 +73,16 @@ class Dashboard:
         self.components: tuple[DashboardComponent, ...] = (
             self.allocations, self.residency, self.overview, self.statistics, self.prefetch, self.advice)
         self.header = widgets.HTML()
-        self.root = widgets.VBox([
-            self.header,
-            widgets.HBox([
-                widgets.VBox([widgets.HTML("<b>Allocations</b>"), self.allocations.root,
-                              widgets.HTML("<b>Prefetch</b>"), self.prefetch.root,
-                              widgets.HTML("<b>Advice</b>"), self.advice.root],
-                             layout=widgets.Layout(width="320px", margin="0 12px 0 0")),
-                self.residency.root,
-            ]),
-            widgets.HBox([self.overview.root, self.statistics.root]),
-        ])
+
+        def heading(text: str) -> widgets.HTML:
+            return widgets.HTML(f"<b>{text}</b>", layout=widgets.Layout(margin="6px 0 0 0"))
+
+        left = widgets.VBox([heading("Allocations"), self.allocations.root, heading("Prefetch"), self.prefetch.root,
+                             heading("Advice"), self.advice.root],
+                            layout=widgets.Layout(flex="0 0 280px", width="280px", margin="0 16px 0 0"))
+        right = widgets.VBox([self.residency.root, self.overview.root], layout=widgets.Layout(flex="1 1 auto"))
+        self.root = widgets.VBox([self.header, widgets.HBox([left, right]), heading("Statistics"),
+                                  self.statistics.root])
         self.snapshot: dict[str, Any] | None = None
         self.refreshes = 0
         self._render_lock = threading.RLock()
@@ -190,4 +189,8 @@ class Dashboard:
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         load_bokehjs()
+        with self._render_lock:
+            for component in self.components:
+                if isinstance(component.root, BokehView):
+                    component.root.resync()
         return self.root._repr_mimebundle_(**kwargs)

@@ -8,11 +8,12 @@ All columns are numpy arrays, so bokeh ships them to the browser as binary buffe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource, FactorRange, HoverTool, Legend, LegendItem, LinearColorMapper, Range1d
+from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, Legend, LegendItem, LinearColorMapper, Range1d
 from bokeh.plotting import figure
 
 from uvm_lab.units import format_bytes
@@ -22,7 +23,7 @@ from .collect import STATE_NAMES, bin_states
 
 __all__ = ["STATE_COLORS", "ResidencyMap", "ResidencyOverview"]
 
-#: One colour per page state, in ``ul.residency`` order (nowhere, host, gpu, both).
+#: One colour per page state, in ``bin_states`` order (nowhere, host, gpu, both).
 STATE_COLORS = ("#d9d9d9", "#4c78a8", "#54a24b", "#b279a2")
 
 _COUNT_TOOLTIP = "gpu @gpu · host @host · both @both · nowhere @nowhere"
@@ -33,20 +34,26 @@ def _color_mapper() -> LinearColorMapper:
     return LinearColorMapper(palette=list(STATE_COLORS), low=-0.5, high=len(STATE_COLORS) - 0.5)
 
 
-def _add_state_legend(fig: Any) -> None:
-    """A fixed legend with all four states, whichever are present (glyph-less renderers carry it)."""
-    items = []
+def _new_figure(width: int, height: int, title: str, y_range: Range1d) -> Any:
+    fig = figure(width=width, height=height, title=title, x_range=Range1d(0, 1), y_range=y_range,
+                 tools="", toolbar_location=None, min_border_left=4, min_border_right=4)
+    fig.grid.visible = False
+    fig.outline_line_color = None
+    # A fixed legend with all four states, present or not. Each entry's renderer holds one NaN
+    # point: nothing is drawn in the plot, but the legend has a glyph to show (an empty one has none).
+    items = {}
     for name, color in zip(STATE_NAMES, STATE_COLORS, strict=True):
-        renderer = fig.scatter(x=[], y=[], marker="square", size=12, color=color)
-        items.append(LegendItem(label=name, renderers=[renderer]))
-    # Present in the order a reader thinks of it: gpu, host, both, nowhere.
-    order = [2, 1, 3, 0]
-    fig.add_layout(Legend(items=[items[i] for i in order], orientation="horizontal", location="top_left",
-                          border_line_alpha=0, background_fill_alpha=0, margin=0, padding=2), "above")
+        renderer = fig.scatter(x=[math.nan], y=[math.nan], marker="square", size=11, color=color)
+        items[name] = LegendItem(label=name, renderers=[renderer])
+    fig.add_layout(Legend(items=[items[n] for n in ("gpu", "host", "both", "nowhere")], orientation="horizontal",
+                          location="top_left", border_line_alpha=0, background_fill_alpha=0, margin=0,
+                          padding=2, spacing=12), "above")
+    return fig
 
 
-def _empty_columns(*extra: str) -> dict[str, np.ndarray]:
-    cols = {c: np.zeros(0, dtype=np.int64) for c in ("x", "first", "last", *STATE_NAMES, *extra)}
+def _empty(*extra: str) -> dict[str, np.ndarray]:
+    cols = {c: np.zeros(0, dtype=np.int64) for c in ("first", "last", *STATE_NAMES)}
+    cols.update({c: np.zeros(0, dtype=np.float64) for c in ("x", "y", *extra)})
     cols["state"] = np.zeros(0, dtype=np.uint8)
     return cols
 
@@ -54,49 +61,45 @@ def _empty_columns(*extra: str) -> dict[str, np.ndarray]:
 class ResidencyMap(DashboardComponent):
     """The selected allocation's pages as a grid of ``columns`` x at most ``max_rows`` cells."""
 
-    def __init__(self, *, columns: int = 64, max_rows: int = 32, cell_px: int = 11) -> None:
+    def __init__(self, *, columns: int = 64, max_rows: int = 32, cell_px: int = 8) -> None:
         self.columns = columns
         self.max_rows = max_rows
         self.cell_px = cell_px
         self.selected: int | None = None
         self.pages_per_cell = 0
-        self.source = ColumnDataSource(data={**_empty_columns(), "y": np.zeros(0, dtype=np.int64)})
-        fig = figure(width=columns * cell_px + 40, height=self._height(1), title="no allocation selected",
-                     x_range=Range1d(-0.5, columns - 0.5), y_range=Range1d(0.5, -0.5),
-                     tools="", toolbar_location=None, min_border_left=4, min_border_right=4)
-        fig.rect(x="x", y="y", width=0.92, height=0.92, source=self.source, line_color=None,
-                 fill_color={"field": "state", "transform": _color_mapper()})
-        fig.add_tools(HoverTool(tooltips=[("pages", "@first – @last"), ("", _COUNT_TOOLTIP)]))
+        self.source = ColumnDataSource(data=_empty())
+        fig = _new_figure(columns * cell_px + 8, self._height(1), "no allocation selected", Range1d(0.5, -0.5))
+        fig.x_range.update(start=-0.5, end=columns - 0.5)
+        main = fig.rect(x="x", y="y", width=0.9, height=0.9, source=self.source, line_color=None,
+                        fill_color={"field": "state", "transform": _color_mapper()})
+        fig.add_tools(HoverTool(renderers=[main], tooltips=[("pages", "@first – @last"), ("", _COUNT_TOOLTIP)]))
         fig.axis.visible = False
-        fig.grid.visible = False
-        fig.outline_line_color = None
-        _add_state_legend(fig)
         self.figure = fig
         self.root = BokehView(fig)
 
     def _height(self, rows: int) -> int:
-        return rows * self.cell_px + 60
+        return rows * self.cell_px + 64
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         alloc = next((a for a in snapshot["allocations"] if a["id"] == self.selected), None)
         if alloc is None:
-            update_source(self.source, {**_empty_columns(), "y": np.zeros(0, dtype=np.int64)})
+            update_source(self.source, _empty())
             self._set_title("no allocation selected")
             return
         states = alloc["states"]
         bins = bin_states(states, self.columns * self.max_rows)
         n_cells = len(bins["first"])
-        idx = np.arange(n_cells, dtype=np.int64)
-        rows = max(1, -(-n_cells // self.columns))
-        changed = update_source(self.source, {"x": idx % self.columns, "y": idx // self.columns, **bins})
+        idx = np.arange(n_cells)
+        update_source(self.source, {**bins, "x": (idx % self.columns).astype(np.float64),
+                                    "y": (idx // self.columns).astype(np.float64)})
         self.pages_per_cell = int(bins["last"][0] - bins["first"][0] + 1) if n_cells else 0
-        if changed and self.figure.y_range.start != rows - 0.5:
+        rows = max(1, -(-n_cells // self.columns))
+        if self.figure.y_range.start != rows - 0.5:
             self.figure.y_range.start = rows - 0.5
             self.figure.height = self._height(rows)
-        name = f"#{alloc['id']}" + (f" {alloc['label']}" if alloc["label"] else "")
-        unit = "page" if self.pages_per_cell == 1 else f"{self.pages_per_cell} pages"
-        self._set_title(f"{name}: {format_bytes(alloc['size'])}, {len(states)} pages of "
-                        f"{format_bytes(alloc['page_size'])}; one cell = {unit}")
+        unit = "1 page" if self.pages_per_cell == 1 else f"{self.pages_per_cell} pages"
+        self._set_title(f"{alloc['label'] or '#' + str(alloc['id'])}: {format_bytes(alloc['size'])}, "
+                        f"{len(states):,} pages of {format_bytes(alloc['page_size'])}; a cell is {unit}")
 
     def _set_title(self, text: str) -> None:
         if self.figure.title.text != text:
@@ -106,45 +109,47 @@ class ResidencyMap(DashboardComponent):
 class ResidencyOverview(DashboardComponent):
     """Every live allocation as one strip of at most ``bins`` cells, oldest on top."""
 
-    def __init__(self, *, bins: int = 256, width: int = 744, row_px: int = 22) -> None:
+    def __init__(self, *, bins: int = 256, width: int = 520, row_px: int = 18) -> None:
         self.bins = bins
         self.row_px = row_px
-        self.source = ColumnDataSource(data={**_empty_columns("width"), "name": []})
-        fig = figure(width=width, height=self._height(0), title="residency of every live allocation",
-                     x_range=Range1d(0, 1), y_range=FactorRange(factors=[]),
-                     tools="", toolbar_location=None, min_border_left=4, min_border_right=8)
-        fig.rect(x="x", y="name", width="width", height=0.8, source=self.source, line_color=None,
-                 fill_color={"field": "state", "transform": _color_mapper()})
-        fig.add_tools(HoverTool(tooltips=[("", "@name"), ("pages", "@first – @last"), ("", _COUNT_TOOLTIP)]))
+        self.source = ColumnDataSource(data={**_empty("width"), "name": []})
+        fig = _new_figure(width, self._height(0), "every live allocation", Range1d(0.5, -0.5))
+        main = fig.rect(x="x", y="y", width="width", height=0.8, source=self.source, line_color=None,
+                        fill_color={"field": "state", "transform": _color_mapper()})
+        fig.add_tools(HoverTool(renderers=[main], tooltips=[("", "@name"), ("pages", "@first – @last"),
+                                                            ("", _COUNT_TOOLTIP)]))
         fig.xaxis.visible = False
-        fig.grid.visible = False
-        fig.outline_line_color = None
-        _add_state_legend(fig)
+        fig.yaxis.ticker = FixedTicker(ticks=[])
+        fig.yaxis.major_tick_line_color = None
+        fig.yaxis.axis_line_color = None
         self.figure = fig
         self.root = BokehView(fig)
 
     def _height(self, n: int) -> int:
-        return max(1, n) * self.row_px + 70
+        return max(1, n) * self.row_px + 60
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         parts: list[dict[str, Any]] = []
         names: list[str] = []
-        for alloc in snapshot["allocations"]:
+        for row, alloc in enumerate(snapshot["allocations"]):
             n = len(alloc["states"])
-            name = f"#{alloc['id']} {alloc['label']}".rstrip() + f" ({format_bytes(alloc['size'])})"
+            name = f"#{alloc['id']} {alloc['label']} ({format_bytes(alloc['size'])})"
             names.append(name)
             if n == 0:
                 continue
             b = bin_states(alloc["states"], self.bins)
             pages = b["last"] - b["first"] + 1
-            parts.append({**b, "x": (b["first"] + pages / 2) / n, "width": pages / n, "name": [name] * len(pages)})
+            parts.append({**b, "x": (b["first"] + pages / 2) / n, "width": pages / n,
+                          "y": np.full(len(pages), float(row)), "name": [name] * len(pages)})
         if parts:
             data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if k != "name"}
             data["name"] = [s for p in parts for s in p["name"]]
         else:
-            data = {**_empty_columns("width"), "name": []}
-        factors = names[::-1]  # categorical axes grow upwards; list the oldest at the top
-        if list(self.figure.y_range.factors) != factors:
-            self.figure.y_range.factors = factors
-            self.figure.height = self._height(len(factors))
+            data = {**_empty("width"), "name": []}
         update_source(self.source, data)
+        labels = {i: name for i, name in enumerate(names)}
+        if self.figure.yaxis[0].major_label_overrides != labels:
+            self.figure.yaxis.ticker = FixedTicker(ticks=list(labels))
+            self.figure.yaxis.major_label_overrides = labels
+            self.figure.y_range.start = max(1, len(names)) - 0.5
+            self.figure.height = self._height(len(names))

@@ -1,15 +1,22 @@
-"""Statistics: device memory, bytes migrated each way, page faults, event counters (a bokeh table)."""
+"""Statistics: device memory, bytes migrated each way, page faults, event counters (a table).
+
+The rows live in a bokeh ``ColumnDataSource`` like every component's data; the table itself is
+plain HTML in an ipywidget: bokeh's ``DataTable`` does not redraw when a source of the same length
+gets new values through jupyter_bokeh (its grid refreshes only when the view's indices change).
+"""
 
 from __future__ import annotations
 
+import html
 from collections.abc import Mapping
 from typing import Any
 
-from bokeh.models import ColumnDataSource, DataTable, TableColumn
+import ipywidgets as widgets
+from bokeh.models import ColumnDataSource
 
 from uvm_lab.units import format_bytes
 
-from .base import BokehView, DashboardComponent, update_source
+from .base import DashboardComponent, update_source
 
 __all__ = ["Statistics", "statistics_rows"]
 
@@ -49,16 +56,16 @@ def statistics_rows(snapshot: Mapping[str, Any]) -> list[tuple[str, str]]:
 class Statistics(DashboardComponent):
     """A two-column table (metric, value) of :func:`statistics_rows`."""
 
-    def __init__(self, *, width: int = 420) -> None:
+    def __init__(self) -> None:
         self.source = ColumnDataSource(data={"metric": [], "value": []})
-        self.table = DataTable(
-            source=self.source, width=width, height=330, index_position=None, sortable=False,
-            reorderable=False, selectable=False, header_row=False,
-            columns=[TableColumn(field="metric", title="metric", width=170),
-                     TableColumn(field="value", title="value", width=width - 170)],
-        )
-        self.root = BokehView(self.table)
+        self.root = widgets.HTML()
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         rows = statistics_rows(snapshot)
-        update_source(self.source, {"metric": [m for m, _ in rows], "value": [v for _, v in rows]})
+        if not update_source(self.source, {"metric": [m for m, _ in rows], "value": [v for _, v in rows]}):
+            return
+        cell = "padding:2px 16px 2px 4px;border-bottom:1px solid var(--jp-border-color2, #e0e0e0)"
+        body = "".join(f'<tr><td style="{cell};color:var(--jp-ui-font-color2, #555)">{html.escape(m)}</td>'
+                       f'<td style="{cell}">{html.escape(v)}</td></tr>' for m, v in rows)
+        table = "border-collapse:collapse;font-size:var(--jp-ui-font-size1, 13px)"
+        self.root.value = f'<table style="{table}">{body}</table>'
