@@ -34,7 +34,7 @@ export type ConnectionState =
 export interface IAllocation {
   info: AllocationInfo;
   cells: Uint8Array;
-  /** Bumped on every snapshot or update that carried this allocation. */
+  /** Increases with every snapshot or update that carried this allocation (one counter for all). */
   revision: number;
 }
 
@@ -98,7 +98,7 @@ export class UvmLabModel {
       session.statusChanged.connect(this._onStatusChanged, this);
       session.iopubMessage.connect(this._onIOPub, this);
     }
-    void this.attach();
+    this._attachWhenShown();
   }
 
   /** Open a fresh comm to the current kernel and ask for a snapshot. */
@@ -119,7 +119,7 @@ export class UvmLabModel {
       this._setState('no-kernel', 'This notebook has no running kernel.');
       return;
     }
-    this._openComm(kernel);
+    await this._openComm(kernel);
   }
 
   /** Ask the kernel to move an allocation's pages. */
@@ -132,7 +132,10 @@ export class UvmLabModel {
     return this.send({ type: 'set_advice', id, advice, value });
   }
 
-  /** Stop (while the panel is hidden) or restart the flow of updates. */
+  /**
+   * Stop (while the panel is hidden) or restart the flow of updates. A hidden panel also makes
+   * no new connections: each one a kernel without uvm_lab refuses costs a line in its log.
+   */
   setPaused(paused: boolean): void {
     if (paused === this._paused) {
       return;
@@ -140,6 +143,8 @@ export class UvmLabModel {
     this._paused = paused;
     if (this._state === 'connected') {
       void this.send({ type: 'pause', paused });
+    } else if (!paused && !this._comm) {
+      void this.attach();
     }
   }
 
@@ -167,12 +172,16 @@ export class UvmLabModel {
     Signal.clearData(this);
   }
 
-  private _openComm(kernel: Kernel.IKernelConnection): void {
+  private async _openComm(kernel: Kernel.IKernelConnection): Promise<void> {
     const comm = kernel.createComm(COMM_TARGET);
     this._comm = comm;
     comm.onMsg = msg => this._onCommMsg(comm, msg);
     comm.onClose = () => this._onCommClose(comm);
     this._setState('connecting', 'Asking the kernel for its allocations…');
+    await subshellOf(kernel, comm);
+    if (comm !== this._comm) {
+      return; // detached while waiting
+    }
     // The open message is itself the hello: the kernel answers it with a snapshot.
     const hello = { type: 'hello', seq: this._nextSeq++ } as const;
     try {
@@ -242,8 +251,7 @@ export class UvmLabModel {
     infos.forEach((info, i) => {
       const buffer = buffers[i];
       const cells = buffer ? bufferBytes(buffer).slice() : new Uint8Array(info.cells);
-      const revision = (this._allocations.get(info.id)?.revision ?? 0) + 1;
-      this._allocations.set(info.id, { info, cells, revision });
+      this._allocations.set(info.id, { info, cells, revision: ++this._revision });
     });
   }
 
@@ -280,7 +288,17 @@ export class UvmLabModel {
   }
 
   private _onKernelChanged(): void {
-    void this.attach();
+    this._attachWhenShown();
+  }
+
+  /** Attach now if the panel is shown; otherwise drop the old kernel and wait for setPaused(false). */
+  private _attachWhenShown(): void {
+    if (!this._paused || !this._session) {
+      void this.attach();
+      return;
+    }
+    this._detach();
+    this._setState('connecting', 'Waiting for the panel to be shown.');
   }
 
   private _onStatusChanged(_: ISessionContext, status: Kernel.Status): void {
@@ -291,7 +309,7 @@ export class UvmLabModel {
       this._setState('no-kernel', status === 'dead' ? 'The kernel died.' : 'The kernel is restarting…');
     } else if (status === 'idle' && this._restarted) {
       this._restarted = false;
-      void this.attach();
+      this._attachWhenShown();
     }
   }
 
@@ -302,7 +320,8 @@ export class UvmLabModel {
       msg.header.msg_type === 'status' &&
       (msg.content as KernelMessage.IStatusMsg['content']).execution_state === 'idle' &&
       (msg.parent_header as Partial<KernelMessage.IHeader>).msg_type === 'execute_request' &&
-      this._state === 'not-loaded'
+      this._state === 'not-loaded' &&
+      !this._paused
     ) {
       void this.attach();
     }
@@ -353,6 +372,7 @@ export class UvmLabModel {
   private _allocations = new Map<number, IAllocation>();
   private _pending = new Map<number, (result: Result) => void>();
   private _nextSeq = 1;
+  private _revision = 0;
   private _paused = false;
   private _restarted = false;
   private _disposed = false;
@@ -360,3 +380,27 @@ export class UvmLabModel {
   private _allocationsChanged = new Signal<this, number[]>(this);
   private _resultReceived = new Signal<this, Result>(this);
 }
+
+/**
+ * Wait (up to a few seconds) for the comm's own kernel subshell, where the kernel has them.
+ *
+ * JupyterLab >= 4.4 gives each comm target a subshell of an ipykernel 7 kernel, but starts it
+ * only after `createComm`. Opening the comm there, rather than on the main shell, is what lets
+ * the panel's commands run while a cell executes: ipykernel routes a comm's messages to the
+ * shell it last answered from. `subshellStarted` is not on the `IComm` interface, hence the
+ * feature test; without it, or without subshells, the comm simply opens on the main shell.
+ */
+async function subshellOf(kernel: Kernel.IKernelConnection, comm: Kernel.IComm): Promise<void> {
+  const started = (comm as Partial<{ subshellStarted: Promise<void> }>).subshellStarted;
+  try {
+    await kernel.info;
+    if (!started || !kernel.supportsSubshells || comm.commsOverSubshells === 'disabled') {
+      return;
+    }
+    await Promise.race([started, new Promise(resolve => setTimeout(resolve, SUBSHELL_WAIT_MS))]);
+  } catch {
+    // No kernel info or no subshell: the main shell will do.
+  }
+}
+
+const SUBSHELL_WAIT_MS = 5000;

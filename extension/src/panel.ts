@@ -11,7 +11,7 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
-import { IAllocation, UvmLabModel } from './model';
+import { ConnectionState, IAllocation, UvmLabModel } from './model';
 import { BOTH, GPU, HOST, Location, NOWHERE, Result } from './protocol';
 
 /** State number -> the name used in CSS variables, data attributes and the legend. */
@@ -27,7 +27,6 @@ export class UvmLabPanel extends Widget {
     super();
     this.model = model;
     this.addClass('jp-UvmLab');
-    this.node.innerHTML = '';
     this._build();
     model.stateChanged.connect(this._onStateChanged, this);
     model.allocationsChanged.connect(this._onAllocationsChanged, this);
@@ -72,6 +71,11 @@ export class UvmLabPanel extends Widget {
   }
 
   private _onStateChanged(): void {
+    // A new connection state outdates the last command's message in the status line.
+    if (this.model.state !== this._shownState) {
+      this._shownState = this.model.state;
+      this._lastAction = null;
+    }
     this.update();
   }
 
@@ -302,6 +306,7 @@ export class UvmLabPanel extends Widget {
   private _selected: number | null = null;
   private _busy = false;
   private _lastAction: string | null = null;
+  private _shownState: ConnectionState | null = null;
   private _paletteSpec = '';
   private _colours = new Uint8ClampedArray(16);
 }

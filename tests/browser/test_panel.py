@@ -57,6 +57,13 @@ print("STATE", json.dumps({b.label: {**ul.residency(b).counts(), "read_mostly": 
 
 READ_ON_GPU = """ul.touch(buf, on="gpu", mode="read"); print("touched")"""
 
+LOOP = """\
+import time
+for i in range(24):
+    buf.prefetch("gpu" if i % 2 == 0 else "host")
+    time.sleep(0.25)
+print("looped")"""
+
 pytestmark.append(pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's Chromium is not at {CHROMIUM} "
                                      "(apt-get install chromium); the test never downloads a browser"))
 
@@ -76,7 +83,7 @@ def _answers(url: str) -> bool:
 
 
 def _notebook(path: Path) -> None:
-    cells = [SETUP, STATE, READ_ON_GPU]
+    cells = [SETUP, STATE, READ_ON_GPU, LOOP]
     path.write_text(json.dumps({
         "nbformat": 4, "nbformat_minor": 5,
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
@@ -263,6 +270,23 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
         switch.click()
         page.locator('#uvm-lab [role="switch"][aria-checked="false"]').wait_for(timeout=WAIT_MS)
         assert _kernel_state(page)["weights"]["read_mostly"] is False
+
+        # While a cell runs, the map follows it, and the controls still reach the kernel (comms go to an
+        # ipykernel 7 subshell, beside the busy main thread).
+        loop = page.locator(".jp-Notebook .jp-CodeCell").nth(3)
+        running = loop.locator(".jp-InputPrompt")
+        weights = page.locator('.jp-UvmLab-map[data-label="weights"]')
+        revision = int(weights.get_attribute("data-revision"))
+        loop.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+Enter")
+        page.wait_for_function("([el, rev]) => Number(el.dataset.revision) >= rev", timeout=WAIT_MS,
+                               arg=[weights.element_handle(), revision + 3])
+        assert "*" in running.inner_text(), "the map should move while the cell is still running"
+        switch.click()
+        page.locator('#uvm-lab [role="switch"][aria-checked="true"]').wait_for(timeout=WAIT_MS)
+        assert "*" in running.inner_text(), "ReadMostly should be set while the cell is still running"
+        loop.locator(".jp-OutputArea-output").filter(has_text="looped").wait_for(timeout=WAIT_MS)
+        assert _kernel_state(page)["weights"]["read_mostly"] is True
         assert errors == []
     except Exception:
         with contextlib.suppress(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 import time
 import types
@@ -308,6 +309,38 @@ def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
         session.close()
     session._thread.join(timeout=5)
     assert not session._thread.is_alive()
+
+
+def test_background_updates_are_sent_from_the_context_of_the_panels_last_message(device):
+    # ipykernel keeps the parent request in a context variable and routes the comm's next incoming
+    # message to the shell its last outgoing one came from: updates must not claim the main shell.
+    parent = contextvars.ContextVar("parent", default="main shell")
+    comm = RecordingComm()
+    seen = []
+    send = comm.send
+    comm.send = lambda data=None, metadata=None, buffers=None: (seen.append((data["type"], parent.get())),
+                                                               send(data, metadata, buffers))
+    session = PanelSession(comm, interval=0.01)
+    try:
+        buf = ul.DeviceBuffer(size="1MiB")  # before the hello: no update for it goes out
+        time.sleep(0.05)
+        assert seen == []
+
+        def on_subshell():
+            parent.set("subshell")
+            comm.deliver({"type": "hello", "seq": 1})
+
+        worker = threading.Thread(target=on_subshell)
+        worker.start()
+        worker.join(timeout=5)
+        buf.prefetch("gpu")  # on the main thread, whose context says "main shell"
+        deadline = time.monotonic() + 5
+        while not any(kind == "update" for kind, _ in seen) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ("snapshot", "subshell") in seen and ("result", "subshell") in seen
+        assert [where for kind, where in seen if kind == "update"] == ["subshell"]
+    finally:
+        session.close()
 
 
 def test_commands_from_several_threads_at_once(device):

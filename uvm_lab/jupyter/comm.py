@@ -13,7 +13,12 @@ The panel opens a comm to target ``"uvm_lab"`` with a ``hello``; each open comm 
   is shown again.
 
 Handlers may run on any thread: ipykernel 7 delivers comm messages on subshell threads while a
-cell executes on the main one. Locks, in the only order they are taken::
+cell executes on the main one. ipykernel routes a comm's incoming messages to the shell its last
+outgoing message was sent from (the parent request, a context variable), so the background
+thread sends from a copy of the context the panel's last message arrived in: otherwise the first
+update sent during a cell would pin the panel's commands behind that cell.
+
+Locks, in the only order they are taken::
 
     _command_lock  (one command at a time)  ->  the core's own locks
     _send_lock     (one snapshot/update at a time, owns _sent)  ->  the core's own locks
@@ -25,6 +30,7 @@ waits on a send.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections.abc import Callable
@@ -91,9 +97,11 @@ class PanelSession:
         self._dirty: list[tuple[int, int]] = []  # [start, end) address ranges events touched
         self._everything_dirty = False
         self._paused = False
+        self._snapshot_sent = False
         self._sent: dict[int, tuple[AllocationInfo, bytes]] = {}  # what the panel holds, by id
         self._wake = threading.Event()
         self._closed = threading.Event()
+        self._context = contextvars.copy_context()  # where the panel's last message was handled
         self._subscription = (bus or get_bus()).subscribe(self._on_events)
         comm.on_msg(self._on_msg)
         comm.on_close(self._on_close)
@@ -128,10 +136,11 @@ class PanelSession:
 
     def flush(self) -> bool:
         """Send an ``update`` for every allocation that changed since the last one (and ``removed``
-        for those freed). Returns whether anything was sent. A paused session sends nothing and
-        keeps its dirty ranges for later."""
+        for those freed). Returns whether anything was sent. A paused session, or one that has not
+        sent its snapshot yet, sends nothing."""
         with self._lock:
-            if self._paused or self.closed:
+            # Before the first snapshot the panel holds nothing an update could change.
+            if self._paused or self.closed or not self._snapshot_sent:
                 return False
             dirty, self._dirty = self._dirty, []
             everything, self._everything_dirty = self._everything_dirty, False
@@ -165,6 +174,7 @@ class PanelSession:
         """Send every live allocation, replacing whatever the panel holds."""
         with self._lock:
             self._dirty, self._everything_dirty = [], False
+            self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
             infos: list[AllocationInfo] = []
@@ -216,6 +226,7 @@ class PanelSession:
 
     # -- comm and bus callbacks ------------------------------------------------------------------------
     def _on_msg(self, msg: dict[str, Any]) -> None:
+        self._context = contextvars.copy_context()
         content = msg.get("content") if isinstance(msg, dict) else None
         self.handle(content.get("data") if isinstance(content, dict) else None)
 
@@ -240,7 +251,8 @@ class PanelSession:
             if self._closed.is_set():
                 break
             try:
-                self.flush()
+                # A copy each time: one context cannot be entered by two threads at once.
+                self._context.copy().run(self.flush)
             except Exception:
                 # Keep serving: the next event tries again (a view must never stop the kernel's work).
                 log.exception("uvm_lab panel update failed")
