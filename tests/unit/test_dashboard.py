@@ -294,3 +294,21 @@ def test_close_stops_listening(sim):
     time.sleep(0.1)
     assert d.refreshes == count
     d.close()  # idempotent
+
+
+def test_odd_allocations_render(sim, dash):
+    empty = ul.DeviceBuffer(size=0, label="empty")
+    device = ul.DeviceBuffer(size="3MiB", mr=ul.mr.CudaMemoryResource(), label="device")
+    odd = ul.DeviceBuffer(size=5000, label="odd")
+    dash.refresh()
+    dash.select(empty.id)
+    assert dash.residency.figure.title.text == "empty: 0 B, no pages"
+    assert len(dash.residency.source.data["x"]) == 0
+    dash.select(device.id)
+    assert set(dash.residency.source.data["state"]) == {GPU}
+    assert dash.advice.read_mostly.disabled and dash.prefetch.to_gpu.disabled   # device memory takes no advice
+    assert "does not migrate" in dash.prefetch.where.value
+    dash.select(odd.id)
+    assert len(dash.residency.source.data["x"]) == 2                             # 5000 bytes: two pages
+    assert set(dash.residency.source.data["state"]) == {NOWHERE}
+    assert not dash.advice.read_mostly.disabled

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -104,6 +107,7 @@ def test_bare_uvm_prints_help(shell, capsys):
     ("bogus", ["'bogus'", "status", "dashboard", "resource"]),
     ("resource tpu", ["'tpu'", "managed", "cuda", "pool"]),
     ("resource pool --pool-size 12parsecs", ["12parsecs", "512MiB"]),
+    ("resource pool --pool-size 1000", ["1000", "multiple of 256"]),   # refused by the resource itself
     ("resource managed --pool-size 1GiB", ["--pool-size", "pool", "'managed'"]),
     ("resource cuda --prefetch", ["--prefetch", "managed"]),
     ("resource --prefetch", ["KIND", "managed"]),
@@ -190,3 +194,22 @@ def test_dashboard_magic_displays_reuses_and_closes(shell, capsys):
     shell.run_line_magic("unload_ext", "uvm_lab")         # unloading closes it
     assert second.closed
     shell.run_line_magic("load_ext", "uvm_lab")           # the fixture unloads again
+
+
+def test_status_needs_no_widgets_or_bokeh():
+    """The magics load lazily: %uvm status works without importing ipywidgets or bokeh."""
+    code = (
+        "import sys\n"
+        "from IPython.core.interactiveshell import InteractiveShell\n"
+        "import uvm_lab as ul\n"
+        "ul.use_backend('sim', device_memory='1GiB')\n"
+        "ip = InteractiveShell.instance()\n"
+        "ip.run_line_magic('load_ext', 'uvm_lab')\n"
+        "ip.run_line_magic('uvm', 'status')\n"
+        "heavy = [m for m in ('bokeh', 'ipywidgets', 'jupyter_bokeh') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "backend: sim" in proc.stdout

@@ -62,7 +62,8 @@ def _uvm_parser() -> _Parser:
     dash = sub.add_parser("dashboard", help="show the widget dashboard")
     dash.add_argument("--close", action="store_true", help="close the dashboard and stop its updates")
     res = sub.add_parser("resource", help="print the current device resource chain, or set a simple one",
-                         epilog="kinds: " + "; ".join(f"{k}: {v}" for k, v in RESOURCE_KINDS.items()))
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="kinds:\n" + "\n".join(f"  {k:<9}{v}" for k, v in RESOURCE_KINDS.items()))
     res.add_argument("kind", nargs="?", choices=list(RESOURCE_KINDS), help="set a new current device resource")
     res.add_argument("--pool-size", metavar="SIZE", help='initial pool size for "pool", e.g. 1GiB')
     res.add_argument("--prefetch", action="store_true",
@@ -108,16 +109,19 @@ def build_resource(kind: str, *, pool_size: str | None = None, prefetch: bool = 
                          "but 'cuda' device memory never migrates")
     size = _size(pool_size, "--pool-size") if pool_size is not None else None
     mr: Any
-    if kind == "managed":
-        mr = ul.mr.ManagedMemoryResource()
-    elif kind == "cuda":
-        mr = ul.mr.CudaMemoryResource()
-    else:
-        mr = ul.mr.PoolMemoryResource(ul.mr.ManagedMemoryResource(), initial_pool_size=size)
-    if prefetch:
-        mr = ul.mr.PrefetchResourceAdaptor(mr)
-    if statistics:
-        mr = ul.mr.StatisticsResourceAdaptor(mr)
+    try:
+        if kind == "managed":
+            mr = ul.mr.ManagedMemoryResource()
+        elif kind == "cuda":
+            mr = ul.mr.CudaMemoryResource()
+        else:
+            mr = ul.mr.PoolMemoryResource(ul.mr.ManagedMemoryResource(), initial_pool_size=size)
+        if prefetch:
+            mr = ul.mr.PrefetchResourceAdaptor(mr)
+        if statistics:
+            mr = ul.mr.StatisticsResourceAdaptor(mr)
+    except InvalidArgumentError as err:  # e.g. a pool size the resource refuses
+        raise UsageError(f"%uvm resource: {err}") from None
     return mr
 
 

@@ -97,9 +97,13 @@ class ResidencyMap(DashboardComponent):
         if self.figure.y_range.start != rows - 0.5:
             self.figure.y_range.start = rows - 0.5
             self.figure.height = self._height(rows)
+        name = alloc["label"] or f"#{alloc['id']}"
+        if not n_cells:
+            self._set_title(f"{name}: {format_bytes(alloc['size'])}, no pages")
+            return
         unit = "1 page" if self.pages_per_cell == 1 else f"{self.pages_per_cell} pages"
-        self._set_title(f"{alloc['label'] or '#' + str(alloc['id'])}: {format_bytes(alloc['size'])}, "
-                        f"{len(states):,} pages of {format_bytes(alloc['page_size'])}; a cell is {unit}")
+        self._set_title(f"{name}: {format_bytes(alloc['size'])}, {len(states):,} pages of "
+                        f"{format_bytes(alloc['page_size'])}; a cell is {unit}")
 
     def _set_title(self, text: str) -> None:
         if self.figure.title.text != text:
