@@ -146,6 +146,12 @@ class UvmMagics(Magics):
         self._uvm_parser = _uvm_parser()
         self._trace_parser = _trace_parser()
 
+    @property
+    def _shell(self) -> Any:
+        if self.shell is None:
+            raise UsageError("uvm_lab's magics need an IPython shell")
+        return self.shell
+
     @line_magic
     def uvm(self, line: str) -> None:
         """uvm_lab: ``%uvm status | dashboard | resource [KIND]``; ``%uvm -h`` for help."""
@@ -208,14 +214,14 @@ class UvmMagics(Magics):
             # Also when the cell raised: what it did before the error is in the trace.
             if trace is not None:
                 if args.out is not None:
-                    self.shell.user_ns[args.out] = trace
+                    self._shell.user_ns[args.out] = trace
                 if not args.quiet:
                     name = ul.get_backend().name
                     print(format_trace_summary(trace.summary(), clock="simulated" if name == "sim" else name))
 
     def _run_cell(self, cell: str) -> Any:
         # As %%time does: IPython's transforms, then exec, evaluating a trailing expression for display.
-        shell = self.shell
+        shell = self._shell
         source = shell.transform_cell(cell)
         tree = shell.transform_ast(shell.compile.ast_parse(source))
         last = None

@@ -151,7 +151,7 @@ class AdviceControls(_BufferAction):
     def update(self, snapshot: Mapping[str, Any]) -> None:
         alloc = self._find(snapshot, self.selected)
         advice = alloc["advice"] if alloc is not None else None
-        if advice is None:
+        if alloc is None or advice is None:
             data: dict[str, Any] = {"id": [], "read_mostly": [], "preferred_location": [], "accessed_by": []}
         else:
             data = {"id": [alloc["id"]], "read_mostly": [advice["read_mostly"]],

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, Legend, LegendItem, LinearColorMapper, Range1d
+from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, LinearColorMapper, Range1d
+from bokeh.models.annotations import Legend, LegendItem
 from bokeh.plotting import figure
 
 from uvm_lab.units import format_bytes
@@ -35,7 +36,7 @@ def _color_mapper() -> LinearColorMapper:
 
 
 def _new_figure(width: int, height: int, title: str, y_range: Range1d) -> Any:
-    fig = figure(width=width, height=height, title=title, x_range=Range1d(0, 1), y_range=y_range,
+    fig = figure(width=width, height=height, title=title, x_range=Range1d(start=0, end=1), y_range=y_range,
                  tools="", toolbar_location=None, min_border_left=4, min_border_right=4)
     fig.grid.visible = False
     fig.outline_line_color = None
@@ -44,14 +45,14 @@ def _new_figure(width: int, height: int, title: str, y_range: Range1d) -> Any:
     items = {}
     for name, color in zip(STATE_NAMES, STATE_COLORS, strict=True):
         renderer = fig.scatter(x=[math.nan], y=[math.nan], marker="square", size=11, color=color)
-        items[name] = LegendItem(label=name, renderers=[renderer])
+        items[name] = LegendItem(label=name, renderers=[renderer])  # type: ignore[list-item]  # bokeh's stubs
     fig.add_layout(Legend(items=[items[n] for n in ("gpu", "host", "both", "nowhere")], orientation="horizontal",
                           location="top_left", border_line_alpha=0, background_fill_alpha=0, margin=0,
-                          padding=2, spacing=12), "above")
+                          padding=2, spacing=12), "above")  # type: ignore[arg-type]  # bokeh's stubs
     return fig
 
 
-def _empty(*extra: str) -> dict[str, np.ndarray]:
+def _empty(*extra: str) -> dict[str, Any]:
     cols = {c: np.zeros(0, dtype=np.int64) for c in ("first", "last", *STATE_NAMES)}
     cols.update({c: np.zeros(0, dtype=np.float64) for c in ("x", "y", *extra)})
     cols["state"] = np.zeros(0, dtype=np.uint8)
@@ -68,7 +69,8 @@ class ResidencyMap(DashboardComponent):
         self.selected: int | None = None
         self.pages_per_cell = 0
         self.source = ColumnDataSource(data=_empty())
-        fig = _new_figure(columns * cell_px + 8, self._height(1), "no allocation selected", Range1d(0.5, -0.5))
+        fig = _new_figure(columns * cell_px + 8, self._height(1), "no allocation selected",
+                          Range1d(start=0.5, end=-0.5))
         fig.x_range.update(start=-0.5, end=columns - 0.5)
         main = fig.rect(x="x", y="y", width=0.9, height=0.9, source=self.source, line_color=None,
                         fill_color={"field": "state", "transform": _color_mapper()})
@@ -117,7 +119,7 @@ class ResidencyOverview(DashboardComponent):
         self.bins = bins
         self.row_px = row_px
         self.source = ColumnDataSource(data={**_empty("width"), "name": []})
-        fig = _new_figure(width, self._height(0), "every live allocation", Range1d(0.5, -0.5))
+        fig = _new_figure(width, self._height(0), "every live allocation", Range1d(start=0.5, end=-0.5))
         main = fig.rect(x="x", y="y", width="width", height=0.8, source=self.source, line_color=None,
                         fill_color={"field": "state", "transform": _color_mapper()})
         fig.add_tools(HoverTool(renderers=[main], tooltips=[("", "@name"), ("pages", "@first – @last"),
@@ -146,7 +148,7 @@ class ResidencyOverview(DashboardComponent):
             parts.append({**b, "x": (b["first"] + pages / 2) / n, "width": pages / n,
                           "y": np.full(len(pages), float(row)), "name": [name] * len(pages)})
         if parts:
-            data = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if k != "name"}
+            data: dict[str, Any] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if k != "name"}
             data["name"] = [s for p in parts for s in p["name"]]
         else:
             data = {**_empty("width"), "name": []}
