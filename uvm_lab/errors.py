@@ -43,15 +43,8 @@ class UvmLabError(Exception):
     """Root of every error uvm_lab raises on purpose."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Subclasses take keyword data; rebuild from the message plus __dict__.
-        return (_rebuild, (type(self), self.args, self.__dict__))
-
-
-def _rebuild(cls: type[UvmLabError], args: tuple[Any, ...], state: dict[str, Any]) -> UvmLabError:
-    err = cls.__new__(cls)
-    Exception.__init__(err, *args)
-    err.__dict__.update(state)
-    return err
+        # Data is passed by keyword (with defaults), so rebuild from the message, then restore it.
+        return (type(self), self.args, self.__dict__)
 
 
 class InvalidArgumentError(UvmLabError, ValueError):

@@ -116,8 +116,9 @@ class ResidencyTracker:
     def _apply_one(self, kind: int, flags: int, src: int, dst: int, _start: int, _end: int, address: int,
                    nbytes: int, _value: int, alloc_id: int, _stream: int) -> None:
         if kind == EventKind.SEGMENT_ALLOC:
+            if address not in self._segments:
+                bisect.insort(self._starts, address)
             self._segments[address] = _Segment(address, nbytes, flags, dst, alloc_id)
-            bisect.insort(self._starts, address)
             return
         if kind == EventKind.SEGMENT_FREE:
             if self._segments.pop(address, None) is not None:

@@ -53,7 +53,7 @@ def parse_size(value: object, *, name: str = "size", allow_zero: bool = True) ->
         size = int(value)
     if size < 0 or (size == 0 and not allow_zero):
         bound = "positive" if not allow_zero else "non-negative"
-        raise InvalidSizeError(f"{name} must be {bound}, got {value!r}", value=value, expected=f"a {bound} size")
+        raise InvalidSizeError(f"{name} must be {bound}, got {value!r}", value=value, expected=f"{bound}: {expected}")
     return size
 
 

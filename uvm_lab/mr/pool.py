@@ -32,7 +32,6 @@ instead of failing; and a capped pool does not hand wholly free blocks back to m
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from bisect import bisect_left, insort
 
@@ -291,23 +290,33 @@ class PoolMemoryResource(MemoryResource):
 
     # -- lifetime -------------------------------------------------------------------------------
     def __del__(self) -> None:
-        # A destructor never raises: blocks go back as RMM's destructor gives them back, and any
-        # trouble (a half torn-down interpreter, an upstream already gone) becomes a warning.
+        # A destructor never raises. At interpreter exit the module's globals may already be gone
+        # (RMM skips its release while the process exits), so nothing here may reach for them.
         blocks = getattr(self, "_blocks", None)
         if not blocks:
             return
-        try:
-            if self._live:
-                warnings.warn(f"{type(self).__name__} was garbage-collected with {len(self._live)} live "
-                              f"allocation(s); their memory went back to the upstream", ResourceWarning,
-                              stacklevel=1)
-            for ptr, size in list(blocks.items()):
+        try:  # noqa: SIM105 - contextlib itself may be gone at exit
+            self._give_back_when_collected(blocks)
+        except Exception:
+            pass
+
+    def _give_back_when_collected(self, blocks: dict[int, int]) -> None:
+        # The blocks go back first, as RMM's destructor gives them back, and only then is anything
+        # said: a warning filter set to "error" must not keep the memory.
+        live = len(self._live)
+        failure: Exception | None = None
+        for ptr, size in list(blocks.items()):
+            try:
                 self.upstream_mr.deallocate(ptr, size)
                 del blocks[ptr]
-        except Exception as err:
-            with contextlib.suppress(Exception):
-                warnings.warn(f"{type(self).__name__} could not give its blocks back to the upstream "
-                              f"({err!r}); the memory may have leaked", ResourceWarning, stacklevel=1)
+            except Exception as err:     # an upstream already torn down ...
+                failure = err
+        if failure is not None:
+            warnings.warn(f"{type(self).__name__} could not give {len(blocks)} block(s) back to its upstream "
+                          f"({failure!r}); the memory may have leaked", ResourceWarning, stacklevel=2)
+        elif live:
+            warnings.warn(f"{type(self).__name__} was garbage-collected with {live} live allocation(s); "
+                          f"their memory went back to the upstream", ResourceWarning, stacklevel=2)
 
     def __repr__(self) -> str:
         maximum = None if self._maximum is None else format_bytes(self._maximum)

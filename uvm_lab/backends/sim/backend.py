@@ -36,6 +36,25 @@ __all__ = ["SimBackend"]
 
 _BIG = BIG_PAGE_SIZE // PAGE_SIZE          # pages per big page
 _BASE_ADDRESS = 0x7F00_0000_0000           # where simulated mappings start (looks like a GPU VA)
+
+
+class _AddressSpace:
+    """One process, one virtual address space: every simulated backend takes its ranges from here, so
+    addresses never repeat, even across ``use_backend`` calls (events and maps key on addresses)."""
+
+    def __init__(self) -> None:
+        self._next = _BASE_ADDRESS
+        self._lock = threading.Lock()
+
+    def reserve(self, size: int) -> int:
+        with self._lock:
+            address = self._next
+            # Mappings start on a VA block and leave a block of gap, as separate mappings do.
+            self._next = -(-(address + size + BLOCK_SIZE) // BLOCK_SIZE) * BLOCK_SIZE
+            return address
+
+
+_address_space = _AddressSpace()
 _DENSITY_THRESHOLD = 0.51                  # uvm_perf_prefetch_threshold
 _ACCESS_TYPES = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
 
@@ -78,7 +97,6 @@ class SimBackend:
         self._now = 0
         self._segments: dict[int, Segment] = {}
         self._starts: list[int] = []
-        self._next_address = _BASE_ADDRESS
         self._capacity_blocks = memory // BLOCK_SIZE
         self._used_blocks = [0]                               # managed 2 MiB chunks resident
         self._pinned_blocks = [0]                             # cudaMalloc memory, never evicted
@@ -125,10 +143,8 @@ class SimBackend:
                         f"other device allocations", size=size, free=free, limit=total)
                 self._make_room(device, need, protect=set(), log=log)
                 self._pinned_blocks[device] += need
-            seg = Segment(id=new_alloc_id(), address=self._next_address, size=size, kind=kind,
+            seg = Segment(id=new_alloc_id(), address=_address_space.reserve(size), size=size, kind=kind,
                           device=HOST_ID if kind is MemoryKind.PINNED_HOST else device)
-            # Segments start on a VA block and leave a block of gap, as separate mappings do.
-            self._next_address = -(-(seg.end + BLOCK_SIZE) // BLOCK_SIZE) * BLOCK_SIZE
             self._segments[seg.address] = seg
             bisect.insort(self._starts, seg.address)
             log.add(EventKind.SEGMENT_ALLOC, flags=kind, dst=seg.device, address=seg.address, nbytes=size,

@@ -1,0 +1,165 @@
+"""DeviceBuffer: allocation, prefetch, advice read back from the backend, and errors that change nothing."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+
+import pytest
+
+import uvm_lab as ul
+from uvm_lab.errors import (
+    BufferClosedError,
+    DoubleFreeError,
+    InvalidAdviceError,
+    InvalidArgumentError,
+    InvalidLocationError,
+    InvalidSizeError,
+)
+
+MiB = 1 << 20
+
+
+def test_sizes_as_strings_and_ints():
+    assert ul.DeviceBuffer(size="512MiB").size == 512 * MiB
+    assert ul.DeviceBuffer(size=4096).nbytes == 4096
+    empty = ul.DeviceBuffer(size=0)
+    assert empty.ptr == 0 and empty.size == 0 and ul.residency(empty).summary()["nowhere"] == 0
+
+
+@pytest.mark.parametrize("bad", [-1, "12 parsecs", "1.5B", 3.5, None, [1], True])
+def test_bad_sizes_are_refused_and_allocate_nothing(bad):
+    before = len(ul.live_buffers())
+    with pytest.raises(InvalidSizeError) as info:
+        ul.DeviceBuffer(size=bad)
+    assert repr(bad) in str(info.value) and info.value.value == bad
+    assert len(ul.live_buffers()) == before
+
+
+def test_advice_is_read_back_from_the_backend():
+    buf = ul.DeviceBuffer(size=4 * MiB)
+    assert (buf.read_mostly, buf.preferred_location, buf.accessed_by) == (False, None, ())
+    buf.read_mostly = True
+    buf.preferred_location = "host"
+    buf.accessed_by = ["gpu", "host"]
+    backend = ul.get_backend().range_advice(buf.ptr, buf.size)
+    assert backend.read_mostly and str(backend.preferred_location) == "host"
+    assert (buf.read_mostly, buf.preferred_location, set(buf.accessed_by)) == (True, "host", {"gpu:0", "host"})
+    buf.accessed_by = "gpu"
+    assert buf.accessed_by == ("gpu:0",)
+    buf.read_mostly = False
+    buf.preferred_location = None
+    buf.accessed_by = None
+    assert (buf.read_mostly, buf.preferred_location, buf.accessed_by) == (False, None, ())
+
+
+def test_advise_by_name():
+    buf = ul.DeviceBuffer(size=MiB)
+    buf.advise("read_mostly")
+    buf.advise("preferred_location", "gpu")
+    assert buf.read_mostly and buf.preferred_location == "gpu:0"
+    buf.advise("unset_preferred_location")
+    assert buf.preferred_location is None
+
+
+@pytest.mark.parametrize(("setter", "value", "error"), [
+    ("read_mostly", "yes", InvalidAdviceError),
+    ("read_mostly", 1, InvalidAdviceError),
+    ("preferred_location", "tpu", InvalidLocationError),
+    ("preferred_location", 3, InvalidLocationError),
+    ("accessed_by", ["gpu", "gpu:7"], InvalidLocationError),
+    ("accessed_by", 2.5, InvalidAdviceError),
+])
+def test_bad_advice_is_refused_and_leaves_advice_unchanged(setter, value, error):
+    buf = ul.DeviceBuffer(size=MiB)
+    buf.read_mostly = True
+    buf.preferred_location = "gpu"
+    buf.accessed_by = "host"
+    with ul.record() as trace, pytest.raises(error) as info:
+        setattr(buf, setter, value)
+    assert repr(value if not isinstance(value, list) else "gpu:7") in str(info.value)
+    assert len(trace) == 0                                        # nothing reached the backend
+    assert (buf.read_mostly, buf.preferred_location, buf.accessed_by) == (True, "gpu:0", ("host",))
+
+
+def test_unknown_advice_name():
+    buf = ul.DeviceBuffer(size=MiB)
+    with pytest.raises(InvalidAdviceError, match="read_mostly") as info:
+        buf.advise("read_sometimes")
+    assert info.value.value == "read_sometimes"
+    with pytest.raises(InvalidAdviceError, match="needs a location"):
+        buf.advise("preferred_location")
+
+
+@pytest.mark.parametrize("bad", ["tpu", "gpu:1", 5, -3, 1.0, None])
+def test_prefetch_to_a_bad_location_moves_nothing(bad):
+    buf = ul.DeviceBuffer(size=MiB)
+    buf.prefetch("host")
+    with ul.record() as trace, pytest.raises(InvalidLocationError):
+        buf.prefetch(bad)
+    assert len(trace) == 0 and ul.residency(buf).summary()["host"] == 1.0
+
+
+def test_freed_buffer_cannot_be_prefetched_advised_or_touched():
+    buf = ul.DeviceBuffer(size=MiB)
+    buf.close()
+    buf.close()                                                    # closing twice is harmless
+    assert buf.closed and buf not in ul.live_buffers()
+    for action in (lambda: buf.prefetch("gpu"), lambda: setattr(buf, "read_mostly", True),
+                   lambda: buf.preferred_location, lambda: ul.touch(buf), lambda: ul.residency(buf)):
+        with pytest.raises(BufferClosedError, match="freed|closed"):
+            action()
+
+
+def test_double_free_through_the_resource_is_named():
+    mr = ul.mr.ManagedMemoryResource()
+    ptr = mr.allocate(MiB)
+    mr.deallocate(ptr, MiB)
+    with pytest.raises(DoubleFreeError, match="already freed") as info:
+        mr.deallocate(ptr, MiB)
+    assert info.value.ptr == ptr
+
+
+def test_deallocate_with_the_wrong_size_is_refused_and_keeps_the_allocation():
+    mr = ul.mr.ManagedMemoryResource()
+    ptr = mr.allocate(MiB)
+    with pytest.raises(InvalidArgumentError, match="1048576"):
+        mr.deallocate(ptr, 4096)
+    assert mr.get_allocated_bytes() == MiB
+    mr.deallocate(ptr, MiB)
+
+
+def test_garbage_collected_buffers_give_their_memory_back():
+    mr = ul.mr.ManagedMemoryResource()
+    buf = ul.DeviceBuffer(size=MiB, mr=mr)
+    buf_id = buf.id
+    del buf
+    gc.collect()
+    assert mr.get_allocated_bytes() == 0
+    with pytest.raises(InvalidArgumentError, match=str(buf_id)):
+        ul.find_buffer(buf_id)
+
+
+def test_context_manager_and_registry():
+    with ul.DeviceBuffer(size=MiB, label="weights") as buf:
+        assert ul.find_buffer(buf.id) is buf and buf in ul.live_buffers()
+        assert "weights" in repr(buf)
+    assert buf.closed
+    with pytest.raises(InvalidArgumentError):
+        ul.find_buffer("1")
+
+
+def test_bad_resource_or_label():
+    with pytest.raises(InvalidArgumentError, match="memory resource"):
+        ul.DeviceBuffer(size=1, mr="managed")
+    with pytest.raises(InvalidArgumentError, match="label"):
+        ul.DeviceBuffer(size=1, label=7)
+
+
+def test_errors_pickle_with_their_data():
+    err = ul.errors.OutOfMemoryError("no room", size=10, free=5, limit=8)
+    back = pickle.loads(pickle.dumps(err))
+    assert (type(back), str(back), back.size, back.free, back.limit) == (type(err), "no room", 10, 5, 8)
+    assert isinstance(back, MemoryError) and isinstance(back, ul.errors.UvmLabError)
+    bad = ul.errors.InvalidSizeError("bad", value="x", expected="y")
+    assert pickle.loads(pickle.dumps(bad)).value == "x"

@@ -1,0 +1,117 @@
+"""The event bus and recorded traces."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import uvm_lab as ul
+from uvm_lab.events import EVENT_DTYPE, EventBus, EventKind, make_events
+
+MiB = 1 << 20
+
+
+def test_subscribers_get_batches_filtered_by_kind():
+    bus = EventBus(capacity=16)
+    everything, faults = [], []
+    bus.subscribe(everything.append)
+    bus.subscribe(faults.append, kinds=[EventKind.GPU_PAGE_FAULT])
+    bus.publish(make_events(3, kind=[EventKind.HTOD, EventKind.GPU_PAGE_FAULT, EventKind.DTOH]))
+    assert len(everything) == 1 and len(everything[0]) == 3
+    assert len(faults) == 1 and faults[0]["kind"].tolist() == [EventKind.GPU_PAGE_FAULT]
+
+
+def test_history_ring_keeps_the_newest_and_counts_what_fell_out():
+    bus = EventBus(capacity=4)
+    bus.publish(make_events(3, address=[1, 2, 3]))
+    assert bus.history()["address"].tolist() == [1, 2, 3] and bus.dropped == 0
+    bus.publish(make_events(3, address=[4, 5, 6]))
+    assert bus.history()["address"].tolist() == [3, 4, 5, 6] and bus.dropped == 2
+    bus.publish(make_events(9, address=np.arange(10, 19)))
+    assert bus.history()["address"].tolist() == [15, 16, 17, 18] and bus.published == 15
+
+
+def test_a_subscriber_that_raises_is_detached_and_logged(caplog):
+    bus = EventBus()
+    good = []
+
+    def bad(_records):
+        raise RuntimeError("plot failed")
+
+    bus.subscribe(bad)
+    bus.subscribe(good.append)
+    with caplog.at_level(logging.ERROR, logger="uvm_lab.events"):
+        bus.publish(make_events(1))
+        bus.publish(make_events(1))
+    assert len(good) == 2
+    assert sum("detached" in r.message for r in caplog.records) == 1
+
+
+def test_publish_refuses_foreign_arrays():
+    with pytest.raises(TypeError, match="EVENT_DTYPE"):
+        EventBus().publish(np.zeros(2))
+
+
+def test_record_keeps_only_what_happened_inside():
+    buf = ul.DeviceBuffer(size=4 * MiB)
+    with ul.record() as trace:
+        buf.prefetch("host")
+    buf.prefetch("gpu")
+    kinds = set(trace.to_pandas()["kind"])
+    assert kinds == {"prefetch", "dtoh"} or kinds == {"prefetch"}
+    assert trace.summary()["bytes_htod"] == 0
+
+
+def test_to_pandas_decodes_causes_and_access_types():
+    buf = ul.DeviceBuffer(size=4 * MiB, mr=ul.mr.ManagedMemoryResource())
+    with ul.record() as trace:
+        ul.touch(buf, on="host", mode="write")
+        ul.touch(buf, on="gpu", mode="read")
+        buf.read_mostly = True
+    df = trace.to_pandas()
+    assert isinstance(df, pd.DataFrame)
+    assert {"kind", "start", "end", "duration", "address", "bytes", "value", "src", "dst", "cause", "detail",
+            "alloc_id"} <= set(df.columns)
+    htod = df[df.kind == "htod"]
+    assert set(htod.cause) <= {"coherence", "prefetch"} and htod.bytes.sum() == 4 * MiB
+    assert set(htod.src) == {"host"} and set(htod.dst) == {"gpu:0"}
+    assert set(df[df.kind == "gpu_page_fault"].detail) == {"read"}
+    assert set(df[df.kind == "cpu_page_fault"].detail) == {"write"}
+    assert df[df.kind == "advice"].detail.tolist() == ["set_read_mostly"]
+    assert (df.duration >= 0).all()
+
+
+def test_allocator_events_carry_the_buffer_id():
+    with ul.record() as trace:
+        buf = ul.DeviceBuffer(size=MiB)
+        buf.close()
+    ev = trace.events
+    alloc = ev[ev["kind"] == EventKind.ALLOC]
+    free = ev[ev["kind"] == EventKind.FREE]
+    assert alloc["alloc_id"].tolist() == [buf.id] == free["alloc_id"].tolist()
+    assert alloc["bytes"].tolist() == [MiB]
+    assert {EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE} <= set(ev["kind"].tolist())
+
+
+def test_failed_allocation_is_an_event():
+    with ul.record() as trace, pytest.raises(ul.errors.OutOfMemoryError):
+        ul.DeviceBuffer(size="64GiB")
+    fail = trace.of_kind(EventKind.ALLOC_FAILURE)
+    assert fail["bytes"].tolist() == [64 << 30]
+
+
+def test_save_and_load_is_exact(tmp_path):
+    buf = ul.DeviceBuffer(size=4 * MiB)
+    with ul.record() as trace:
+        ul.touch(buf, on="host", mode="write")
+    path = tmp_path / "trace.npy"
+    trace.save(path)
+    back = ul.Trace.load(path)
+    assert back.events.dtype == EVENT_DTYPE
+    np.testing.assert_array_equal(back.events, trace.events)
+    np.save(tmp_path / "other.npy", np.zeros(3))
+    with pytest.raises(ValueError, match="uvm_lab events"):
+        ul.Trace.load(tmp_path / "other.npy")

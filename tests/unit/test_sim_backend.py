@@ -1,0 +1,233 @@
+"""The simulated device follows the UVM driver's rules for where pages go (research R1-R8)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import uvm_lab as ul
+from uvm_lab.events import EventKind, MigrationCause
+from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
+
+MiB = 1 << 20
+
+
+def managed(size: int | str, **kw: object) -> ul.DeviceBuffer:
+    return ul.DeviceBuffer(size=size, mr=ul.mr.ManagedMemoryResource(**kw))
+
+
+def truth(buf: ul.DeviceBuffer) -> np.ndarray:
+    return ul.get_backend()._segments[buf.ptr].state
+
+
+def assert_map_matches(buf: ul.DeviceBuffer) -> None:
+    np.testing.assert_array_equal(ul.residency(buf).states, truth(buf))
+
+
+def test_first_touch_on_gpu_populates_without_transfer():
+    buf = managed(8 * MiB)
+    assert ul.residency(buf).summary()["nowhere"] == 1.0
+    with ul.record() as trace:
+        result = ul.touch(buf, on="gpu", mode="write")
+    assert ul.residency(buf).summary()["gpu"] == 1.0
+    assert result.bytes_htod == 0 and result.faults == 8 * MiB // PAGE_SIZE
+    assert len(trace.of_kind(EventKind.HTOD)) == 0
+    assert trace.summary()["gpu_faults"] == 8 * MiB // PAGE_SIZE
+    assert_map_matches(buf)
+
+
+def test_host_written_buffer_migrates_to_gpu_on_read_and_back_on_host_read():
+    buf = managed(16 * MiB)
+    ul.touch(buf, on="host", mode="write")
+    assert ul.residency(buf).summary()["host"] == 1.0
+    with ul.record() as trace:
+        r = ul.touch(buf, on="gpu", mode="read")
+    assert r.bytes_htod == 16 * MiB
+    assert trace.summary()["bytes_htod"] == 16 * MiB
+    causes = set(trace.of_kind(EventKind.HTOD)["flags"].tolist())
+    assert causes <= {MigrationCause.COHERENCE, MigrationCause.PREFETCH}
+    assert ul.residency(buf).summary()["gpu"] == 1.0
+    r = ul.touch(buf, on="host", mode="read")
+    assert r.bytes_dtoh == 16 * MiB and ul.residency(buf).summary()["host"] == 1.0
+    assert_map_matches(buf)
+
+
+def test_big_page_growth_moves_whole_64k_pages():
+    buf = managed(4 * MiB)
+    ul.touch(buf, on="host", mode="write")
+    r = ul.touch(buf, on="gpu", offset=0, size=PAGE_SIZE)           # one 4 KiB page faults
+    assert r.faults == 1 and r.bytes_htod == 64 << 10               # its 64 KiB big page moves
+    assert_map_matches(buf)
+
+
+def test_dense_block_is_filled_by_the_prefetcher():
+    buf = managed(2 * MiB)
+    ul.touch(buf, on="host", mode="write")
+    ul.touch(buf, on="gpu", offset=0, size=(2 * MiB) * 52 // 100)  # past 51% of the block
+    assert ul.residency(buf).summary()["gpu"] == 1.0                # the rest came as driver prefetch
+    assert_map_matches(buf)
+
+
+def test_prefetch_moves_pages_with_user_cause_and_populates_untouched_ones():
+    buf = managed(8 * MiB)
+    with ul.record() as trace:
+        buf.prefetch("gpu")
+    assert ul.residency(buf).summary()["gpu"] == 1.0
+    assert len(trace.of_kind(EventKind.HTOD)) == 0                  # untouched pages need no copy
+    with ul.record() as trace:
+        buf.prefetch("host")
+    dtoh = trace.of_kind(EventKind.DTOH)
+    assert int(dtoh["bytes"].sum()) == 8 * MiB
+    assert set(dtoh["flags"].tolist()) == {MigrationCause.USER}
+    assert len(trace.of_kind(EventKind.PREFETCH)) == 1
+    assert_map_matches(buf)
+
+
+def test_read_mostly_duplicates_on_read_and_collapses_on_write():
+    buf = managed(4 * MiB)
+    buf.prefetch("host")
+    buf.read_mostly = True
+    ul.touch(buf, on="gpu", mode="read")
+    assert ul.residency(buf).summary()["both"] == 1.0
+    assert ul.touch(buf, on="host", mode="read").faults == 0        # the host copy is still valid
+    ul.touch(buf, on="gpu", mode="write")
+    assert ul.residency(buf).summary()["gpu"] == 1.0
+    assert_map_matches(buf)
+
+
+def test_unsetting_read_mostly_keeps_the_preferred_copy():
+    buf = managed(2 * MiB)
+    buf.prefetch("host")
+    buf.read_mostly = True
+    buf.preferred_location = "gpu"
+    buf.prefetch("gpu")
+    assert ul.residency(buf).summary()["both"] == 1.0
+    buf.read_mostly = False
+    assert ul.residency(buf).summary()["gpu"] == 1.0
+    assert_map_matches(buf)
+
+
+def test_preferred_location_host_maps_the_gpu_remotely_instead_of_migrating():
+    buf = managed(4 * MiB)
+    buf.prefetch("host")
+    buf.preferred_location = "host"
+    with ul.record() as trace:
+        first = ul.touch(buf, on="gpu")
+    assert first.bytes_htod == 0 and first.bytes_remote == 4 * MiB and first.faults > 0
+    assert len(trace.of_kind(EventKind.REMOTE_MAP)) > 0
+    second = ul.touch(buf, on="gpu")
+    assert second.faults == 0 and second.bytes_remote == 4 * MiB   # the mapping stays
+    assert ul.residency(buf).summary()["host"] == 1.0
+    assert_map_matches(buf)
+
+
+def test_accessed_by_gpu_reads_host_pages_without_faults():
+    buf = managed(4 * MiB)
+    buf.prefetch("host")
+    buf.accessed_by = "gpu"
+    r = ul.touch(buf, on="gpu")
+    assert r.faults == 0 and r.bytes_remote == 4 * MiB and r.bytes_htod == 0
+    assert ul.residency(buf).summary()["host"] == 1.0
+
+
+def test_host_access_always_migrates_even_with_gpu_preferred():
+    buf = managed(2 * MiB)
+    buf.preferred_location = "gpu"
+    ul.touch(buf, on="host", mode="write")                          # x86: the CPU cannot map GPU memory
+    assert ul.residency(buf).summary()["host"] == 1.0
+    ul.touch(buf, on="gpu")
+    assert ul.residency(buf).summary()["gpu"] == 1.0
+    assert_map_matches(buf)
+
+
+def test_oversubscription_evicts_whole_blocks_fifo_by_migration():
+    ul.use_backend("sim", device_memory="8MiB")
+    a = managed(4 * MiB, allow_oversubscription=True)
+    b = managed(4 * MiB, allow_oversubscription=True)
+    c = managed(2 * MiB, allow_oversubscription=True)
+    a.prefetch("gpu")
+    b.prefetch("gpu")
+    assert ul.get_backend().mem_info()[0] == 0
+    with ul.record() as trace:
+        c.prefetch("gpu")
+    evictions = trace.of_kind(EventKind.DTOH)
+    assert set(evictions["flags"].tolist()) == {MigrationCause.EVICTION}
+    assert int(evictions["bytes"].sum()) == BLOCK_SIZE                   # one 2 MiB block
+    assert int(evictions["address"].min()) == a.ptr                       # the oldest migration goes first
+    assert ul.residency(a).counts()["host"] == BLOCK_SIZE // PAGE_SIZE
+    assert ul.residency(b).summary()["gpu"] == 1.0
+    for buf in (a, b, c):
+        assert_map_matches(buf)
+
+
+def test_a_cyclic_sweep_larger_than_the_gpu_never_hits():
+    ul.use_backend("sim", device_memory="8MiB")
+    buf = managed(12 * MiB, allow_oversubscription=True)
+    ul.touch(buf, on="host", mode="write")
+    ul.touch(buf, on="gpu")
+    second = ul.touch(buf, on="gpu")                                 # FIFO eviction: every block refaults
+    assert second.bytes_htod == 12 * MiB
+    assert_map_matches(buf)
+
+
+def test_mem_info_counts_gpu_memory_in_2mib_blocks():
+    free0, total = ul.get_backend().mem_info()
+    assert free0 == total == 4 << 30
+    buf = managed(64 << 10)
+    ul.touch(buf, on="gpu")
+    assert ul.get_backend().mem_info()[0] == total - BLOCK_SIZE          # one touched page costs a block
+    buf.prefetch("host")
+    assert ul.get_backend().mem_info()[0] == total                      # the block is given back
+
+
+def test_device_memory_is_never_evicted_and_can_run_out():
+    ul.use_backend("sim", device_memory="8MiB")
+    dev = ul.DeviceBuffer(size=6 * MiB, mr=ul.mr.CudaMemoryResource())
+    assert ul.residency(dev).summary()["gpu"] == 1.0
+    with pytest.raises(ul.errors.OutOfMemoryError) as info:
+        ul.DeviceBuffer(size=4 * MiB, mr=ul.mr.CudaMemoryResource())
+    assert info.value.size == 4 * MiB
+    with pytest.raises(ul.errors.BackendError, match="host cannot access device memory"):
+        ul.touch(dev, on="host")
+
+
+def test_pinned_host_memory_is_read_remotely_by_the_gpu():
+    buf = ul.DeviceBuffer(size=4 * MiB, mr=ul.mr.PinnedHostMemoryResource())
+    assert ul.residency(buf).summary()["host"] == 1.0
+    r = ul.touch(buf, on="gpu")
+    assert r.bytes_remote == 4 * MiB and r.faults == 0
+    buf.prefetch("gpu")                                             # a no-op, as cudaMemPrefetchAsync via RMM
+    assert ul.residency(buf).summary()["host"] == 1.0
+
+
+def test_prefetching_before_a_kernel_is_cheaper_than_faulting_in_the_model():
+    a, b = managed(64 * MiB), managed(64 * MiB)
+    ul.touch(a, on="host", mode="write")
+    ul.touch(b, on="host", mode="write")
+    faulted = ul.touch(a, on="gpu").seconds
+    start = ul.get_backend().now_ns()
+    b.prefetch("gpu")
+    prefetched = (ul.get_backend().now_ns() - start) / 1e9 + ul.touch(b, on="gpu").seconds
+    # The H200 profile: faults move 6.7 GB/s, prefetch 50.5 GB/s.
+    assert 4 < faulted / prefetched < 10
+
+
+def test_simulated_clock_only_moves_forward_and_stamps_events():
+    buf = managed(4 * MiB)
+    with ul.record() as trace:
+        ul.touch(buf, on="host", mode="write")
+        ul.touch(buf, on="gpu")
+    ev = trace.events
+    assert (ev["end"] >= ev["start"]).all()
+    assert (np.diff(ev["start"].astype(np.int64)) >= 0).all()
+
+
+def test_bad_arguments_raise_typed_errors():
+    with pytest.raises(ul.errors.InvalidSizeError):
+        ul.use_backend("sim", device_memory="lots")
+    with pytest.raises(ul.errors.InvalidArgumentError, match="at least 2 MiB"):
+        ul.use_backend("sim", device_memory=4096)
+    with pytest.raises(ul.errors.InvalidArgumentError, match="x86-pcie5"):
+        ul.use_backend("sim", platform="abacus")
+    with pytest.raises(ul.errors.InvalidArgumentError, match="sim"):
+        ul.use_backend("tpu")
