@@ -1,0 +1,36 @@
+"""The public surface is what ``__all__`` says, and every error is part of one tree."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import uvm_lab
+import uvm_lab.errors
+import uvm_lab.events
+import uvm_lab.mr
+
+
+@pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors])
+def test_all_names_exist(module):
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert missing == []
+
+
+def test_the_issue_api_is_public():
+    for name in ("use_backend", "get_backend", "DeviceBuffer", "touch", "record", "residency", "live_buffers"):
+        assert name in uvm_lab.__all__
+    for name in ("ManagedMemoryResource", "PoolMemoryResource", "PrefetchResourceAdaptor",
+                 "StatisticsResourceAdaptor", "set_current_device_resource", "get_current_device_resource"):
+        assert name in uvm_lab.mr.__all__
+
+
+def test_every_error_derives_from_the_root_and_a_builtin():
+    errors = [obj for _, obj in inspect.getmembers(uvm_lab.errors, inspect.isclass)
+              if issubclass(obj, Exception) and obj.__module__ == "uvm_lab.errors"]
+    assert len(errors) >= 10
+    for err in errors:
+        assert issubclass(err, uvm_lab.errors.UvmLabError)
+        if err is not uvm_lab.errors.UvmLabError:
+            assert any(issubclass(err, b) for b in (ValueError, RuntimeError, MemoryError)), err
