@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install uvm_lab with its test dependencies, and Debian's Chromium for the browser tests, then run
+# the whole suite. Extra arguments go to pytest (for example: bash tests/run.sh -m "not browser").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ ! -x /usr/bin/chromium ]; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # the tests drive /usr/bin/chromium, never a downloaded browser
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+python3 -m pytest "$@"
