@@ -82,6 +82,7 @@ class DeviceBuffer:
         self.id = mr.allocation_id(ptr) if nbytes else next(_empty_ids)
         self.label = label if label is not None else f"buffer {self.id}"
         self._finalizer = weakref.finalize(self, _release, mr, ptr, nbytes, stream, self.id)
+        self._finalizer.atexit = False   # the process's exit frees device memory; nothing to publish then
         with _live_lock:
             _live[self.id] = weakref.ref(self)
 

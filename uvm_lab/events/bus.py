@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterable
 
@@ -101,8 +102,7 @@ class EventBus:
         """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, in order."""
         if records.dtype != EVENT_DTYPE:
             raise TypeError(f"records must have EVENT_DTYPE, got {records.dtype}")
-        n = len(records)
-        if not n:
+        if not len(records) or sys.is_finalizing():   # at exit, module globals may already be gone
             return
         with self._lock:
             self._append(records)
