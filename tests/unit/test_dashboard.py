@@ -31,15 +31,10 @@ def wait_for(predicate, timeout=5.0):
 
 
 @pytest.fixture
-def sim():
-    """A fresh simulated 4 GiB GPU with a managed current resource; frees what the test allocated."""
-    backend = ul.use_backend("sim", device_memory="4GiB")
+def sim(sim_backend):
+    """The conftest's fresh simulated 4 GiB GPU, with plain managed memory as the current resource."""
     ul.mr.set_current_device_resource(ul.mr.ManagedMemoryResource())
-    before = {b.id for b in ul.live_buffers()}
-    yield backend
-    for b in ul.live_buffers():
-        if b.id not in before:
-            b.close()
+    return sim_backend
 
 
 @pytest.fixture

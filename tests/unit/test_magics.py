@@ -22,14 +22,10 @@ from uvm_lab.jupyter.magics import UvmMagics
 
 
 @pytest.fixture
-def sim():
-    backend = ul.use_backend("sim", device_memory="4GiB")
+def sim(sim_backend):
+    """The conftest's fresh simulated 4 GiB GPU, with plain managed memory as the current resource."""
     ul.mr.set_current_device_resource(ul.mr.ManagedMemoryResource())
-    before = {b.id for b in ul.live_buffers()}
-    yield backend
-    for b in ul.live_buffers():
-        if b.id not in before:
-            b.close()
+    return sim_backend
 
 
 @pytest.fixture
