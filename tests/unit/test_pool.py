@@ -73,11 +73,11 @@ class ContiguousUpstream(MemoryResource):
 
 
 @pytest.fixture(autouse=True)
-def backend():
-    backend = ul.use_backend("sim", device_memory="4GiB")
-    yield backend
+def backend(sim_backend):
+    """The conftest's fresh simulated device."""
+    yield sim_backend
     # Pools caught in reference cycles (a pytest.raises traceback) give their blocks back to this
-    # backend now, not after the next test has made another.
+    # device now, not after the next test has made another.
     gc.collect()
 
 

@@ -18,7 +18,7 @@ KiB = 1 << 10
 MiB = 1 << 20
 
 # Enough steps to fragment, grow and run out; few enough examples to finish in seconds.
-SETTINGS = settings(max_examples=40, stateful_step_count=40, deadline=None,
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow])
 
 sizes = st.one_of(

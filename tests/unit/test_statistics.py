@@ -20,11 +20,6 @@ def counts(current_bytes: int = 0, current_count: int = 0, peak_bytes: int = 0, 
             "peak_count": peak_count, "total_bytes": total_bytes, "total_count": total_count}
 
 
-@pytest.fixture(autouse=True)
-def backend():
-    return ul.use_backend("sim", device_memory="4GiB")
-
-
 @pytest.fixture
 def managed() -> MemoryResource:
     return ul.mr.ManagedMemoryResource()
@@ -53,6 +48,14 @@ def test_current_peak_and_total(stats):
     stats.deallocate(c, 500)
     assert stats.allocation_counts == counts(0, 0, 5096, 2, 5596, 3)
     assert stats.get_allocated_bytes() == 0
+
+
+def test_a_zero_byte_allocation_is_counted_as_rmm_counts_it(stats):
+    ptr = stats.allocate(0)
+    assert ptr == 0
+    assert stats.allocation_counts == counts(0, 1, 0, 1, 0, 1)
+    stats.deallocate(ptr, 0)
+    assert stats.allocation_counts == counts(0, 0, 0, 1, 0, 1)
 
 
 def test_counts_are_of_requested_bytes_not_of_what_a_pool_rounds_to(managed):
