@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from .backends.base import AccessMode, AccessResult
 from .buffer import DeviceBuffer
 from .errors import BufferClosedError, InvalidArgumentError
@@ -34,7 +33,8 @@ def touch(buffer: DeviceBuffer, on: int | str | Location = "gpu", mode: AccessMo
     start = parse_size(offset, name="offset")
     length = buffer.size - start if size is None else parse_size(size, name="size")
     if start + length > buffer.size:
-        raise InvalidArgumentError(f"offset {start} + size {length} runs past the end of the buffer ({buffer.size} bytes)",
+        raise InvalidArgumentError(f"offset {start} + size {length} runs past the end of the buffer "
+                                   f"({buffer.size} bytes)",
                                    value=(offset, size), expected=f"a range within 0..{buffer.size}")
     if length == 0:
         return AccessResult(0.0, 0, 0, 0)

@@ -83,7 +83,7 @@ class _Segment:
 
     def __init__(self, address: int, size: int, kind: int, device: int, seg_id: int) -> None:
         n = -(-size // PAGE_SIZE)
-        initial = {MemoryKind.MANAGED: 0, MemoryKind.DEVICE: _bit(device), MemoryKind.PINNED_HOST: 1}.get(kind, 0)
+        initial = {int(MemoryKind.DEVICE): _bit(device), int(MemoryKind.PINNED_HOST): 1}.get(kind, 0)
         self.address, self.size, self.kind, self.id = address, size, kind, seg_id
         self.state = np.full(n, initial, dtype=np.uint8)
         self.read_mostly = np.zeros(n, dtype=bool)

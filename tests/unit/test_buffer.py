@@ -107,7 +107,7 @@ def test_freed_buffer_cannot_be_prefetched_advised_or_touched():
     assert buf.closed and buf not in ul.live_buffers()
     for action in (lambda: buf.prefetch("gpu"), lambda: setattr(buf, "read_mostly", True),
                    lambda: buf.preferred_location, lambda: ul.touch(buf), lambda: ul.residency(buf)):
-        with pytest.raises(BufferClosedError, match="freed|closed"):
+        with pytest.raises(BufferClosedError, match=r"freed|closed"):
             action()
 
 

@@ -70,7 +70,8 @@ class Trace:
         return ev[np.isin(ev["kind"], [int(k) for k in kinds])]
 
     def to_pandas(self) -> pd.DataFrame:
-        """One row per event: kind, start/end/duration (ns), address, bytes, value, src, dst, cause, detail, alloc_id."""
+        """One row per event: kind, start/end/duration (ns), address, bytes, value, src, dst, cause, detail,
+        alloc_id, stream."""
         import pandas as pd
 
         ev = self.events
@@ -101,7 +102,7 @@ class Trace:
         faults = ev[np.isin(kinds, [int(k) for k in _FAULTS])]
         span = int(ev["end"].max() - ev["start"].min()) if len(ev) else 0
         return {
-            "events": int(len(ev)),
+            "events": len(ev),
             "counts": counts,
             "bytes_htod": int(ev["bytes"][kinds == EventKind.HTOD].sum()),
             "bytes_dtoh": int(ev["bytes"][kinds == EventKind.DTOH].sum()),

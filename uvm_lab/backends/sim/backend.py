@@ -157,7 +157,8 @@ class SimBackend:
             seg = self._segments.get(ptr)
             if seg is None:
                 raise DoubleFreeError(f"{ptr!r} is not the address of a live simulated allocation "
-                                      f"(already freed, or never allocated here)", ptr=ptr if isinstance(ptr, int) else 0)
+                                      f"(already freed, or never allocated here)",
+                                      ptr=ptr if isinstance(ptr, int) else 0)
             if seg.kind is MemoryKind.DEVICE:
                 self._pinned_blocks[seg.device] -= seg.nblocks
             for b in np.flatnonzero(seg.gpu_blocks):
@@ -200,8 +201,9 @@ class SimBackend:
                 copy = need & (st != 0)
                 dup = copy & seg.read_mostly[lo:hi]
                 if location.is_host:
-                    self._migrate_runs(log, seg, lo, copy, EventKind.DTOH, MigrationCause.USER, self._gpu_of(seg, lo, copy),
-                                       HOST_ID, p.prefetch_dtoh_bw, stream)
+                    source = self._gpu_of(seg, lo, copy)
+                    self._migrate_runs(log, seg, lo, copy, EventKind.DTOH, MigrationCause.USER, source, HOST_ID,
+                                       p.prefetch_dtoh_bw, stream)
                     log.advance(populate.sum() * PAGE_SIZE / p.host_populate_bw)
                     st[populate] = d
                     st[copy & ~dup] = d

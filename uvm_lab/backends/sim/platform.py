@@ -9,6 +9,7 @@ and are marked as not yet calibrated against hardware.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ...errors import InvalidArgumentError
 
@@ -35,7 +36,7 @@ class Platform:
     host_memory_bw: float        #: the host touching resident pages
     calibrated: bool = False     #: True when the figures were measured on such a machine
 
-    def with_(self, **changes: float) -> Platform:
+    def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments."""
         return replace(self, **changes)
 
