@@ -37,6 +37,9 @@ __all__ = ["BOTH", "GPU", "HOST", "NOWHERE", "ResidencyMap", "ResidencyTracker",
 NOWHERE, HOST, GPU, BOTH = 0, 1, 2, 3
 _NO_PREFERENCE = -2
 _WRITES = (AccessType.WRITE, AccessType.ATOMIC)
+_REPLAYED = (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.HTOD, EventKind.DTOH, EventKind.DTOD,
+             EventKind.INVALIDATE, EventKind.PREFETCH, EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT,
+             EventKind.ADVICE)
 
 
 def _bit(processor: int) -> int:
@@ -102,7 +105,7 @@ class ResidencyTracker:
         self._segments: dict[int, _Segment] = {}
         self._starts: list[int] = []
         self._lock = threading.Lock()
-        self.subscription = (bus or get_bus()).subscribe(self.apply)
+        self.subscription = (bus or get_bus()).subscribe(self.apply, kinds=_REPLAYED)
 
     def close(self) -> None:
         self.subscription.close()

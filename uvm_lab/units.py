@@ -35,6 +35,8 @@ def parse_size(value: object, *, name: str = "size", allow_zero: bool = True) ->
     InvalidSizeError
         For anything else, naming the value and what would be valid.
     """
+    if type(value) is int and (value > 0 or (value == 0 and allow_zero)):
+        return value   # the hot path: a plain byte count
     expected = 'a non-negative integer or a string such as "512MiB" or "2GB"'
     if isinstance(value, bool) or not isinstance(value, (Integral, str)):
         raise InvalidSizeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})",

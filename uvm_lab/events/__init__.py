@@ -10,6 +10,7 @@ from .schema import (
     MigrationCause,
     RemoteMapCause,
     make_events,
+    record_of,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "get_bus",
     "make_events",
     "new_alloc_id",
+    "record_of",
 ]

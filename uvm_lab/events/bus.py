@@ -13,6 +13,7 @@ import itertools
 import logging
 import sys
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -47,9 +48,13 @@ class Subscription:
 
     def deliver(self, records: np.ndarray) -> None:
         if self._mask is not None:
-            records = records[self._mask[records["kind"]]]
-            if not len(records):
-                return
+            if len(records) == 1:   # the allocator's common case: one record, no fancy indexing
+                if not self._mask[records["kind"][0]]:
+                    return
+            else:
+                records = records[self._mask[records["kind"]]]
+                if not len(records):
+                    return
         self.callback(records)
 
     def close(self) -> None:
@@ -68,14 +73,18 @@ class EventBus:
     def __init__(self, capacity: int = 1 << 20) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
-        self._ring = np.zeros(capacity, dtype=EVENT_DTYPE)
+        self._capacity = capacity
+        # History is kept as the published arrays themselves (appending is O(1) on the hot path);
+        # the oldest are trimmed once more than ``capacity`` records are held.
+        self._history: deque[np.ndarray] = deque()
+        self._held = 0
         self._written = 0          # records ever published
         self._subscribers: tuple[Subscription, ...] = ()
         self._lock = threading.RLock()
 
     @property
     def capacity(self) -> int:
-        return len(self._ring)
+        return self._capacity
 
     @property
     def published(self) -> int:
@@ -85,7 +94,7 @@ class EventBus:
     @property
     def dropped(self) -> int:
         """Records that fell out of the history ring."""
-        return max(0, self._written - len(self._ring))
+        return max(0, self._written - self._capacity)
 
     def subscribe(self, callback: Callback, kinds: Iterable[EventKind | int] | None = None) -> Subscription:
         """Call ``callback(records)`` with every batch published from now on (only ``kinds``, if given)."""
@@ -114,26 +123,18 @@ class EventBus:
                     log.exception("event subscriber %r raised and has been detached", sub.callback)
 
     def history(self) -> np.ndarray:
-        """A copy of the records still in the ring, oldest first."""
+        """A copy of the newest ``capacity`` records, oldest first."""
         with self._lock:
-            cap = len(self._ring)
-            if self._written <= cap:
-                return self._ring[: self._written].copy()
-            head = self._written % cap
-            return np.concatenate([self._ring[head:], self._ring[:head]])
+            if not self._history:
+                return np.zeros(0, dtype=EVENT_DTYPE)
+            return np.concatenate(self._history)[-self._capacity :]
 
     def _append(self, records: np.ndarray) -> None:
-        cap = len(self._ring)
-        if len(records) >= cap:
-            tail = records[-cap:]
-            shift = (self._written + len(records) - cap) % cap
-            self._ring[:] = np.roll(tail, shift)
-        else:
-            head = self._written % cap
-            first = min(cap - head, len(records))
-            self._ring[head : head + first] = records[:first]
-            self._ring[: len(records) - first] = records[first:]
+        self._history.append(records)
+        self._held += len(records)
         self._written += len(records)
+        while self._held - len(self._history[0]) >= self._capacity:
+            self._held -= len(self._history.popleft())
 
 
 _bus = EventBus()

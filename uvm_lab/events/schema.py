@@ -33,6 +33,7 @@ __all__ = [
     "MigrationCause",
     "RemoteMapCause",
     "make_events",
+    "record_of",
 ]
 
 EVENT_DTYPE = np.dtype([
@@ -130,6 +131,14 @@ class Advice(IntEnum):
 
 #: ``dst`` for events where no processor applies.
 NO_PROCESSOR = -2
+
+
+def record_of(kind: int, *, flags: int = 0, src: int = 0, dst: int = 0, start: int = 0, end: int = 0,
+              address: int = 0, nbytes: int = 0, value: int | None = None, alloc_id: int = 0,
+              stream: int = 0) -> np.ndarray:
+    """A one-record array, built straight from a tuple (the allocator's hot path)."""
+    return np.array([(kind, flags, src, dst, start, end, address, nbytes, nbytes if value is None else value,
+                      alloc_id, stream)], dtype=EVENT_DTYPE)
 
 
 def make_events(n: int = 1, **fields: object) -> np.ndarray:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DoubleFreeError, InvalidArgumentError, OutOfMemoryError
 from ..events.bus import new_alloc_id
-from ..events.schema import EventKind, make_events
+from ..events.schema import EventKind, record_of
 from ..units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -117,9 +117,8 @@ class MemoryResource:
 
     def _emit(self, kind: EventKind, ptr: int, size: int, alloc_id: int, stream: int) -> None:
         now = self.backend.now_ns()
-        self.backend.bus.publish(make_events(1, kind=kind, start=now, end=now, address=ptr, bytes=size,
-                                             value=size, alloc_id=alloc_id, stream=stream,
-                                             dst=self.device_id))
+        self.backend.bus.publish(record_of(kind, dst=self.device_id, start=now, end=now, address=ptr, nbytes=size,
+                                           alloc_id=alloc_id, stream=stream))
 
     def _out_of_memory(self, size: int, free: int, limit: int, why: str) -> OutOfMemoryError:
         return OutOfMemoryError(
