@@ -102,7 +102,18 @@ export class UvmLabModel {
   }
 
   /** Open a fresh comm to the current kernel and ask for a snapshot. */
-  async attach(): Promise<void> {
+  attach(): Promise<void> {
+    this._retries = 0;
+    return this._attach();
+  }
+
+  private async _attach(force = false): Promise<void> {
+    // One hello per kernel at a time: a restart brings both kernelChanged and idle, and closing
+    // a comm whose subshell is still starting races JupyterLab's per-target subshell count.
+    const kernelNow = this._session?.session?.kernel;
+    if (!force && this._comm && this._state === 'connecting' && kernelNow?.id === this._commKernelId) {
+      return;
+    }
     this._detach();
     const session = this._session;
     if (!session) {
@@ -175,6 +186,7 @@ export class UvmLabModel {
   private async _openComm(kernel: Kernel.IKernelConnection): Promise<void> {
     const comm = kernel.createComm(COMM_TARGET);
     this._comm = comm;
+    this._commKernelId = kernel.id;
     comm.onMsg = msg => this._onCommMsg(comm, msg);
     comm.onClose = () => this._onCommClose(comm);
     this._setState('connecting', 'Asking the kernel for its allocations…');
@@ -186,10 +198,33 @@ export class UvmLabModel {
     const hello = { type: 'hello', seq: this._nextSeq++ } as const;
     try {
       comm.open(hello);
+      this._armWatchdog(comm);
     } catch (err) {
       this._detach();
       this._setState('no-kernel', `Could not reach the kernel: ${String(err)}`);
     }
+  }
+
+  /**
+   * A hello the kernel neither answers nor refuses while idle went astray (around a restart, a
+   * comm can be opened on a subshell the new kernel never had): open a new comm, a few times.
+   */
+  private _armWatchdog(comm: Kernel.IComm): void {
+    window.clearTimeout(this._watchdog);
+    this._watchdog = window.setTimeout(() => {
+      if (comm !== this._comm || this._state !== 'connecting') {
+        return;
+      }
+      if (this._session?.session?.kernel?.status !== 'idle') {
+        this._armWatchdog(comm); // busy: the answer may still come
+      } else if (this._retries++ < MAX_RETRIES) {
+        console.warn('uvm-lab: the kernel did not answer the hello; opening a new comm');
+        void this._attach(true);
+      } else {
+        this._detach();
+        this._setState('no-kernel', 'The kernel does not answer the UVM Lab panel.');
+      }
+    }, HELLO_TIMEOUT_MS);
   }
 
   private _onCommMsg(comm: Kernel.IComm, msg: KernelMessage.ICommMsgMsg): void {
@@ -303,8 +338,9 @@ export class UvmLabModel {
 
   private _onStatusChanged(_: ISessionContext, status: Kernel.Status): void {
     if (status === 'restarting' || status === 'autorestarting' || status === 'dead') {
-      // A restart drops every comm without a close message; start over once it is back.
-      this._detach();
+      // A restart drops every comm; start over once it is back. No comm_close to the old
+      // kernel: its answer (busy, then idle) would look like the new kernel being ready.
+      this._detach(false);
       this._restarted = true;
       this._setState('no-kernel', status === 'dead' ? 'The kernel died.' : 'The kernel is restarting…');
     } else if (status === 'idle' && this._restarted) {
@@ -327,9 +363,10 @@ export class UvmLabModel {
     }
   }
 
-  private _detach(): void {
+  private _detach(close = true): void {
     const comm = this._comm;
     this._comm = null;
+    window.clearTimeout(this._watchdog);
     for (const [seq, resolve] of this._pending) {
       resolve(this._localError('command', 'the connection to the kernel closed', seq));
     }
@@ -340,7 +377,7 @@ export class UvmLabModel {
       this._allocationsChanged.emit(ids);
     }
     this._device = null;
-    if (comm && !comm.isDisposed) {
+    if (comm && close && !comm.isDisposed) {
       try {
         comm.close();
       } catch {
@@ -366,6 +403,7 @@ export class UvmLabModel {
 
   private _session: ISessionContext | null = null;
   private _comm: Kernel.IComm | null = null;
+  private _commKernelId = '';
   private _state: ConnectionState = 'no-notebook';
   private _status = 'Open a notebook to see its allocations.';
   private _device: DeviceInfo | null = null;
@@ -373,6 +411,8 @@ export class UvmLabModel {
   private _pending = new Map<number, (result: Result) => void>();
   private _nextSeq = 1;
   private _revision = 0;
+  private _retries = 0;
+  private _watchdog = 0;
   private _paused = false;
   private _restarted = false;
   private _disposed = false;
@@ -404,3 +444,5 @@ async function subshellOf(kernel: Kernel.IKernelConnection, comm: Kernel.IComm):
 }
 
 const SUBSHELL_WAIT_MS = 5000;
+const HELLO_TIMEOUT_MS = 4000;
+const MAX_RETRIES = 3;

@@ -287,6 +287,16 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
         assert "*" in running.inner_text(), "ReadMostly should be set while the cell is still running"
         loop.locator(".jp-OutputArea-output").filter(has_text="looped").wait_for(timeout=WAIT_MS)
         assert _kernel_state(page)["weights"]["read_mostly"] is True
+
+        # A kernel restart empties the panel; loading uvm_lab in the new kernel brings it back.
+        page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Restart Kernel and Clear Outputs")).click()
+        page.locator(".jp-Dialog-button.jp-mod-accept").click()
+        notice.filter(has_text="%load_ext uvm_lab").wait_for(state="visible", timeout=WAIT_MS)
+        assert page.locator(".jp-UvmLab-map").count() == 0
+        _run_cell(page, 0, "ready")
+        drawn = _wait_for_map(page, "weights", **{"gpu-pages": PAGES})
+        assert drawn["readMostly"] == "false"
         assert errors == []
     except Exception:
         with contextlib.suppress(Exception):
