@@ -52,11 +52,6 @@ export class UvmLabModel {
     return this._allocationsChanged;
   }
 
-  /** Emitted with each command's result. */
-  get resultReceived(): ISignal<this, Result> {
-    return this._resultReceived;
-  }
-
   get state(): ConnectionState {
     return this._state;
   }
@@ -302,10 +297,6 @@ export class UvmLabModel {
       this._pending.delete(result.seq);
       resolve(result);
     }
-    if (!result.ok && result.error) {
-      this._setState(this._state, `${result.command ?? 'command'} failed: ${result.error.type}: ${result.error.message}`);
-    }
-    this._resultReceived.emit(result);
   }
 
   private _onCommClose(comm: Kernel.IComm): void {
@@ -418,7 +409,6 @@ export class UvmLabModel {
   private _disposed = false;
   private _stateChanged = new Signal<this, void>(this);
   private _allocationsChanged = new Signal<this, number[]>(this);
-  private _resultReceived = new Signal<this, Result>(this);
 }
 
 /**
