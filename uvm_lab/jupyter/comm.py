@@ -145,23 +145,10 @@ class PanelSession:
             dirty, self._dirty = self._dirty, []
             everything, self._everything_dirty = self._everything_dirty, False
         with self._send_lock:
-            infos: list[AllocationInfo] = []
-            cells: list[np.ndarray] = []
-            live: set[int] = set()
-            for buf in _panel_buffers():
-                live.add(buf.id)
-                if buf.id in self._sent and not everything and not _touches(buf, dirty):
-                    continue
-                described = _describe(buf)
-                if described is None:
-                    continue
-                info, data = described
-                if self._sent.get(buf.id) == (info, data.tobytes()):
-                    continue
-                self._sent[buf.id] = (info, data.tobytes())
-                infos.append(info)
-                cells.append(data)
-            gone = sorted(set(self._sent) - live)
+            buffers = _panel_buffers()
+            touched = [b for b in buffers if everything or b.id not in self._sent or _touches(b, dirty)]
+            infos, cells = self._describe_changed(touched)
+            gone = sorted(set(self._sent) - {b.id for b in buffers})
             for alloc_id in gone:
                 del self._sent[alloc_id]
             if infos:
@@ -177,18 +164,26 @@ class PanelSession:
             self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
-            infos: list[AllocationInfo] = []
-            cells: list[np.ndarray] = []
-            for buf in _panel_buffers():
-                described = _describe(buf)
-                if described is not None:
-                    info, data = described
-                    self._sent[buf.id] = (info, data.tobytes())
-                    infos.append(info)
-                    cells.append(data)
+            infos, cells = self._describe_changed(_panel_buffers())
             snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, page_size=PAGE_SIZE,
                                 cell_limit=CELL_LIMIT, device=_device_info(), allocations=infos)
             self._send(snapshot, cells)
+
+    def _describe_changed(self, buffers: list[ul.DeviceBuffer]) -> tuple[list[AllocationInfo], list[np.ndarray]]:
+        """Describe ``buffers``; keep (and note as sent) those that differ from what the panel holds."""
+        infos: list[AllocationInfo] = []
+        cells: list[np.ndarray] = []
+        for buf in buffers:
+            described = _describe(buf)
+            if described is None:
+                continue
+            info, data = described
+            held = (info, data.tobytes())
+            if self._sent.get(buf.id) != held:
+                self._sent[buf.id] = held
+                infos.append(info)
+                cells.append(data)
+        return infos, cells
 
     def close(self) -> None:
         """Stop listening and sending (the comm closed, or the kernel is shutting down)."""
