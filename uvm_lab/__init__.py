@@ -49,6 +49,11 @@ __all__ = [
 get_tracker()  # residency maps are built from events: start listening before the first allocation
 
 
+def _jupyter_labextension_paths() -> list[dict[str, str]]:
+    """Where the built lab extension lives (for ``jupyter labextension develop``)."""
+    return [{"src": "labextension", "dest": "uvm-lab"}]
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext uvm_lab``: the magics, the dashboard and the lab panel's comm target."""
     from .jupyter import load_ipython_extension as load
