@@ -363,8 +363,8 @@ class SimBackend:
                            p.fault_htod_bw, stream)
         self._migrate_runs(log, seg, blo, prefetched, EventKind.HTOD, MigrationCause.PREFETCH, HOST_ID, device,
                            p.fault_htod_bw, stream)
-        # A write to a ReadMostly page leaves one copy, on the writer.
-        self._invalidate_runs(log, seg, blo, (collapse | (grown & rm)) & on_host, HOST_ID)
+        # A write leaves one copy, the writer's: as on the hardware, the write fault itself says so
+        # (no separate record), and the residency map collapses the copies when it replays the fault.
         for start, length in runs(policy_remote | populate_host):
             log.add(EventKind.REMOTE_MAP, flags=RemoteMapCause.POLICY, src=HOST_ID, dst=device,
                     address=seg.page_address(blo + start), nbytes=length * PAGE_SIZE, alloc_id=seg.id)
@@ -408,7 +408,6 @@ class SimBackend:
                            p.fault_dtoh_bw, stream)
         self._migrate_runs(log, seg, blo, grown & ~migrate, EventKind.DTOH, MigrationCause.PREFETCH, source, HOST_ID,
                            p.fault_dtoh_bw, stream)
-        self._invalidate_runs(log, seg, blo, (collapse | (migrate & rm)) & (st > 1), source)
         self._fault_runs(log, seg, blo, fault, populate, EventKind.CPU_PAGE_FAULT, mode, HOST_ID, stream)
         log.advance(int(_grow_to_big_pages(fault).sum()) // _BIG * p.cpu_fault_latency)
         st[grown | collapse | populate] = 1
