@@ -41,6 +41,8 @@ class MemoryResource:
     """
 
     backend: Backend
+    #: The resource this one takes memory from (adaptors and suballocators), or None for a leaf.
+    upstream_mr: MemoryResource | None = None
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
@@ -51,12 +53,12 @@ class MemoryResource:
     @property
     def is_managed(self) -> bool:
         """Whether allocations are unified (managed) memory that can migrate and take advice."""
-        return False
+        return self.upstream_mr.is_managed if self.upstream_mr is not None else False
 
     @property
     def device_id(self) -> int:
         """The device this resource allocates for (-1 when it does not apply)."""
-        return self.backend.current_device()
+        return self.upstream_mr.device_id if self.upstream_mr is not None else self.backend.current_device()
 
     # -- RMM's interface --------------------------------------------------------------------------
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
@@ -135,6 +137,8 @@ class ResourceAdaptor(MemoryResource):
     Adaptors publish no ALLOC/FREE of their own (the upstream did); they add behaviour around it.
     """
 
+    upstream_mr: MemoryResource
+
     def __init__(self, upstream_mr: MemoryResource) -> None:
         if not isinstance(upstream_mr, MemoryResource):
             raise InvalidArgumentError(
@@ -146,14 +150,6 @@ class ResourceAdaptor(MemoryResource):
     def get_upstream(self) -> MemoryResource:
         """RMM's name for ``upstream_mr``."""
         return self.upstream_mr
-
-    @property
-    def is_managed(self) -> bool:
-        return self.upstream_mr.is_managed
-
-    @property
-    def device_id(self) -> int:
-        return self.upstream_mr.device_id
 
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
         size = parse_size(nbytes, name="nbytes")

@@ -90,6 +90,8 @@ class PoolMemoryResource(MemoryResource):
     >>> pool.deallocate(ptr, "100MiB")
     """
 
+    upstream_mr: MemoryResource
+
     def __init__(self, upstream_mr: MemoryResource, initial_pool_size: int | str | None = None,
                  maximum_pool_size: int | str | None = None) -> None:
         if not isinstance(upstream_mr, MemoryResource):
@@ -125,14 +127,6 @@ class PoolMemoryResource(MemoryResource):
                 self._add_block(*self._take_from_upstream(initial, initial, 0), 0)
 
     # -- what the pool is -----------------------------------------------------------------------
-    @property
-    def is_managed(self) -> bool:
-        return self.upstream_mr.is_managed
-
-    @property
-    def device_id(self) -> int:
-        return self.upstream_mr.device_id
-
     @property
     def maximum_pool_size(self) -> int | None:
         """The cap on :meth:`pool_size`, or None when only the upstream limits it."""

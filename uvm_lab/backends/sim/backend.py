@@ -205,10 +205,6 @@ class SimBackend:
                     self._migrate_runs(log, seg, lo, copy, EventKind.DTOH, MigrationCause.USER, source, HOST_ID,
                                        p.prefetch_dtoh_bw, stream)
                     log.advance(populate.sum() * PAGE_SIZE / p.host_populate_bw)
-                    st[populate] = d
-                    st[copy & ~dup] = d
-                    st[dup] |= d
-                    self._release_if_empty(seg, b)
                 else:
                     if (copy | populate).any() and not self._claim(seg, b, dst, log):
                         self._finish(log)
@@ -220,10 +216,11 @@ class SimBackend:
                     self._migrate_runs(log, seg, lo, copy, EventKind.HTOD, MigrationCause.USER, HOST_ID, dst,
                                        p.prefetch_htod_bw, stream)
                     log.advance(populate.sum() * PAGE_SIZE / p.gpu_populate_bw)
-                    st[populate] = d
-                    st[copy & ~dup] = d
-                    st[dup] |= d
                     seg.remote[lo:hi][copy & ~dup] = 0
+                st[populate | (copy & ~dup)] = d   # moved (or first touched) there
+                st[dup] |= d                       # ReadMostly: a copy beside the others
+                if location.is_host:
+                    self._release_if_empty(seg, b)
             self._finish(log)
 
     def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
