@@ -12,6 +12,7 @@ also subclasses the builtin it refines, so ``except ValueError`` keeps working::
     │   ├── BufferClosedError                  prefetch, advise or touch of freed memory
     │   ├── DoubleFreeError                    deallocate of a pointer already freed
     │   └── BackendError                       a backend cannot do what was asked
+    │       └── CudaError                      a CUDA call failed: its error name and explanation
     ├── OutOfMemoryError (MemoryError)         an allocation that does not fit
     └── ProtocolError (ValueError)             a malformed message from the front end
 
@@ -27,6 +28,7 @@ from typing import Any
 __all__ = [
     "BackendError",
     "BufferClosedError",
+    "CudaError",
     "DoubleFreeError",
     "InvalidAdviceError",
     "InvalidArgumentError",
@@ -89,6 +91,15 @@ class DoubleFreeError(InvalidStateError):
 
 class BackendError(InvalidStateError):
     """The backend cannot do what was asked (a missing capability, or a driver error)."""
+
+
+class CudaError(BackendError):
+    """A CUDA runtime call failed; ``name`` is CUDA's (``cudaErrorInvalidValue``), ``code`` its number."""
+
+    def __init__(self, message: str, *, name: str = "", code: int = 0) -> None:
+        super().__init__(message)
+        self.name = name
+        self.code = code
 
 
 class OutOfMemoryError(UvmLabError, MemoryError):

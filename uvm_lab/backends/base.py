@@ -15,20 +15,33 @@ from ..events.bus import EventBus
 from ..events.schema import Advice, MemoryKind
 from ..location import Location
 
-__all__ = ["AccessMode", "AccessResult", "Backend", "RangeAdvice"]
+__all__ = ["AccessMode", "AccessResult", "Backend", "Capabilities", "RangeAdvice"]
 
 AccessMode = Literal["read", "write", "atomic"]
 
 
 @dataclass(frozen=True)
 class AccessResult:
-    """What one access (a kernel, or a host loop, over a range) cost."""
+    """What one access (a kernel, or a host loop, over a range) cost.
 
-    seconds: float          #: wall time on the backend's clock (simulated time on the simulator)
-    faults: int             #: page faults taken
-    bytes_htod: int         #: bytes migrated host to device
-    bytes_dtoh: int         #: bytes migrated device to host
-    bytes_remote: int = 0   #: bytes read or written over the link without migrating
+    On a real GPU the counts are known only from CUPTI's records; without them they are None.
+    """
+
+    seconds: float               #: wall time on the backend's clock (simulated time on the simulator)
+    faults: int | None           #: page faults taken
+    bytes_htod: int | None       #: bytes migrated host to device
+    bytes_dtoh: int | None       #: bytes migrated device to host
+    bytes_remote: int | None = 0  #: bytes read or written over the link without migrating
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the device and driver support (``cudaDeviceGetAttribute``)."""
+
+    managed_memory: bool               #: cudaMallocManaged works
+    concurrent_managed_access: bool    #: CPU and GPU may touch managed memory at once; prefetch and advice work
+    pageable_memory_access: bool       #: the GPU reaches malloc'd memory (HMM or ATS)
+    memory_pools: bool                 #: cudaMallocAsync and memory pools
 
 
 @dataclass(frozen=True)
@@ -47,6 +60,7 @@ class Backend(Protocol):
 
     name: str
     bus: EventBus
+    capabilities: Capabilities
 
     def device_count(self) -> int: ...
 

@@ -28,7 +28,7 @@ from ...events.bus import EventBus, get_bus, new_alloc_id
 from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause, RemoteMapCause
 from ...location import HOST_ID, Location
 from ...units import BIG_PAGE_SIZE, BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
-from ..base import AccessMode, AccessResult, RangeAdvice
+from ..base import AccessMode, AccessResult, Capabilities, RangeAdvice
 from .model import NO_LOCATION, PAGES_PER_BLOCK, EventLog, Segment, bit, runs
 from .platform import Platform, get_platform
 
@@ -82,6 +82,9 @@ class SimBackend:
     """
 
     name = "sim"
+    #: An x86 machine with a post-Pascal GPU on Linux, without HMM: the H200 the profile is calibrated on.
+    capabilities = Capabilities(managed_memory=True, concurrent_managed_access=True, pageable_memory_access=False,
+                                memory_pools=True)
 
     def __init__(self, device_memory: int | str = "16GiB", platform: str | Platform = "x86-pcie5", *,
                  bus: EventBus | None = None) -> None:

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The GPU suite, on a machine with an NVIDIA GPU and cuda-python + CuPy installed.
+# Runs the GPU tests and the core unit tests that need no Jupyter packages.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
+python3 -c "import cuda.bindings, cupy, numpy; print('cuda-bindings', cuda.bindings.__version__, 'cupy', cupy.__version__)"
+python3 -m pytest tests/gpu -v -rs -p no:cacheprovider "$@"
+status=$?
+python3 -m pytest -q -p no:cacheprovider tests/unit/test_sim_backend.py tests/unit/test_buffer.py \
+    tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_pool.py tests/unit/test_residency_model.py \
+    tests/codebase/test_layering.py || status=1
+exit $status

@@ -1,0 +1,147 @@
+"""The CUDA backend on a real GPU: allocation, prefetch and advice read back from the driver, checked
+against /proc/self/pagemap for host residency. Managed allocations stay far below free memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import uvm_lab as ul
+from uvm_lab.errors import BackendError, CudaError, InvalidArgumentError, OutOfMemoryError
+from uvm_lab.tracing import host_resident
+
+pytestmark = pytest.mark.gpu
+MiB = 1 << 20
+
+
+def managed(size: int) -> ul.DeviceBuffer:
+    free, _ = ul.get_backend().mem_info()
+    assert size < free // 4, "GPU tests never come near the card's free memory"
+    return ul.DeviceBuffer(size=size, mr=ul.mr.ManagedMemoryResource())
+
+
+def test_auto_picks_the_gpu_and_reports_capabilities(cuda):
+    assert ul.use_backend("auto").name == "cuda"
+    caps = ul.get_backend().capabilities
+    assert caps.managed_memory and caps.concurrent_managed_access
+
+
+def test_allocations_of_each_kind_and_device_memory_accounting(cuda):
+    free0, _ = cuda.mem_info()
+    dev = ul.DeviceBuffer(size=256 * MiB, mr=ul.mr.CudaMemoryResource())
+    assert cuda.mem_info()[0] <= free0 - 256 * MiB
+    assert ul.residency(dev).summary()["gpu"] == 1.0
+    pinned = ul.DeviceBuffer(size=4 * MiB, mr=ul.mr.PinnedHostMemoryResource())
+    assert host_resident(pinned.ptr, pinned.size).all()
+    buf = managed(64 * MiB)
+    assert buf.is_managed and not dev.is_managed
+    dev.close()
+    assert cuda.mem_info()[0] >= free0 - 8 * MiB
+
+
+def test_prefetch_moves_pages_as_the_pagemap_shows(cuda):
+    buf = managed(64 * MiB)
+    ul.touch(buf, on="host", mode="write")
+    assert host_resident(buf.ptr, buf.size).all()
+    buf.prefetch("gpu")
+    cuda.synchronize()
+    assert not host_resident(buf.ptr, buf.size).any()
+    assert cuda.range_advice(buf.ptr, buf.size).last_prefetch_location == ul.Location(0)
+    buf.prefetch("host")
+    cuda.synchronize()
+    assert host_resident(buf.ptr, buf.size).all()
+    assert str(cuda.range_advice(buf.ptr, buf.size).last_prefetch_location) == "host"
+
+
+def test_prefetch_half_to_the_device(cuda):
+    buf = managed(32 * MiB)
+    ul.touch(buf, on="host", mode="write")
+    cuda.prefetch(buf.ptr, buf.size // 2, ul.Location(0))
+    cuda.synchronize()
+    present = host_resident(buf.ptr, buf.size)
+    half = len(present) // 2
+    assert not present[:half].any() and present[half:].all()
+
+
+def test_advice_is_read_back_from_the_driver(cuda):
+    buf = managed(16 * MiB)
+    assert (buf.read_mostly, buf.preferred_location, buf.accessed_by) == (False, None, ())
+    buf.read_mostly = True
+    buf.preferred_location = "host"
+    buf.accessed_by = ["gpu"]
+    assert (buf.read_mostly, buf.preferred_location, buf.accessed_by) == (True, "host", ("gpu:0",))
+    buf.preferred_location = "gpu"
+    assert buf.preferred_location == "gpu:0"
+    buf.read_mostly = False
+    buf.preferred_location = None
+    buf.accessed_by = ()
+    assert (buf.read_mostly, buf.preferred_location, buf.accessed_by) == (False, None, ())
+
+
+def test_gpu_touch_reads_and_writes_without_changing_data(cuda):
+    buf = managed(8 * MiB)
+    view = cuda.host_view(buf.ptr, buf.size)
+    view[:] = np.arange(buf.size, dtype=np.uint64).astype(np.uint8)
+    expected = view.copy()
+    for mode in ("read", "write", "atomic"):
+        result = ul.touch(buf, on="gpu", mode=mode)
+        assert result.seconds > 0 and result.faults is None     # counts come from CUPTI, not here
+    assert not host_resident(buf.ptr, buf.size).any()           # the kernel pulled every page over
+    ul.touch(buf, on="host", mode="read")
+    assert host_resident(buf.ptr, buf.size).all()
+    np.testing.assert_array_equal(cuda.host_view(buf.ptr, buf.size), expected)
+
+
+def test_read_mostly_keeps_the_host_copy_on_a_gpu_read(cuda):
+    buf = managed(16 * MiB)
+    ul.touch(buf, on="host", mode="write")
+    buf.read_mostly = True
+    ul.touch(buf, on="gpu", mode="read")
+    assert host_resident(buf.ptr, buf.size).all()               # duplicated, not moved
+    ul.touch(buf, on="gpu", mode="write")
+    assert not host_resident(buf.ptr, buf.size).any()           # a write collapses the copies
+
+
+def test_the_oversubscription_guard_refuses_before_allocating(cuda):
+    free, _ = cuda.mem_info()
+    with pytest.raises(OutOfMemoryError, match="allow_oversubscription") as info:
+        ul.mr.ManagedMemoryResource().allocate(free + (1 << 30))
+    assert info.value.free <= free and info.value.size == free + (1 << 30)
+
+
+def test_device_memory_out_of_memory_is_typed(cuda):
+    _, total = cuda.mem_info()
+    with pytest.raises(OutOfMemoryError) as info:
+        ul.mr.CudaMemoryResource().allocate(total * 4)              # refused at once; nothing is mapped
+    assert info.value.size == total * 4
+
+
+def test_errors_on_the_real_backend(cuda):
+    dev = ul.DeviceBuffer(size=MiB, mr=ul.mr.CudaMemoryResource())
+    with pytest.raises(BackendError, match="managed memory only"):
+        dev.read_mostly = True
+    with pytest.raises(BackendError, match="host cannot access device memory"):
+        ul.touch(dev, on="host")
+    with pytest.raises(InvalidArgumentError):
+        cuda.prefetch(12345, 10, ul.Location(0))
+    assert issubclass(CudaError, BackendError)
+
+
+def test_the_issue_walkthrough_on_the_gpu(cuda):
+    pool = ul.mr.PoolMemoryResource(ul.mr.ManagedMemoryResource(), initial_pool_size="1GiB")
+    ul.mr.set_current_device_resource(ul.mr.PrefetchResourceAdaptor(pool))
+    a = ul.DeviceBuffer(size="512MiB")
+    cuda.synchronize()
+    assert not host_resident(a.ptr, a.size).any()              # prefetched to the GPU on allocation
+    a.prefetch("host")
+    cuda.synchronize()
+    assert host_resident(a.ptr, a.size).all()
+    ul.touch(a, on="gpu", mode="read")
+    assert not host_resident(a.ptr, a.size).any()
+    a.read_mostly = True
+    a.preferred_location = "host"
+    assert (a.read_mostly, a.preferred_location) == (True, "host")
+    with ul.record() as trace:
+        ul.touch(a, on="host", mode="write")
+    assert host_resident(a.ptr, a.size).all()
+    assert len(trace) == 0 or set(trace.to_pandas().kind) <= {"htod", "dtoh", "cpu_page_fault", "gpu_page_fault"}

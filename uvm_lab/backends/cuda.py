@@ -1,0 +1,343 @@
+"""CudaBackend: a real NVIDIA GPU, through cuda-python's runtime bindings.
+
+This is the only module of uvm_lab that imports ``cuda.*``. Every runtime call goes through one
+gate, :func:`check`, which turns CUDA's ``(error, value)`` tuples into a value or a
+:class:`~uvm_lab.errors.CudaError` named after the CUDA error. CUDA 13's forms are used:
+``cudaMemPrefetchAsync(ptr, n, cudaMemLocation, flags, stream)`` and ``cudaMemAdvise(ptr, n, advice,
+cudaMemLocation)``.
+
+The backend publishes allocator, prefetch and advice events. Faults and migrations happen in the
+driver; they reach the event stream through CUPTI's unified-memory counters (``uvm_lab.tracing``),
+so without that source ``touch`` reports its time but no fault or byte counts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, CudaError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError
+from ..events.bus import EventBus, get_bus, new_alloc_id
+from ..events.schema import NO_PROCESSOR, Advice, EventKind, MemoryKind, record_of
+from ..location import HOST_ID, Location
+from ..units import PAGE_SIZE, format_bytes, parse_size
+from .base import AccessMode, AccessResult, Capabilities, RangeAdvice
+
+try:
+    from cuda.bindings import runtime as cudart
+except ImportError:  # the cuda extra is not installed
+    cudart = None
+
+__all__ = ["CudaBackend", "check"]
+
+_INVALID_DEVICE = -2   # cudaInvalidDeviceId
+
+
+def check(result: Any) -> Any:
+    """``(cudaError_t, *values)`` -> the value(s), or raise :class:`CudaError` naming the error."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    if err != cudart.cudaError_t.cudaSuccess:
+        code = int(err)
+        name = err.name if hasattr(err, "name") else str(code)
+        _, text = cudart.cudaGetErrorString(err)
+        message = text.decode() if isinstance(text, bytes) else str(text)
+        exc_type = OutOfMemoryError if err == cudart.cudaError_t.cudaErrorMemoryAllocation else CudaError
+        if exc_type is OutOfMemoryError:
+            raise OutOfMemoryError(f"{name}: {message}")
+        raise CudaError(f"{name}: {message}", name=name, code=code)
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _location(loc: Location) -> Any:
+    out = cudart.cudaMemLocation()
+    if loc.is_host:
+        out.type = cudart.cudaMemLocationType.cudaMemLocationTypeHost
+        out.id = 0
+    else:
+        out.type = cudart.cudaMemLocationType.cudaMemLocationTypeDevice
+        out.id = loc.id
+    return out
+
+
+_TOUCH_SOURCE = r"""
+extern "C" __global__ void uvm_lab_touch(unsigned long long address, unsigned long long n, int mode,
+                                         unsigned int* sink) {
+    // Every byte of [address, address + n): read it, write it back unchanged, or add 0 atomically.
+    unsigned char* p = (unsigned char*)address;
+    unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    unsigned int acc = 0;
+    if (mode == 0) {
+        for (; i < n; i += stride) acc += p[i];
+        if (acc == 0xFFFFFFFFu) atomicAdd(sink, 1u);   // keeps the reads from being optimised away
+    } else if (mode == 1) {
+        volatile unsigned char* v = p;
+        for (; i < n; i += stride) v[i] = v[i];
+    } else {
+        // 32-bit atomics on the aligned words inside the range
+        unsigned long long first = (address + 3) & ~3ull, last = (address + n) & ~3ull;
+        unsigned long long words = last > first ? (last - first) / 4 : 0;
+        unsigned int* w = (unsigned int*)first;
+        for (; i < words; i += stride) atomicAdd(w + i, 0u);
+    }
+}
+"""
+_MODES = {"read": 0, "write": 1, "atomic": 2}
+
+
+class CudaBackend:
+    """The current CUDA device, with unified memory.
+
+    Parameters
+    ----------
+    device
+        The device ordinal to use (made current, and its primary context created).
+    bus
+        Where events go; the process-wide bus by default.
+    """
+
+    name = "cuda"
+
+    @classmethod
+    def is_available(cls) -> bool:
+        """True where cuda-python is installed and at least one GPU answers."""
+        if cudart is None:
+            return False
+        try:
+            return int(check(cudart.cudaGetDeviceCount())) > 0
+        except Exception:
+            return False
+
+    def __init__(self, device: int = 0, *, bus: EventBus | None = None) -> None:
+        if cudart is None:
+            raise BackendError("cuda-python is not installed: pip install 'uvm_lab[cuda]'")
+        count = int(check(cudart.cudaGetDeviceCount()))
+        if isinstance(device, bool) or not isinstance(device, int) or not 0 <= device < count:
+            raise InvalidArgumentError(f"device must be 0..{count - 1}, got {device!r}", value=device,
+                                       expected=f"0..{count - 1}")
+        check(cudart.cudaSetDevice(device))
+        check(cudart.cudaFree(0))   # create the primary context now (CUPTI needs it before it is enabled)
+        self.bus = bus if bus is not None else get_bus()
+        self._device = device
+        self._count = count
+        self._segments: dict[int, tuple[int, MemoryKind, int]] = {}   # ptr -> (size, kind, segment id)
+        self._lock = threading.RLock()
+        self._kernel: Any = None
+        attr = cudart.cudaDeviceAttr
+
+        def flag(a: Any) -> bool:
+            return bool(check(cudart.cudaDeviceGetAttribute(a, device)))
+
+        self.capabilities = Capabilities(
+            managed_memory=flag(attr.cudaDevAttrManagedMemory),
+            concurrent_managed_access=flag(attr.cudaDevAttrConcurrentManagedAccess),
+            pageable_memory_access=flag(attr.cudaDevAttrPageableMemoryAccess),
+            memory_pools=flag(attr.cudaDevAttrMemoryPoolsSupported),
+        )
+        props = check(cudart.cudaGetDeviceProperties(device))
+        self.device_name = props.name.decode(errors="replace").rstrip("\x00") if isinstance(props.name, bytes) \
+            else str(props.name)
+
+    def __repr__(self) -> str:
+        return f"CudaBackend(device={self._device}, name={self.device_name!r})"
+
+    # -- identity and clock ---------------------------------------------------------------------------
+    def device_count(self) -> int:
+        return self._count
+
+    def current_device(self) -> int:
+        return self._device
+
+    def now_ns(self) -> int:
+        return time.perf_counter_ns()
+
+    def synchronize(self) -> None:
+        check(cudart.cudaDeviceSynchronize())
+
+    def mem_info(self, device: int = 0) -> tuple[int, int]:
+        if device != self._device:
+            raise InvalidArgumentError(f"this backend drives device {self._device}; got device {device!r}",
+                                       value=device, expected=str(self._device))
+        free, total = check(cudart.cudaMemGetInfo())
+        return int(free), int(total)
+
+    # -- mapping -----------------------------------------------------------------------------------------
+    def allocate(self, size: int, kind: MemoryKind, *, device: int = 0, stream: int = 0) -> int:
+        size = parse_size(size, allow_zero=False)
+        kind = MemoryKind(kind)
+        with self._lock:
+            try:
+                if kind is MemoryKind.MANAGED:
+                    self._require("managed_memory", "cudaMallocManaged")
+                    ptr = int(check(cudart.cudaMallocManaged(size, cudart.cudaMemAttachGlobal)))
+                elif kind is MemoryKind.DEVICE:
+                    ptr = int(check(cudart.cudaMalloc(size)))
+                else:
+                    ptr = int(check(cudart.cudaMallocHost(size)))
+            except OutOfMemoryError as exc:
+                free, total = self.mem_info(self._device)
+                raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} of {kind.name.lower()} memory: "
+                                       f"{exc}; {format_bytes(free)} of {format_bytes(total)} free",
+                                       size=size, free=free, limit=total) from None
+            seg_id = new_alloc_id()
+            self._segments[ptr] = (size, kind, seg_id)
+        now = self.now_ns()
+        self.bus.publish(record_of(EventKind.SEGMENT_ALLOC, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
+                                   dst=HOST_ID if kind is MemoryKind.PINNED_HOST else self._device, start=now,
+                                   end=now, stream=stream))
+        return ptr
+
+    def free(self, ptr: int, *, stream: int = 0) -> None:
+        with self._lock:
+            held = self._segments.get(ptr)
+            if held is None:
+                raise DoubleFreeError(f"{ptr!r} is not a live allocation of this backend (already freed?)",
+                                      ptr=ptr if isinstance(ptr, int) else 0)
+            size, kind, seg_id = held
+            check(cudart.cudaFreeHost(ptr) if kind is MemoryKind.PINNED_HOST else cudart.cudaFree(ptr))
+            del self._segments[ptr]
+        now = self.now_ns()
+        self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
+                                   start=now, end=now, stream=stream))
+
+    def segment_kind(self, ptr: int) -> MemoryKind | None:
+        seg = self._segment_at(ptr)
+        return seg[2] if seg is not None else None
+
+    # -- prefetch and advice -------------------------------------------------------------------------------
+    def prefetch(self, ptr: int, size: int, location: Location, *, stream: int = 0) -> None:
+        _, _, kind, seg_id = self._find(ptr, size)
+        self._check_location(location)
+        if kind is not MemoryKind.MANAGED:
+            return   # RMM's behaviour: memory that cannot migrate is left alone
+        self._require("concurrent_managed_access", "cudaMemPrefetchAsync")
+        start = self.now_ns()
+        check(cudart.cudaMemPrefetchAsync(ptr, size, _location(location), 0, stream))
+        self.bus.publish(record_of(EventKind.PREFETCH, dst=location.id, address=ptr, nbytes=size, alloc_id=seg_id,
+                                   start=start, end=self.now_ns(), stream=stream))
+
+    def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
+        advice = Advice(advice)
+        _, _, kind, seg_id = self._find(ptr, size)
+        if kind is not MemoryKind.MANAGED:
+            raise BackendError(f"memory advice applies to managed memory only; the range at {ptr:#x} is "
+                               f"{kind.name.lower()} memory")
+        self._require("concurrent_managed_access", "cudaMemAdvise")
+        needs = advice in (Advice.SET_PREFERRED_LOCATION, Advice.SET_ACCESSED_BY, Advice.UNSET_ACCESSED_BY)
+        if needs and location is None:
+            raise InvalidArgumentError(f"{advice.name} needs a location", value=None, expected='"host" or a device')
+        if location is not None:
+            self._check_location(location)
+        target = location if location is not None else Location.device(self._device)
+        check(cudart.cudaMemAdvise(ptr, size, cudart.cudaMemoryAdvise(int(advice)), _location(target)))
+        now = self.now_ns()
+        self.bus.publish(record_of(EventKind.ADVICE, flags=advice, dst=location.id if needs and location else
+                                   NO_PROCESSOR, address=ptr, nbytes=size, alloc_id=seg_id, start=now, end=now))
+
+    def range_advice(self, ptr: int, size: int) -> RangeAdvice:
+        _, _, kind, _ = self._find(ptr, size)
+        if kind is not MemoryKind.MANAGED:
+            return RangeAdvice(False, None, (), None)
+        attr = cudart.cudaMemRangeAttribute
+
+        def one(a: Any) -> int:
+            return int(check(cudart.cudaMemRangeGetAttribute(4, a, ptr, size)))
+
+        def loc(value: int) -> Location | None:
+            return None if value == _INVALID_DEVICE else Location(value)
+
+        slots = self._count + 1
+        raw = check(cudart.cudaMemRangeGetAttribute(4 * slots, attr.cudaMemRangeAttributeAccessedBy, ptr, size))
+        ids = list(raw) if isinstance(raw, (list, tuple)) else np.frombuffer(bytes(raw), dtype=np.int32).tolist()
+        accessed = tuple(sorted(Location(int(i)) for i in ids if int(i) != _INVALID_DEVICE))
+        return RangeAdvice(read_mostly=bool(one(attr.cudaMemRangeAttributeReadMostly)),
+                           preferred_location=loc(one(attr.cudaMemRangeAttributePreferredLocation)),
+                           accessed_by=accessed,
+                           last_prefetch_location=loc(one(attr.cudaMemRangeAttributeLastPrefetchLocation)))
+
+    # -- access ------------------------------------------------------------------------------------------------
+    def access(self, ptr: int, size: int, processor: Location, mode: AccessMode, *, stream: int = 0) -> AccessResult:
+        if mode not in _MODES:
+            raise InvalidArgumentError(f"mode must be one of {sorted(_MODES)}, got {mode!r}", value=mode,
+                                       expected=", ".join(_MODES))
+        _, _, kind, _ = self._find(ptr, size)
+        self._check_location(processor)
+        if processor.is_host:
+            if kind is MemoryKind.DEVICE:
+                raise BackendError("the host cannot access device memory (cudaMalloc); use managed or pinned host "
+                                   "memory, or copy it")
+            self.synchronize()   # without concurrent access the host may touch managed memory only when idle
+            start = time.perf_counter()
+            self._host_touch(ptr, size, mode)
+            return AccessResult(time.perf_counter() - start, None, None, None, None)
+        start = time.perf_counter()
+        self._gpu_touch(ptr, size, mode, stream)
+        return AccessResult(time.perf_counter() - start, None, None, None, None)
+
+    def host_view(self, ptr: int, size: int) -> np.ndarray:
+        """A NumPy ``uint8`` view of host-accessible memory (managed or pinned), no copy."""
+        _, _, kind, _ = self._find(ptr, size)
+        if kind is MemoryKind.DEVICE:
+            raise BackendError("device memory (cudaMalloc) has no host view; copy it to the host instead")
+        return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
+
+    def _host_touch(self, ptr: int, size: int, mode: AccessMode) -> None:
+        # One access per 4 KiB page, as a host loop over the buffer: enough to fault every page in.
+        view = self.host_view(ptr, size)
+        first = (-ptr) % PAGE_SIZE
+        offsets = np.arange(first, size, PAGE_SIZE)
+        if first:
+            offsets = np.concatenate(([0], offsets))
+        if mode == "read":
+            int(view[offsets].sum(dtype=np.uint64))
+        else:
+            view[offsets] = view[offsets]   # write each page back unchanged
+
+    def _gpu_touch(self, ptr: int, size: int, mode: AccessMode, stream: int) -> None:
+        import cupy  # the kernel is compiled by CuPy (part of the cuda extra)
+
+        if self._kernel is None:
+            self._kernel = cupy.RawKernel(_TOUCH_SOURCE, "uvm_lab_touch")
+        sink = cupy.zeros(1, dtype=cupy.uint32)
+        threads = 256
+        blocks = int(min(max(1, -(-size // threads)), 132 * 32))
+        with cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null:
+            self._kernel((blocks,), (threads,), (np.uint64(ptr), np.uint64(size), np.int32(_MODES[mode]), sink))
+        check(cudart.cudaStreamSynchronize(stream))
+
+    # -- lookups and checks ------------------------------------------------------------------------------
+    def _segment_at(self, ptr: int) -> tuple[int, int, MemoryKind, int] | None:
+        if isinstance(ptr, bool) or not isinstance(ptr, (int, np.integer)):
+            return None
+        with self._lock:
+            for base, (size, kind, seg_id) in self._segments.items():
+                if base <= ptr < base + size:
+                    return base, size, kind, seg_id
+        return None
+
+    def _find(self, ptr: int, size: int) -> tuple[int, int, MemoryKind, int]:
+        seg = self._segment_at(ptr)
+        if seg is None or size < 0 or ptr + size > seg[0] + seg[1]:
+            raise InvalidArgumentError(
+                f"the range {ptr!r} + {size!r} bytes is not inside a live allocation of this backend",
+                value=ptr, expected="an address range returned by allocate and not yet freed")
+        return seg
+
+    def _check_location(self, location: Location) -> None:
+        if not isinstance(location, Location):
+            raise InvalidArgumentError(f"expected a Location, got {location!r}", value=location,
+                                       expected="uvm_lab.Location")
+        if not location.is_host and location.id != self._device:
+            raise InvalidArgumentError(f"this backend drives device {self._device}; got {location}", value=location,
+                                       expected=f'"host" or "gpu:{self._device}"')
+
+    def _require(self, capability: str, call: str) -> None:
+        if not getattr(self.capabilities, capability):
+            raise BackendError(f"{call} needs {capability.replace('_', ' ')}, which device {self._device} "
+                               f"({self.device_name}) does not have")
