@@ -32,7 +32,7 @@ MAX_EXPONENT = 40
 
 
 def _exponent(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral) or not -1 <= value <= MAX_EXPONENT:
+    if isinstance(value, bool) or not isinstance(value, Integral) or not -1 <= int(value) <= MAX_EXPONENT:
         raise InvalidArgumentError(
             f"{name} must be -1 (no bins) or an int from 0 to {MAX_EXPONENT}, got {value!r}",
             value=value, expected=f"-1 or an int in 0..{MAX_EXPONENT}")

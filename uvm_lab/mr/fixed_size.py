@@ -118,7 +118,7 @@ class FixedSizeMemoryResource(MemoryResource):
     def __init__(self, upstream_mr: MemoryResource, block_size: int | str = "1MiB",
                  blocks_to_preallocate: int = 128) -> None:
         check_upstream(upstream_mr)
-        block = _align_up(parse_size(block_size, name="block_size", allow_zero=False))
+        block: int = _align_up(parse_size(block_size, name="block_size", allow_zero=False))
         if (isinstance(blocks_to_preallocate, bool) or not isinstance(blocks_to_preallocate, Integral)
                 or blocks_to_preallocate < 1):
             raise InvalidArgumentError(
@@ -126,8 +126,8 @@ class FixedSizeMemoryResource(MemoryResource):
                 value=blocks_to_preallocate, expected="an int >= 1")
         super().__init__(upstream_mr.backend)
         self.upstream_mr = upstream_mr
-        self._block_size = block
-        self._blocks_per_chunk = int(blocks_to_preallocate)
+        self._block_size: int = block
+        self._blocks_per_chunk: int = int(blocks_to_preallocate)
         self._chunks: dict[int, int] = {}     # upstream chunk address -> size
         self._free: list[int] = []            # free block addresses (a stack: the last freed is reused first)
         with self._lock:

@@ -1,0 +1,210 @@
+"""Stream-ordered device memory from the driver's pool: RMM's ``CudaAsyncMemoryResource``.
+
+On a GPU this is ``cudaMallocAsync`` / ``cudaFreeAsync`` on a memory pool that the resource owns.
+On the simulator the resource models that pool:
+
+* Memory is device memory (``MemoryKind.DEVICE``): it never migrates and is never evicted.
+* The pool reserves device memory from the backend in chunks of whole 2 MiB blocks (each chunk a
+  backend segment, with its SEGMENT_ALLOC event) and cuts allocations best-fit out of them;
+  freed ranges coalesce within their chunk.
+* ``release_threshold`` is the driver's ``cudaMemPoolAttrReleaseThreshold``: the pool keeps up to
+  that many reserved bytes when they are unused, and gives wholly free chunks back beyond it.
+  The driver trims at synchronization points; the simulator is synchronous, so it trims right
+  after each free. ``None`` (RMM's default) keeps everything.
+* ``initial_pool_size`` reserves a first chunk at construction (RMM allocates and frees that much).
+* As the driver does, a request the device cannot satisfy first gives the pool's wholly free
+  chunks back and tries once more; if it still fails it raises
+  :class:`~uvm_lab.errors.OutOfMemoryError`, with every allocation as it was (only unused
+  reserved memory may have gone back).
+
+On another backend the resource needs the backend's stream-ordered entry points,
+``allocate_async(size, *, device, stream) -> ptr`` and ``free_async(ptr, *, stream)``, and
+raises :class:`~uvm_lab.errors.BackendError` where they are missing.
+"""
+
+from __future__ import annotations
+
+from ..backends import get_backend
+from ..errors import BackendError, InvalidArgumentError, OutOfMemoryError
+from ..events.schema import MemoryKind
+from ..units import BLOCK_SIZE, format_bytes, parse_size
+from .arena import FreeRanges
+from .base import MemoryResource
+from .fixed_size import _align_up
+
+__all__ = ["CudaAsyncMemoryResource"]
+
+
+def _flag(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidArgumentError(f"{name} must be a bool, got {value!r}", value=value, expected="True or False")
+    return value
+
+
+class CudaAsyncMemoryResource(MemoryResource):
+    """Device memory from a stream-ordered pool (``cudaMallocAsync``).
+
+    Parameters
+    ----------
+    initial_pool_size
+        Bytes to reserve now, an int or a string such as ``"1GiB"``; ``None`` (the default) reserves
+        nothing until the first allocation.
+    release_threshold
+        Unused reserved bytes the pool keeps rather than gives back; ``None`` (the default) keeps all.
+    enable_ipc
+        Make the pool's memory shareable with other processes (POSIX file descriptors). Not on the
+        simulator.
+    enable_fabric
+        Make the pool's memory shareable across nodes (fabric handles). Not on the simulator.
+
+    Raises
+    ------
+    InvalidSizeError
+        A size that is not a non-negative number of bytes.
+    InvalidArgumentError
+        A flag that is not a bool, or ``initial_pool_size > release_threshold``.
+    BackendError
+        The backend has no stream-ordered allocation, or cannot share memory as asked.
+    OutOfMemoryError
+        The device cannot hold ``initial_pool_size``.
+
+    Examples
+    --------
+    >>> mr = ul.mr.CudaAsyncMemoryResource(initial_pool_size="256MiB", release_threshold="1GiB")
+    >>> ptr = mr.allocate("10MiB", stream=0)
+    >>> mr.deallocate(ptr, "10MiB", stream=0)
+    """
+
+    def __init__(self, initial_pool_size: int | str | None = None, release_threshold: int | str | None = None,
+                 enable_ipc: bool = False, enable_fabric: bool = False) -> None:
+        initial = 0 if initial_pool_size is None else parse_size(initial_pool_size, name="initial_pool_size")
+        threshold = None if release_threshold is None else parse_size(release_threshold, name="release_threshold")
+        ipc = _flag(enable_ipc, "enable_ipc")
+        fabric = _flag(enable_fabric, "enable_fabric")
+        if threshold is not None and initial > threshold:
+            raise InvalidArgumentError(
+                f"initial_pool_size ({format_bytes(initial)}) is larger than release_threshold "
+                f"({format_bytes(threshold)}): the pool would give the difference back at once; raise the "
+                f"threshold or lower the initial size", value=initial_pool_size,
+                expected=f"at most release_threshold = {threshold}")
+        backend = get_backend()
+        self._simulated = backend.name == "sim"
+        if not self._simulated and not hasattr(backend, "allocate_async"):
+            raise BackendError(
+                f"CudaAsyncMemoryResource is not available on the {backend.name!r} backend yet: it has no "
+                f"stream-ordered allocation (allocate_async); use CudaMemoryResource or PoolMemoryResource")
+        if self._simulated and (ipc or fabric):
+            what = "enable_ipc" if ipc else "enable_fabric"
+            raise BackendError(f"{what}=True needs shareable memory handles, which the simulated backend does not "
+                               f"have; leave it False on the simulator")
+        super().__init__(backend)
+        self._initial = initial
+        self._threshold = threshold
+        self.enable_ipc = ipc
+        self.enable_fabric = fabric
+        self._ranges = FreeRanges()              # the simulated pool's chunks and free ranges
+        if initial:
+            with self._lock:
+                if self._simulated:
+                    self._reserve(_align_up(initial), 0)
+                else:      # as RMM primes the driver's pool: allocate the initial size and free it
+                    ptr = self._allocate(initial, 0)
+                    self._deallocate(ptr, initial, 0)
+
+    # -- what the pool is -----------------------------------------------------------------------
+    @property
+    def release_threshold(self) -> int | None:
+        """Unused reserved bytes the pool keeps (None: all of them)."""
+        return self._threshold
+
+    def pool_size(self) -> int:
+        """Bytes the simulated pool has reserved from the device (in use and free)."""
+        return sum(self._ranges.blocks.values())
+
+    def upstream_blocks(self) -> list[tuple[int, int]]:
+        """``(address, size)`` of every chunk the simulated pool has reserved, by address."""
+        with self._lock:
+            return sorted(self._ranges.blocks.items())
+
+    def trim_to(self, nbytes: int | str) -> None:
+        """``cudaMemPoolTrimTo``: give wholly free chunks back until at most ``nbytes`` are reserved."""
+        keep = parse_size(nbytes, name="nbytes")
+        with self._lock:
+            self._trim(keep)
+
+    def pool_handle(self) -> int:
+        """The driver's ``cudaMemPool_t``, for ``CudaAsyncViewMemoryResource`` or IPC.
+
+        Raises
+        ------
+        BackendError
+            On the simulator, which has no driver pool (nor, yet, a backend that exposes one).
+        """
+        handle = getattr(self.backend, "async_pool_handle", None)
+        if self._simulated or handle is None:
+            raise BackendError(f"the {self.backend.name!r} backend has no driver memory pool to hand out; "
+                               f"pool_handle() needs the CUDA backend")
+        return int(handle(self.device_id))
+
+    # -- allocation -----------------------------------------------------------------------------
+    def _allocate(self, size: int, stream: int) -> int:
+        if not self._simulated:
+            return int(self.backend.allocate_async(size, device=self.device_id, stream=stream))  # type: ignore[attr-defined]
+        need = _align_up(size)
+        ptr = self._ranges.take(need)
+        if ptr is None:
+            self._reserve(need, stream)
+            ptr = self._ranges.take(need)
+            assert ptr is not None
+        return ptr
+
+    def _deallocate(self, ptr: int, size: int, stream: int) -> None:
+        if not self._simulated:
+            self.backend.free_async(ptr, stream=stream)  # type: ignore[attr-defined]
+            return
+        self._ranges.give(ptr, _align_up(size))
+        if self._threshold is not None:
+            self._trim(self._threshold)
+
+    def _reserve(self, need: int, stream: int) -> None:
+        chunk = -(-need // BLOCK_SIZE) * BLOCK_SIZE
+        try:
+            ptr = self.backend.allocate(chunk, MemoryKind.DEVICE, device=self.device_id, stream=stream)
+        except OutOfMemoryError as err:
+            if not any(self._ranges.is_free(p) for p in self._ranges.blocks):
+                raise self._out_of_memory(need, err.free, err.limit, f"the device cannot reserve it ({err})") from err
+            self._trim(0)
+            try:
+                ptr = self.backend.allocate(chunk, MemoryKind.DEVICE, device=self.device_id, stream=stream)
+            except OutOfMemoryError as again:
+                raise self._out_of_memory(need, again.free, again.limit,
+                                          f"the device cannot reserve it, even with the pool's unused memory "
+                                          f"given back ({again})") from again
+        self._ranges.add_block(ptr, chunk)
+
+    def _trim(self, keep: int) -> None:
+        reserved = self.pool_size()
+        for ptr, size in sorted(self._ranges.blocks.items(), key=lambda b: (-b[1], b[0])):
+            if reserved <= keep:
+                break
+            if self._ranges.is_free(ptr):
+                self._ranges.remove_block(ptr)
+                self.backend.free(ptr)
+                reserved -= size
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def __del__(self) -> None:
+        ranges = getattr(self, "_ranges", None)
+        if ranges is None or not ranges.blocks:
+            return
+        try:
+            for ptr in list(ranges.blocks):
+                self.backend.free(ptr)
+                del ranges.blocks[ptr]
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        threshold = None if self._threshold is None else format_bytes(self._threshold)
+        return (f"{type(self).__name__}(pool_size={format_bytes(self.pool_size())!r}, "
+                f"release_threshold={threshold!r})")
