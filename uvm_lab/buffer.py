@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from numbers import Integral
 from typing import Any
 
+import numpy as np
+
 from .backends.base import RangeAdvice
 from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError
 from .events.schema import Advice, MemoryKind
@@ -130,6 +132,57 @@ class DeviceBuffer:
         state = "closed" if self.closed else f"ptr={self._ptr:#x}"
         return f"<DeviceBuffer {self.label!r} id={self.id} size={format_bytes(self._size)} {state}>"
 
+    # -- data ---------------------------------------------------------------------------------------------
+    def copy_from_host(self, data: Any, *, offset: int | str = 0) -> None:
+        """Copy ``data`` (bytes, a buffer, or a contiguous NumPy array of any dtype) into the buffer at ``offset``."""
+        self._check_open("copy into")
+        src = _as_bytes(data, "data", writable=False)
+        start = parse_size(offset, name="offset")
+        if start + src.size > self._size:
+            raise InvalidArgumentError(f"{src.size} bytes at offset {start} do not fit in {self.label!r} "
+                                       f"({self._size} bytes)", value=data,
+                                       expected=f"at most {self._size - start} bytes")
+        self._mr.backend.write(self._ptr + start, src, stream=validate_stream(self._stream))
+
+    def copy_to_host(self, ary: np.ndarray | None = None) -> np.ndarray:
+        """The buffer's bytes in host memory: a new ``uint8`` array, or ``ary`` (``nbytes`` equal to the buffer's)."""
+        self._check_open("copy from")
+        if ary is None:
+            out = np.empty(self._size, dtype=np.uint8)
+        else:
+            out = _as_bytes(ary, "ary", writable=True)
+            if out.size != self._size:
+                raise InvalidArgumentError(f"ary holds {out.size} bytes but {self.label!r} has {self._size}",
+                                           value=ary, expected=f"an array of {self._size} bytes")
+        self._mr.backend.read(self._ptr, out, stream=validate_stream(self._stream))
+        return out if ary is None else ary
+
+    def host_view(self, dtype: Any = np.uint8) -> np.ndarray:
+        """A NumPy view of the buffer, without a copy: managed or pinned memory only.
+
+        On a GPU, touching the view from the host faults the pages in, as any host access does. On the
+        simulator the view holds the simulated bytes, but touching it is not a modelled access: use
+        :func:`uvm_lab.touch` for that.
+        """
+        self._check_open("view")
+        dt = np.dtype(dtype)
+        if self._size % dt.itemsize:
+            raise InvalidArgumentError(f"{self._size} bytes is not a whole number of {dt} items", value=dtype,
+                                       expected=f"a dtype whose itemsize divides {self._size}")
+        if not self._size:
+            return np.zeros(0, dtype=dt)
+        return self._mr.backend.host_view(self._ptr, self._size).view(dt)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        """The buffer as a 1-D ``uint8`` device array (CUDA Array Interface v3), for CuPy, Numba, PyTorch."""
+        if self._mr.backend.is_simulated:
+            # AttributeError, so that hasattr() says no: a simulated address names no real memory.
+            raise AttributeError("a buffer on the simulated device has no real device memory to share")
+        self._check_open("share")
+        return {"shape": (self._size,), "typestr": "|u1", "data": (self._ptr, False), "version": 3,
+                "strides": None, "stream": None}
+
     # -- prefetch and advice ---------------------------------------------------------------------------
     def prefetch(self, location: int | str | Location = "gpu", stream: int | None = None) -> None:
         """Migrate the buffer's pages to ``location`` (``"gpu"``, ``"gpu:N"``, ``"host"`` or an ordinal).
@@ -230,6 +283,20 @@ class DeviceBuffer:
         if not self._size:
             return RangeAdvice(False, None, (), None)
         return self._mr.backend.range_advice(self._ptr, self._size)
+
+
+def _as_bytes(data: Any, name: str, *, writable: bool) -> np.ndarray:
+    """Contiguous host data as a flat ``uint8`` array (a view where possible)."""
+    try:
+        arr = np.asarray(data) if isinstance(data, np.ndarray) else np.frombuffer(memoryview(data), dtype=np.uint8)
+    except TypeError:
+        raise InvalidArgumentError(f"{name} must be bytes, a buffer or a NumPy array, got {type(data).__name__}",
+                                   value=data, expected="bytes, a buffer or a NumPy array") from None
+    if not arr.flags.c_contiguous:
+        raise InvalidArgumentError(f"{name} must be C-contiguous", value=data, expected="a C-contiguous array")
+    if writable and not arr.flags.writeable:
+        raise InvalidArgumentError(f"{name} is read-only", value=data, expected="a writable array")
+    return arr.reshape(-1).view(np.uint8)
 
 
 def live_buffers() -> list[DeviceBuffer]:

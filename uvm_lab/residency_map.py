@@ -105,7 +105,8 @@ class ResidencyTracker:
         self._segments: dict[int, _Segment] = {}
         self._starts: list[int] = []
         self._lock = threading.Lock()
-        self.subscription = (bus or get_bus()).subscribe(self.apply, kinds=_REPLAYED)
+        self.bus = bus or get_bus()
+        self.subscription = self.bus.subscribe(self.apply, kinds=_REPLAYED)
 
     def close(self) -> None:
         self.subscription.close()
@@ -171,6 +172,7 @@ class ResidencyTracker:
 
     def map(self, address: int, size: int) -> ResidencyMap:
         """The page states of ``[address, address + size)``, which must lie in one live segment."""
+        self.bus.flush()
         with self._lock:
             seg = self._segment_at(address)
             if seg is None or address + size > seg.address + seg.size:

@@ -9,6 +9,6 @@ python3 -c "import cuda.bindings, cupy, numpy; print('cuda-bindings', cuda.bindi
 python3 -m pytest tests/gpu -v -rs -p no:cacheprovider "$@"
 status=$?
 python3 -m pytest -q -p no:cacheprovider tests/unit/test_sim_backend.py tests/unit/test_buffer.py \
-    tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_pool.py tests/unit/test_residency_model.py \
+    tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_buffer_data.py tests/unit/test_pool.py tests/unit/test_residency_model.py \
     tests/codebase/test_layering.py || status=1
 exit $status

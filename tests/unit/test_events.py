@@ -115,3 +115,53 @@ def test_save_and_load_is_exact(tmp_path):
     np.save(tmp_path / "other.npy", np.zeros(3))
     with pytest.raises(ValueError, match="uvm_lab events"):
         ul.Trace.load(tmp_path / "other.npy")
+
+
+def row(address: int, kind: EventKind = EventKind.ALLOC) -> tuple[int, ...]:
+    return (kind, 0, 0, 0, 0, 0, address, 0, 0, 0, 0)
+
+
+def test_queued_records_arrive_in_order_before_a_later_publish():
+    bus = EventBus(flush_interval=60)
+    seen = []
+    bus.subscribe(lambda r: seen.extend(r["address"].tolist()))
+    bus.emit(row(1))
+    bus.emit(row(2))
+    assert seen == []                                   # queued, not yet delivered
+    bus.publish(make_events(1, address=3))
+    assert seen == [1, 2, 3]
+
+
+def test_a_subscriber_sees_only_what_comes_after_it_and_all_of_it_when_it_leaves():
+    bus = EventBus(flush_interval=60)
+    bus.emit(row(1))
+    seen = []
+    sub = bus.subscribe(lambda r: seen.extend(r["address"].tolist()))
+    bus.emit(row(2))
+    sub.close()
+    bus.emit(row(3))
+    bus.flush()
+    assert seen == [2]
+    assert bus.history()["address"].tolist() == [1, 2, 3]
+
+
+def test_queued_records_are_delivered_by_the_flusher_without_any_reader():
+    import time
+
+    bus = EventBus(flush_interval=0.01)
+    seen = []
+    bus.subscribe(seen.append)
+    bus.emit(row(7))
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert seen and seen[0]["address"].tolist() == [7]
+
+
+def test_a_full_queue_is_delivered_at_once():
+    bus = EventBus(batch=4, flush_interval=60)
+    seen = []
+    bus.subscribe(seen.append)
+    for i in range(4):
+        bus.emit(row(i))
+    assert len(seen) == 1 and seen[0]["address"].tolist() == [0, 1, 2, 3]

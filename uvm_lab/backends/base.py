@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
+import numpy as np
+
 from ..events.bus import EventBus
 from ..events.schema import Advice, MemoryKind
 from ..location import Location
@@ -61,6 +63,8 @@ class Backend(Protocol):
     name: str
     bus: EventBus
     capabilities: Capabilities
+    #: True for the simulator: its addresses name no real memory, so no other library may use them.
+    is_simulated: bool
 
     def device_count(self) -> int: ...
 
@@ -100,6 +104,18 @@ class Backend(Protocol):
 
     def access(self, ptr: int, size: int, processor: Location, mode: AccessMode, *, stream: int = 0) -> AccessResult:
         """Run an access by ``processor`` to every page of the range (a kernel on a GPU; a loop on the host)."""
+        ...
+
+    def host_view(self, ptr: int, size: int) -> np.ndarray:
+        """A ``uint8`` NumPy view of managed or pinned memory, without a copy."""
+        ...
+
+    def write(self, ptr: int, data: np.ndarray, *, stream: int = 0) -> None:
+        """Copy ``data`` (contiguous ``uint8``) from the host into ``[ptr, ptr + data.size)``."""
+        ...
+
+    def read(self, ptr: int, out: np.ndarray, *, stream: int = 0) -> None:
+        """Copy ``[ptr, ptr + out.size)`` into the host array ``out`` (contiguous ``uint8``)."""
         ...
 
     def synchronize(self) -> None: ...

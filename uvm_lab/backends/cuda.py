@@ -103,6 +103,7 @@ class CudaBackend:
     """
 
     name = "cuda"
+    is_simulated = False
 
     @classmethod
     def is_available(cls) -> bool:
@@ -286,6 +287,20 @@ class CudaBackend:
         if kind is MemoryKind.DEVICE:
             raise BackendError("device memory (cudaMalloc) has no host view; copy it to the host instead")
         return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
+
+    def write(self, ptr: int, data: np.ndarray, *, stream: int = 0) -> None:
+        self._find(ptr, data.size)
+        if data.size:
+            check(cudart.cudaMemcpyAsync(ptr, data.ctypes.data, data.size, cudart.cudaMemcpyKind.cudaMemcpyDefault,
+                                         stream))
+            check(cudart.cudaStreamSynchronize(stream))
+
+    def read(self, ptr: int, out: np.ndarray, *, stream: int = 0) -> None:
+        self._find(ptr, out.size)
+        if out.size:
+            check(cudart.cudaMemcpyAsync(out.ctypes.data, ptr, out.size, cudart.cudaMemcpyKind.cudaMemcpyDefault,
+                                         stream))
+            check(cudart.cudaStreamSynchronize(stream))
 
     def _host_touch(self, ptr: int, size: int, mode: AccessMode) -> None:
         # One access per 4 KiB page, as a host loop over the buffer: enough to fault every page in.

@@ -1,10 +1,15 @@
-"""The event bus: every producer publishes record arrays here; every consumer subscribes.
+"""The event bus: every producer publishes records here; every consumer subscribes.
 
 Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emits a thousand
-migrations pays one call, not a thousand. The bus keeps the most recent records in a ring, so a
-view that attaches late (the lab panel's timeline) can start with history; ``dropped`` counts
-records the ring overwrote. A subscriber that raises is detached and logged, never allowed to
-break the producer (a page fault must not fail because a plot did).
+migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
+FREE) are queued as plain tuples by :meth:`EventBus.emit`, which costs about as much as a list
+append, and turned into one array per batch. Queued records are delivered, in order, before any
+array is published, whenever something reads (traces, history, residency maps) and otherwise within
+``flush_interval`` seconds, so subscribers see every record, in order, a little late at worst.
+
+The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
+timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
+detached and logged, never allowed to break the producer (a page fault must not fail because a plot did).
 """
 
 from __future__ import annotations
@@ -70,10 +75,15 @@ class Subscription:
 class EventBus:
     """Fan-out of event records to subscribers, with a ring of recent history."""
 
-    def __init__(self, capacity: int = 1 << 20) -> None:
+    def __init__(self, capacity: int = 1 << 20, *, batch: int = 4096, flush_interval: float = 0.05) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = capacity
+        self._queue: deque[tuple[int, ...]] = deque()   # append/popleft are atomic: emit takes no lock
+        self._batch = batch
+        self._flush_interval = flush_interval
+        self._flusher: threading.Thread | None = None
+        self._delivering = False   # a subscriber detached while records are being delivered must not recurse
         # History is kept as the published arrays themselves (appending is O(1) on the hot path);
         # the oldest are trimmed once more than ``capacity`` records are held.
         self._history: deque[np.ndarray] = deque()
@@ -100,30 +110,80 @@ class EventBus:
         """Call ``callback(records)`` with every batch published from now on (only ``kinds``, if given)."""
         sub = Subscription(self, callback, frozenset(int(k) for k in kinds) if kinds is not None else None)
         with self._lock:
+            self._flush_locked()   # what was queued before happened before: it is not this subscriber's
             self._subscribers = (*self._subscribers, sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
+        """Detach ``sub``, after delivering what was queued while it listened."""
         with self._lock:
+            if sub in self._subscribers and not self._delivering:
+                self._flush_locked()
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
 
-    def publish(self, records: np.ndarray) -> None:
-        """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, in order."""
-        if records.dtype != EVENT_DTYPE:
-            raise TypeError(f"records must have EVENT_DTYPE, got {records.dtype}")
-        if not len(records) or sys.is_finalizing():   # at exit, module globals may already be gone
+    def emit(self, row: tuple[int, ...]) -> None:
+        """Queue one record, given as a tuple in ``EVENT_DTYPE``'s field order (the allocator's hot path)."""
+        self._queue.append(row)
+        if len(self._queue) >= self._batch:
+            self.flush()
+        elif self._flusher is None:
+            self._start_flusher()
+
+    def flush(self) -> None:
+        """Deliver the queued records now."""
+        if not self._queue or sys.is_finalizing():   # at exit, module globals may already be gone
             return
         with self._lock:
-            self._append(records)
+            self._flush_locked()
+
+    def publish(self, records: np.ndarray) -> None:
+        """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, after anything queued."""
+        if records.dtype != EVENT_DTYPE:
+            raise TypeError(f"records must have EVENT_DTYPE, got {records.dtype}")
+        if not len(records) or sys.is_finalizing():
+            return
+        with self._lock:
+            self._flush_locked()
+            self._deliver(records)
+
+    def _flush_locked(self) -> None:
+        queue = self._queue
+        n = len(queue)
+        if n:
+            self._deliver(np.array([queue.popleft() for _ in range(n)], dtype=EVENT_DTYPE))
+
+    def _deliver(self, records: np.ndarray) -> None:
+        self._append(records)
+        self._delivering = True
+        try:
             for sub in self._subscribers:
                 try:
                     sub.deliver(records)
                 except Exception:
                     self.unsubscribe(sub)
                     log.exception("event subscriber %r raised and has been detached", sub.callback)
+        finally:
+            self._delivering = False
+
+    def _start_flusher(self) -> None:
+        with self._lock:
+            if self._flusher is None:
+                self._flusher = threading.Thread(target=self._flush_periodically, name="uvm_lab-event-flush",
+                                                 daemon=True)
+                self._flusher.start()
+
+    def _flush_periodically(self) -> None:
+        wake = threading.Event()
+        while not sys.is_finalizing():
+            wake.wait(self._flush_interval)
+            try:
+                self.flush()
+            except Exception:   # never let the flusher die silently mid-run
+                log.exception("flushing queued events failed")
 
     def history(self) -> np.ndarray:
         """A copy of the newest ``capacity`` records, oldest first."""
+        self.flush()
         with self._lock:
             if not self._history:
                 return np.zeros(0, dtype=EVENT_DTYPE)

@@ -46,9 +46,10 @@ def _processor(p: int) -> str:
 class Trace:
     """The events of a recording, as one ``EVENT_DTYPE`` array."""
 
-    def __init__(self, events: np.ndarray | None = None) -> None:
+    def __init__(self, events: np.ndarray | None = None, *, bus: EventBus | None = None) -> None:
         self._chunks: list[np.ndarray] = [] if events is None else [events]
         self._events: np.ndarray | None = None
+        self._bus = bus   # while recording: flushed before reading, so queued records are in
 
     def _add(self, records: np.ndarray) -> None:
         self._chunks.append(records.copy())
@@ -57,6 +58,8 @@ class Trace:
     @property
     def events(self) -> np.ndarray:
         """All records, in the order they were published."""
+        if self._bus is not None:
+            self._bus.flush()
         if self._events is None:
             self._events = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=EVENT_DTYPE)
             self._chunks = [self._events]
@@ -137,6 +140,11 @@ def record(bus: EventBus | None = None) -> Iterator[Trace]:
             ul.touch(buf, on="gpu")
         trace.to_pandas()
     """
-    trace = Trace()
-    with (bus or get_bus()).subscribe(trace._add):
-        yield trace
+    bus = bus or get_bus()
+    trace = Trace(bus=bus)
+    with bus.subscribe(trace._add):
+        try:
+            yield trace
+        finally:
+            bus.flush()
+    trace._bus = None

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import DoubleFreeError, InvalidArgumentError, OutOfMemoryError
 from ..events.bus import new_alloc_id
-from ..events.schema import EventKind, record_of
+from ..events.schema import EventKind
 from ..units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -119,8 +119,8 @@ class MemoryResource:
 
     def _emit(self, kind: EventKind, ptr: int, size: int, alloc_id: int, stream: int) -> None:
         now = self.backend.now_ns()
-        self.backend.bus.publish(record_of(kind, dst=self.device_id, start=now, end=now, address=ptr, nbytes=size,
-                                           alloc_id=alloc_id, stream=stream))
+        # EVENT_DTYPE's field order: kind, flags, src, dst, start, end, address, bytes, value, alloc_id, stream
+        self.backend.bus.emit((kind, 0, 0, self.device_id, now, now, ptr, size, size, alloc_id, stream))
 
     def _out_of_memory(self, size: int, free: int, limit: int, why: str) -> OutOfMemoryError:
         return OutOfMemoryError(

@@ -82,6 +82,7 @@ class SimBackend:
     """
 
     name = "sim"
+    is_simulated = True
     #: An x86 machine with a post-Pascal GPU on Linux, without HMM: the H200 the profile is calibrated on.
     capabilities = Capabilities(managed_memory=True, concurrent_managed_access=True, pageable_memory_access=False,
                                 memory_pools=True)
@@ -416,6 +417,40 @@ class SimBackend:
         stats["faults"] += int(fault.sum())
         log.advance(populate.sum() * PAGE_SIZE / p.host_populate_bw + acc.sum() * PAGE_SIZE / p.host_memory_bw)
         self._release_if_empty(seg, b)
+
+    # -- data ------------------------------------------------------------------------------------------------
+    def host_view(self, ptr: int, size: int) -> np.ndarray:
+        """The simulated bytes, as a NumPy view. Reading or writing it is not a modelled access: use
+        :meth:`access` (``ul.touch``) for that."""
+        with self._lock:
+            seg = self._find(ptr, size)
+            if seg.kind is MemoryKind.DEVICE:
+                raise BackendError("device memory (cudaMalloc) has no host view; copy it to the host instead")
+            return seg.data[ptr - seg.address : ptr - seg.address + size]
+
+    def write(self, ptr: int, data: np.ndarray, *, stream: int = 0) -> None:
+        """A copy from the host: a host write of the range (faults and all) for managed memory."""
+        with self._lock:
+            seg = self._find(ptr, data.size)
+            if not data.size:
+                return
+            if seg.kind is MemoryKind.MANAGED:
+                self.access(ptr, data.size, Location.host(), "write", stream=stream)
+            elif seg.kind is MemoryKind.DEVICE:
+                self._now += int(data.size / self.platform.prefetch_htod_bw * 1e9)
+            seg.data[ptr - seg.address : ptr - seg.address + data.size] = data
+
+    def read(self, ptr: int, out: np.ndarray, *, stream: int = 0) -> None:
+        """A copy to the host: a host read of the range for managed memory."""
+        with self._lock:
+            seg = self._find(ptr, out.size)
+            if not out.size:
+                return
+            if seg.kind is MemoryKind.MANAGED:
+                self.access(ptr, out.size, Location.host(), "read", stream=stream)
+            elif seg.kind is MemoryKind.DEVICE:
+                self._now += int(out.size / self.platform.prefetch_dtoh_bw * 1e9)
+            out[:] = seg.data[ptr - seg.address : ptr - seg.address + out.size]
 
     # -- GPU memory: blocks, eviction ---------------------------------------------------------------------------
     def _claim(self, seg: Segment, b: int, device: int, log: EventLog) -> bool:

@@ -56,6 +56,14 @@ class Segment:
     remote: np.ndarray = field(init=False)
     last_prefetch: np.ndarray = field(init=False)
     gpu_blocks: np.ndarray = field(init=False)
+    _data: np.ndarray | None = field(init=False, default=None)
+
+    @property
+    def data(self) -> np.ndarray:
+        """The bytes themselves, made on first use (most simulations never look at data)."""
+        if self._data is None:
+            self._data = np.zeros(self.size, dtype=np.uint8)
+        return self._data
 
     def __post_init__(self) -> None:
         n = self.npages

@@ -1,0 +1,120 @@
+"""Allocation speed from Python: alloc+free pairs, random sizes 256 B to 8 MiB, 64 live at a time.
+
+Peers measured in the same run, same size sequence: RMM's PoolMemoryResource.allocate/deallocate,
+CuPy's MemoryPool, and raw cudaMallocAsync/cudaFreeAsync through cuda.bindings. uvm_lab's pool is
+measured plain, under a StatisticsResourceAdaptor, and while a trace records every event.
+
+    python benchmarks/alloc_pair.py [--ops 200000] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import uvm_lab as ul  # noqa: E402
+
+LIVE = 64
+
+
+def workload(n: int, seed: int = 0) -> tuple[list[int], list[int]]:
+    rng = random.Random(seed)
+    sizes = [rng.randint(256, 8 << 20) for _ in range(n)]
+    victims = [rng.randrange(LIVE + 1) for _ in range(n)]
+    return sizes, victims
+
+
+def run(alloc: Callable[[int], object], free: Callable[[object], None], sizes: list[int], victims: list[int]) -> float:
+    """Seconds per alloc+free pair."""
+    live: list[object] = []
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for size, victim in zip(sizes, victims, strict=True):
+            live.append(alloc(size))
+            if len(live) > LIVE:
+                free(live.pop(victim))
+        elapsed = time.perf_counter() - start
+    finally:
+        for handle in live:
+            free(handle)
+        gc.enable()
+    return elapsed / len(sizes)
+
+
+def best_of(repeats: int, fn: Callable[[], float]) -> tuple[float, float]:
+    times = [fn() for _ in range(repeats)]
+    return min(times), statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=200_000)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sizes, victims = workload(args.ops)
+    results: dict[str, tuple[float, float]] = {}
+
+    backend = ul.use_backend("auto")
+    print(f"backend: {backend!r}")
+
+    def uvm(mr: ul.mr.MemoryResource) -> Callable[[], float]:
+        return lambda: run(lambda n: (mr.allocate(n), n), lambda h: mr.deallocate(*h), sizes, victims)
+
+    pool = ul.mr.PoolMemoryResource(ul.mr.CudaMemoryResource(), initial_pool_size="1GiB")
+    results["uvm_lab PoolMemoryResource"] = best_of(args.repeats, uvm(pool))
+    stats = ul.mr.StatisticsResourceAdaptor(pool)
+    results["uvm_lab pool + statistics"] = best_of(args.repeats, uvm(stats))
+    with ul.record():
+        results["uvm_lab pool, recording events"] = best_of(args.repeats, uvm(pool))
+
+    try:
+        import rmm
+
+        rpool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 30)
+        results["RMM PoolMemoryResource"] = best_of(args.repeats, lambda: run(
+            lambda n: (rpool.allocate(n), n), lambda h: rpool.deallocate(*h), sizes, victims))
+    except ImportError as exc:
+        print(f"RMM not measured: {exc}")
+    try:
+        import cupy
+
+        cpool = cupy.cuda.MemoryPool()
+        results["CuPy MemoryPool"] = best_of(args.repeats, lambda: run(cpool.malloc, lambda p: None, sizes, victims))
+    except ImportError as exc:
+        print(f"CuPy not measured: {exc}")
+    if not backend.is_simulated:
+        from cuda.bindings import runtime as cudart
+
+        def malloc_async(n: int) -> int:
+            return cudart.cudaMallocAsync(n, 0)[1]
+
+        def free_async(p: int) -> None:
+            cudart.cudaFreeAsync(p, 0)
+
+        results["cudaMallocAsync/cudaFreeAsync"] = best_of(args.repeats, lambda: run(malloc_async, free_async,
+                                                                                      sizes, victims))
+        cudart.cudaDeviceSynchronize()
+
+    base = results.get("RMM PoolMemoryResource", (None,))[0]
+    print(f"\n{'allocator':40} {'best us/pair':>13} {'median':>8} {'vs RMM pool':>12}")
+    for name, (best, median) in results.items():
+        ratio = f"{best / base:.2f}x" if base else "-"
+        print(f"{name:40} {best * 1e6:13.2f} {median * 1e6:8.2f} {ratio:>12}")
+    if args.json:
+        args.json.write_text(json.dumps({k: {"best_us": v[0] * 1e6, "median_us": v[1] * 1e6}
+                                         for k, v in results.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Letting other libraries allocate through uvm_lab's resources (each integration imports its library lazily)."""
