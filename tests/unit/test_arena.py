@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 import uvm_lab as ul
@@ -30,7 +32,7 @@ def test_size_classes_are_ascending_256_aligned_and_end_at_small_max():
     assert all(c % 256 == 0 for c in SIZE_CLASSES)
     assert SIZE_CLASSES[0] == 256 and SIZE_CLASSES[-1] == SMALL_MAX
     # Four classes per doubling past 1 KiB: at most 25 % lost to rounding there.
-    assert all(b / a <= 1.25 for a, b in zip(SIZE_CLASSES[3:], SIZE_CLASSES[4:], strict=False))
+    assert all(b / a <= 1.25 for a, b in pairwise(SIZE_CLASSES[3:]))
 
 
 def test_default_arena_is_half_the_free_memory(managed):

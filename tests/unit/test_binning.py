@@ -40,7 +40,8 @@ def test_exponents_make_one_fixed_size_bin_per_power_of_two(managed):
     assert all(b.upstream_mr is managed for b in mr.bin_mrs)
 
 
-@pytest.mark.parametrize(("size", "bin_index"), [(1, 0), (1024, 0), (1025, 1), (3000, 2), (8 * KiB, 3), (8 * KiB + 1, None)])
+@pytest.mark.parametrize(("size", "bin_index"),
+                         [(1, 0), (1024, 0), (1025, 1), (3000, 2), (8 * KiB, 3), (8 * KiB + 1, None)])
 def test_a_request_goes_to_the_smallest_bin_that_holds_it(managed, size, bin_index):
     mr = BinningMemoryResource(managed, 10, 13)
     target = managed if bin_index is None else mr.bin_mrs[bin_index]

@@ -49,7 +49,7 @@ def register_reinitialize_hook(func: Callable[..., Any], *args: Any, **kwargs: A
 
 def unregister_reinitialize_hook(func: Callable[..., Any]) -> None:
     """Remove every registration of ``func``."""
-    _hooks[:] = [h for h in _hooks if h[0] is not func]
+    _hooks[:] = [h for h in _hooks if h[0] != func]
 
 
 def _bool(value: object, name: str) -> bool:
