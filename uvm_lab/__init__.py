@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import errors, events, mr
+from . import deferred, errors, events, mr
 from .access import touch
 from .backends import get_backend, use_backend
 from .backends.base import AccessResult
@@ -30,6 +30,7 @@ __all__ = [
     "ResidencyMap",
     "Trace",
     "__version__",
+    "deferred",
     "errors",
     "events",
     "find_buffer",

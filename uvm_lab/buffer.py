@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import deferred
 from .backends.base import RangeAdvice
 from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError
 from .events.schema import Advice, MemoryKind
@@ -76,6 +77,7 @@ class DeviceBuffer:
         if label is not None and not isinstance(label, str):
             raise InvalidArgumentError(f"label must be a str or None, got {label!r}", value=label,
                                        expected="a str or None")
+        deferred.run()   # frees that garbage collection queued: give that memory back first
         ptr = mr.allocate(nbytes, stream)
         self._ptr = ptr
         self._size = nbytes
@@ -83,7 +85,7 @@ class DeviceBuffer:
         self._stream = stream
         self.id = mr.allocation_id(ptr) if nbytes else next(_empty_ids)
         self.label = label if label is not None else f"buffer {self.id}"
-        self._finalizer = weakref.finalize(self, _release, mr, ptr, nbytes, stream, self.id)
+        self._finalizer = weakref.finalize(self, deferred.defer, _release, mr, ptr, nbytes, stream, self.id)
         self._finalizer.atexit = False   # the process's exit frees device memory; nothing to publish then
         with _live_lock:
             _live[self.id] = weakref.ref(self)
@@ -120,7 +122,9 @@ class DeviceBuffer:
 
     def close(self) -> None:
         """Give the memory back to its resource. Closing twice is harmless; using a closed buffer is an error."""
-        self._finalizer()
+        held = self._finalizer.detach()   # (self, defer, args, kwargs): free now, in the caller's thread
+        if held is not None:
+            _release(*held[2][1:])
 
     def __enter__(self) -> DeviceBuffer:
         return self

@@ -17,6 +17,8 @@ from uvm_lab.errors import (
     InvalidSizeError,
 )
 
+from .waiting import eventually
+
 MiB = 1 << 20
 
 
@@ -135,7 +137,7 @@ def test_garbage_collected_buffers_give_their_memory_back():
     buf_id = buf.id
     del buf
     gc.collect()
-    assert mr.get_allocated_bytes() == 0
+    assert eventually(lambda: mr.get_allocated_bytes() == 0)   # soon, on a thread that holds no lock
     with pytest.raises(InvalidArgumentError, match=str(buf_id)):
         ul.find_buffer(buf_id)
 
@@ -163,3 +165,23 @@ def test_errors_pickle_with_their_data():
     assert isinstance(back, MemoryError) and isinstance(back, ul.errors.UvmLabError)
     bad = ul.errors.InvalidSizeError("bad", value="x", expected="y")
     assert pickle.loads(pickle.dumps(bad)).value == "x"
+
+
+def test_a_buffer_collected_while_its_resource_is_busy_does_not_block_the_collector():
+    import threading
+
+    mr = ul.mr.ManagedMemoryResource()
+    holder = [ul.DeviceBuffer(size=MiB, mr=mr)]
+    done = threading.Event()
+
+    def drop_last_reference() -> None:   # its finalizer runs on this thread
+        holder.clear()
+        done.set()
+
+    with mr._lock:                       # as if another thread were inside the resource
+        worker = threading.Thread(target=drop_last_reference)
+        worker.start()
+        assert done.wait(2), "the finalizer blocked on the resource's lock"
+        assert mr.get_allocated_bytes() == MiB
+    worker.join()
+    assert eventually(lambda: mr.get_allocated_bytes() == 0)

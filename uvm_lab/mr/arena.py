@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+from ..deferred import defer
 from ..errors import InvalidArgumentError, InvalidSizeError, InvalidStateError
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
@@ -298,7 +299,7 @@ class ArenaMemoryResource(MemoryResource):
         if g is None or not g.blocks:
             return
         try:  # noqa: SIM105 - contextlib itself may be gone at exit
-            give_back_when_collected(self, g.blocks)
+            defer(give_back_when_collected, self, g.blocks)
         except Exception:
             pass
 

@@ -63,8 +63,9 @@ class MemoryResource:
     # -- RMM's interface --------------------------------------------------------------------------
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
         """Allocate ``nbytes`` (an int or a string such as ``"2GiB"``) and return the address."""
-        size = parse_size(nbytes, name="nbytes")
-        s = validate_stream(stream)
+        # The hot path is a plain positive int and the default stream; anything else is validated in full.
+        size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
+        s = 0 if stream is None else validate_stream(stream)
         if size == 0:
             return 0  # as cudaMalloc(0) and RMM: a null pointer, nothing to track
         with self._lock:
@@ -80,12 +81,12 @@ class MemoryResource:
 
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
         """Give back ``ptr``, which this resource returned for ``nbytes`` bytes."""
-        size = parse_size(nbytes, name="nbytes")
-        s = validate_stream(stream)
+        size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
+        s = 0 if stream is None else validate_stream(stream)
         if ptr == 0 and size == 0:
             return
         with self._lock:
-            held = self._live.get(ptr) if isinstance(ptr, Integral) else None
+            held = self._live.get(ptr) if type(ptr) is int or isinstance(ptr, Integral) else None
             if held is None:
                 raise DoubleFreeError(
                     f"{type(self).__name__} does not hold pointer {ptr!r}: it was already freed, "
@@ -118,9 +119,13 @@ class MemoryResource:
         raise NotImplementedError
 
     def _emit(self, kind: EventKind, ptr: int, size: int, alloc_id: int, stream: int) -> None:
+        # A resource's device never changes: look it up (through the chain) once.
+        dst = self.__dict__.get("_event_device")
+        if dst is None:
+            dst = self.__dict__["_event_device"] = self.device_id
         now = self.backend.now_ns()
         # EVENT_DTYPE's field order: kind, flags, src, dst, start, end, address, bytes, value, alloc_id, stream
-        self.backend.bus.emit((kind, 0, 0, self.device_id, now, now, ptr, size, size, alloc_id, stream))
+        self.backend.bus.emit((kind, 0, 0, dst, now, now, ptr, size, size, alloc_id, stream))
 
     def _out_of_memory(self, size: int, free: int, limit: int, why: str) -> OutOfMemoryError:
         return OutOfMemoryError(

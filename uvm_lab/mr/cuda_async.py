@@ -24,7 +24,8 @@ raises :class:`~uvm_lab.errors.BackendError` where they are missing.
 
 from __future__ import annotations
 
-from ..backends import get_backend
+from ..backends import Backend, get_backend
+from ..deferred import defer
 from ..errors import BackendError, InvalidArgumentError, OutOfMemoryError
 from ..events.schema import MemoryKind
 from ..units import BLOCK_SIZE, format_bytes, parse_size
@@ -197,10 +198,8 @@ class CudaAsyncMemoryResource(MemoryResource):
         ranges = getattr(self, "_ranges", None)
         if ranges is None or not ranges.blocks:
             return
-        try:
-            for ptr in list(ranges.blocks):
-                self.backend.free(ptr)
-                del ranges.blocks[ptr]
+        try:  # noqa: SIM105 - at exit the module's globals may be gone
+            defer(_free_blocks, self.backend, ranges.blocks)
         except Exception:
             pass
 
@@ -208,3 +207,10 @@ class CudaAsyncMemoryResource(MemoryResource):
         threshold = None if self._threshold is None else format_bytes(self._threshold)
         return (f"{type(self).__name__}(pool_size={format_bytes(self.pool_size())!r}, "
                 f"release_threshold={threshold!r})")
+
+
+def _free_blocks(backend: Backend, blocks: dict[int, int]) -> None:
+    """A collected pool's chunks go back to the device (run later, by :mod:`uvm_lab.deferred`)."""
+    for ptr in list(blocks):
+        backend.free(ptr)
+        del blocks[ptr]

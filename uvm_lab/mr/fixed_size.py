@@ -20,6 +20,7 @@ from __future__ import annotations
 import warnings
 from numbers import Integral
 
+from ..deferred import defer
 from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
 from ..events.schema import EventKind, make_events
 from ..units import format_bytes, parse_size
@@ -221,7 +222,7 @@ class FixedSizeMemoryResource(MemoryResource):
         if not chunks:
             return
         try:  # noqa: SIM105 - contextlib itself may be gone at exit
-            give_back_when_collected(self, chunks)
+            defer(give_back_when_collected, self, chunks)
         except Exception:
             pass
 

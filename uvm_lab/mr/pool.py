@@ -32,13 +32,14 @@ instead of failing; and a capped pool does not hand wholly free blocks back to m
 
 from __future__ import annotations
 
-import warnings
 from bisect import bisect_left, insort
 
+from ..deferred import defer
 from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
 from ..events.schema import EventKind, make_events
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
+from .fixed_size import give_back_when_collected
 
 __all__ = ["ALIGNMENT", "PoolMemoryResource"]
 
@@ -290,27 +291,9 @@ class PoolMemoryResource(MemoryResource):
         if not blocks:
             return
         try:  # noqa: SIM105 - contextlib itself may be gone at exit
-            self._give_back_when_collected(blocks)
+            defer(give_back_when_collected, self, blocks)
         except Exception:
             pass
-
-    def _give_back_when_collected(self, blocks: dict[int, int]) -> None:
-        # The blocks go back first, as RMM's destructor gives them back, and only then is anything
-        # said: a warning filter set to "error" must not keep the memory.
-        live = len(self._live)
-        failure: Exception | None = None
-        for ptr, size in list(blocks.items()):
-            try:
-                self.upstream_mr.deallocate(ptr, size)
-                del blocks[ptr]
-            except Exception as err:     # an upstream already torn down ...
-                failure = err
-        if failure is not None:
-            warnings.warn(f"{type(self).__name__} could not give {len(blocks)} block(s) back to its upstream "
-                          f"({failure!r}); the memory may have leaked", ResourceWarning, stacklevel=2)
-        elif live:
-            warnings.warn(f"{type(self).__name__} was garbage-collected with {live} live allocation(s); "
-                          f"their memory went back to the upstream", ResourceWarning, stacklevel=2)
 
     def __repr__(self) -> str:
         maximum = None if self._maximum is None else format_bytes(self._maximum)
