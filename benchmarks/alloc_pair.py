@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import uvm_lab as ul  # noqa: E402
+import uvm_lab as ul
 
 LIVE = 64
 

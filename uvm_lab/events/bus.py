@@ -2,8 +2,8 @@
 
 Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emits a thousand
 migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
-FREE) are queued as plain tuples by :meth:`EventBus.emit`, which costs about as much as a list
-append, and turned into one array per batch. Queued records are delivered, in order, before any
+FREE) are packed into bytes by :func:`pack_event` and queued by :meth:`EventBus.emit`, a bare
+``deque.append``; a batch becomes one array at no cost (``np.frombuffer``). Queued records are delivered, in order, before any
 array is published, whenever something reads (traces, history, residency maps) and otherwise within
 ``flush_interval`` seconds, so subscribers see every record, in order, a little late at worst.
 
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import struct
 import sys
 import threading
 from collections import deque
@@ -25,13 +26,18 @@ import numpy as np
 
 from .schema import EVENT_DTYPE, EventKind
 
-__all__ = ["EventBus", "Subscription", "get_bus", "new_alloc_id"]
+__all__ = ["EventBus", "Subscription", "get_bus", "new_alloc_id", "pack_event"]
 
 log = logging.getLogger("uvm_lab.events")
 
 Callback = Callable[[np.ndarray], None]
 
 _alloc_ids = itertools.count(1)
+
+#: One record as bytes in ``EVENT_DTYPE``'s layout: ``pack_event(kind, flags, src, dst, start, end, address,
+#: bytes, value, alloc_id, stream)``.
+pack_event = struct.Struct("<BBhhQQQQQQQ").pack
+assert struct.calcsize("<BBhhQQQQQQQ") == EVENT_DTYPE.itemsize
 
 
 def new_alloc_id() -> int:
@@ -75,12 +81,11 @@ class Subscription:
 class EventBus:
     """Fan-out of event records to subscribers, with a ring of recent history."""
 
-    def __init__(self, capacity: int = 1 << 20, *, batch: int = 4096, flush_interval: float = 0.05) -> None:
+    def __init__(self, capacity: int = 1 << 20, *, flush_interval: float = 0.05) -> None:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = capacity
-        self._queue: deque[tuple[int, ...]] = deque()   # append/popleft are atomic: emit takes no lock
-        self._batch = batch
+        self._queue: deque[bytes] = deque()   # append/popleft are atomic: emit takes no lock
         self._flush_interval = flush_interval
         self._flusher: threading.Thread | None = None
         self._delivering = False   # a subscriber detached while records are being delivered must not recurse
@@ -121,13 +126,11 @@ class EventBus:
                 self._flush_locked()
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
 
-    def emit(self, row: tuple[int, ...]) -> None:
-        """Queue one record, given as a tuple in ``EVENT_DTYPE``'s field order (the allocator's hot path)."""
-        self._queue.append(row)
-        if len(self._queue) >= self._batch:
-            self.flush()
-        elif self._flusher is None:
-            self._start_flusher()
+    def emit(self, record: bytes) -> None:
+        """Queue one record packed by :func:`pack_event` (the allocator's hot path)."""
+        self._start_flusher()
+        self._queue.append(record)
+        self.emit = self._queue.append   # type: ignore[method-assign]  # from now on, a bare append
 
     def flush(self) -> None:
         """Deliver the queued records now."""
@@ -150,7 +153,8 @@ class EventBus:
         queue = self._queue
         n = len(queue)
         if n:
-            self._deliver(np.array([queue.popleft() for _ in range(n)], dtype=EVENT_DTYPE))
+            packed = bytearray(b"".join([queue.popleft() for _ in range(n)]))
+            self._deliver(np.frombuffer(packed, dtype=EVENT_DTYPE))
 
     def _deliver(self, records: np.ndarray) -> None:
         self._append(records)

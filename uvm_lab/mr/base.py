@@ -13,7 +13,7 @@ from numbers import Integral
 from typing import TYPE_CHECKING
 
 from ..errors import DoubleFreeError, InvalidArgumentError, OutOfMemoryError
-from ..events.bus import new_alloc_id
+from ..events.bus import new_alloc_id, pack_event
 from ..events.schema import EventKind
 from ..units import format_bytes, parse_size
 
@@ -124,8 +124,7 @@ class MemoryResource:
         if dst is None:
             dst = self.__dict__["_event_device"] = self.device_id
         now = self.backend.now_ns()
-        # EVENT_DTYPE's field order: kind, flags, src, dst, start, end, address, bytes, value, alloc_id, stream
-        self.backend.bus.emit((kind, 0, 0, dst, now, now, ptr, size, size, alloc_id, stream))
+        self.backend.bus.emit(pack_event(kind, 0, 0, dst, now, now, ptr, size, size, alloc_id, stream))
 
     def _out_of_memory(self, size: int, free: int, limit: int, why: str) -> OutOfMemoryError:
         return OutOfMemoryError(

@@ -1,0 +1,107 @@
+"""Getting 2 GiB of host data in front of a GPU kernel: managed memory with PrefetchResourceAdaptor
+against cudaMalloc plus a pinned cudaMemcpy (the peer, measured in the same run with the same kernel).
+
+Each path starts from the same data in pinned host memory and ends when a kernel has read every byte:
+- cudaMalloc + cudaMemcpy(pinned -> device) + kernel
+- uvm_lab: allocate from PrefetchResourceAdaptor(ManagedMemoryResource()) (prefetched to the GPU on
+  allocation) + copy_from_host(pinned) + kernel
+For context it also times the two ways host-written managed data reaches a kernel: by faults, and by a
+prefetch before the kernel. Needs a GPU; managed memory stays far below the card's free memory.
+
+    python benchmarks/prefetch_read.py [--size 2GiB] [--repeats 5] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+
+import uvm_lab as ul
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="2GiB")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    size = ul.parse_size(args.size)
+
+    backend = ul.use_backend("cuda")
+    from cuda.bindings import runtime as cudart
+
+    from uvm_lab.backends.cuda import check
+
+    free, _ = backend.mem_info()
+    if 3 * size > free // 2:
+        raise SystemExit(f"refusing: {ul.format_bytes(size)} x3 is too close to the {ul.format_bytes(free)} free")
+    print(f"{backend!r}: {ul.format_bytes(size)}, {ul.format_bytes(free)} free")
+
+    source = ul.DeviceBuffer(size=size, mr=ul.mr.PinnedHostMemoryResource(), label="pinned source")
+    source.host_view()[:] = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    data = source.host_view()
+
+    def kernel_read(ptr: int) -> None:
+        backend._gpu_touch(ptr, size, "read", 0)    # the same kernel for every path
+
+    def cuda_malloc_memcpy() -> float:
+        start = time.perf_counter()
+        ptr = check(cudart.cudaMalloc(size))
+        check(cudart.cudaMemcpy(ptr, data.ctypes.data, size, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+        kernel_read(ptr)
+        elapsed = time.perf_counter() - start
+        check(cudart.cudaFree(ptr))
+        return elapsed
+
+    prefetching = ul.mr.PrefetchResourceAdaptor(ul.mr.ManagedMemoryResource())
+
+    def uvm_prefetch_adaptor() -> float:
+        start = time.perf_counter()
+        buf = ul.DeviceBuffer(size=size, mr=prefetching)
+        buf.copy_from_host(data)
+        kernel_read(buf.ptr)
+        elapsed = time.perf_counter() - start
+        buf.close()
+        return elapsed
+
+    def host_written(prefetch: bool) -> float:
+        buf = ul.DeviceBuffer(size=size, mr=ul.mr.ManagedMemoryResource())
+        buf.host_view()[:] = data                 # the host writes it: every page on the host
+        start = time.perf_counter()
+        if prefetch:
+            buf.prefetch("gpu")
+        kernel_read(buf.ptr)
+        elapsed = time.perf_counter() - start
+        buf.close()
+        return elapsed
+
+    paths = {
+        "cudaMalloc + pinned cudaMemcpy + kernel": cuda_malloc_memcpy,
+        "PrefetchResourceAdaptor + copy_from_host + kernel": uvm_prefetch_adaptor,
+        "host-written managed, kernel faults it in": lambda: host_written(False),
+        "host-written managed, prefetch + kernel": lambda: host_written(True),
+    }
+    results = {}
+    for name, fn in paths.items():
+        fn()                                                   # warm-up: contexts, kernel compile, pools
+        times = [fn() for _ in range(args.repeats)]
+        results[name] = (min(times), statistics.median(times))
+    base = results["cudaMalloc + pinned cudaMemcpy + kernel"][0]
+    print(f"\n{'path':52} {'best ms':>8} {'median':>8} {'GB/s':>7} {'vs peer':>8}")
+    for name, (best, median) in results.items():
+        print(f"{name:52} {best * 1e3:8.1f} {median * 1e3:8.1f} {size / best / 1e9:7.1f} {best / base:7.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({k: {"best_ms": v[0] * 1e3, "median_ms": v[1] * 1e3}
+                                         for k, v in results.items()}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
