@@ -3,8 +3,8 @@
 Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emits a thousand
 migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
 FREE) are packed into bytes by :func:`pack_event` and queued by :meth:`EventBus.emit`, a bare
-``deque.append``; a batch becomes one array at no cost (``np.frombuffer``). Queued records are delivered, in order, before any
-array is published, whenever something reads (traces, history, residency maps) and otherwise within
+``deque.append``; a batch becomes one array at no cost (``np.frombuffer``). Queued records are
+delivered, in order, before any array is published, whenever something reads (traces, history, residency maps) and otherwise within
 ``flush_interval`` seconds, so subscribers see every record, in order, a little late at worst.
 
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
@@ -130,7 +130,7 @@ class EventBus:
         """Queue one record packed by :func:`pack_event` (the allocator's hot path)."""
         self._start_flusher()
         self._queue.append(record)
-        self.emit = self._queue.append   # type: ignore[method-assign]  # from now on, a bare append
+        self.emit = self._queue.append   # type: ignore[method-assign,assignment]  # a bare append from now on
 
     def flush(self) -> None:
         """Deliver the queued records now."""
