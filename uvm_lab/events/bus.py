@@ -4,8 +4,9 @@ Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emi
 migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
 FREE) are packed into bytes by :func:`pack_event` and queued by :meth:`EventBus.emit`, a bare
 ``deque.append``; a batch becomes one array at no cost (``np.frombuffer``). Queued records are
-delivered, in order, before any array is published, whenever something reads (traces, history, residency maps) and otherwise within
-``flush_interval`` seconds, so subscribers see every record, in order, a little late at worst.
+delivered, in order, before any array is published, whenever something reads (traces, history,
+residency maps), and otherwise within ``flush_interval`` seconds: subscribers see every record, in
+order, a little late at worst.
 
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
 timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
