@@ -145,3 +145,16 @@ def test_the_issue_walkthrough_on_the_gpu(cuda):
         ul.touch(a, on="host", mode="write")
     assert host_resident(a.ptr, a.size).all()
     assert len(trace) == 0 or set(trace.to_pandas().kind) <= {"htod", "dtoh", "cpu_page_fault", "gpu_page_fault"}
+
+
+def test_cuda_async_memory_resource_on_the_gpu(cuda):
+    mr = ul.mr.CudaAsyncMemoryResource()
+    with ul.record() as trace:
+        buf = ul.DeviceBuffer(size=8 * MiB, mr=mr)
+        buf.copy_from_host(np.full(8 * MiB, 3, dtype=np.uint8))
+        assert (buf.copy_to_host() == 3).all()
+        assert ul.residency(buf).summary()["gpu"] == 1.0 and not buf.is_managed
+        buf.close()
+    kinds = set(trace.to_pandas().kind)
+    assert {"segment_alloc", "alloc", "free"} <= kinds
+    assert mr.pool_handle() != 0

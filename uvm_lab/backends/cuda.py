@@ -207,6 +207,41 @@ class CudaBackend:
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
                                    start=now, end=now, stream=stream))
 
+    def allocate_async(self, size: int, *, device: int = 0, stream: int = 0) -> int:
+        """``cudaMallocAsync`` from the device's default memory pool, ordered on ``stream``."""
+        size = parse_size(size, allow_zero=False)
+        self._require("memory_pools", "cudaMallocAsync")
+        with self._lock:
+            try:
+                ptr = int(check(cudart.cudaMallocAsync(size, stream)))
+            except OutOfMemoryError as exc:
+                free, total = self.mem_info(self._device)
+                raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} from the device's memory pool: {exc}",
+                                       size=size, free=free, limit=total) from None
+            seg_id = new_alloc_id()
+            self._segments[ptr] = (size, MemoryKind.DEVICE, seg_id)
+        now = self.now_ns()
+        self.bus.publish(record_of(EventKind.SEGMENT_ALLOC, flags=MemoryKind.DEVICE, address=ptr, nbytes=size,
+                                   alloc_id=seg_id, dst=self._device, start=now, end=now, stream=stream))
+        return ptr
+
+    def free_async(self, ptr: int, *, stream: int = 0) -> None:
+        """``cudaFreeAsync`` of memory from :meth:`allocate_async`."""
+        with self._lock:
+            held = self._segments.get(ptr)
+            if held is None:
+                raise DoubleFreeError(f"{ptr!r} is not a live allocation of this backend (already freed?)",
+                                      ptr=ptr if isinstance(ptr, int) else 0)
+            check(cudart.cudaFreeAsync(ptr, stream))
+            del self._segments[ptr]
+        now = self.now_ns()
+        self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=held[1], address=ptr, nbytes=held[0],
+                                   alloc_id=held[2], start=now, end=now, stream=stream))
+
+    def async_pool_handle(self, device: int) -> int:
+        """The device's default memory pool (``cudaDeviceGetDefaultMemPool``), as an int handle."""
+        return int(check(cudart.cudaDeviceGetDefaultMemPool(device)))
+
     def segment_kind(self, ptr: int) -> MemoryKind | None:
         seg = self._segment_at(ptr)
         return seg[2] if seg is not None else None
