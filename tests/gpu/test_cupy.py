@@ -58,7 +58,7 @@ def test_cupy_arrays_come_from_a_uvm_lab_pool(cuda, cupy):
     buf.prefetch("host")
     cuda.synchronize()
     assert host_resident(x.data.ptr, x.nbytes).all()             # a CuPy array's pages, moved by uvm_lab
-    del x, y
+    del x, y, buf                                               # the last references to the array's memory
     import gc
 
     gc.collect()
