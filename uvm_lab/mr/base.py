@@ -86,18 +86,23 @@ class MemoryResource:
         if ptr == 0 and size == 0:
             return
         with self._lock:
-            held = self._live.get(ptr) if type(ptr) is int or isinstance(ptr, Integral) else None
-            if held is None:
-                raise DoubleFreeError(
-                    f"{type(self).__name__} does not hold pointer {ptr!r}: it was already freed, "
-                    f"or was allocated by another resource", ptr=ptr if isinstance(ptr, int) else 0)
-            if held[0] != size:
-                raise InvalidArgumentError(
-                    f"pointer {ptr:#x} was allocated with {held[0]} bytes, but deallocate was given {size}",
-                    value=nbytes, expected=f"{held[0]}")
+            held = self._held(ptr, size, nbytes)
             self._deallocate(ptr, size, s)
             del self._live[ptr]
         self._emit(EventKind.FREE, ptr, size, held[1], s)
+
+    def _held(self, ptr: int, size: int, nbytes: object) -> tuple[int, int]:
+        """What the live table holds for ``ptr``, checked against the size given back (call with the lock held)."""
+        held = self._live.get(ptr) if type(ptr) is int or isinstance(ptr, Integral) else None
+        if held is None:
+            raise DoubleFreeError(
+                f"{type(self).__name__} does not hold pointer {ptr!r}: it was already freed, "
+                f"or was allocated by another resource", ptr=ptr if isinstance(ptr, int) else 0)
+        if held[0] != size:
+            raise InvalidArgumentError(
+                f"pointer {ptr:#x} was allocated with {held[0]} bytes, but deallocate was given {size}",
+                value=nbytes, expected=f"{held[0]}")
+        return held
 
     def allocation_id(self, ptr: int) -> int:
         """The event id of the live allocation at ``ptr`` (what ALLOC published)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from numbers import Integral
 
-from ..errors import DoubleFreeError, InvalidArgumentError, OutOfMemoryError
+from ..errors import InvalidArgumentError, OutOfMemoryError
 from ..units import format_bytes, parse_size
 from .base import MemoryResource, validate_stream
 from .fixed_size import FixedSizeMemoryResource, _align_up, check_upstream
@@ -173,15 +173,7 @@ class BinningMemoryResource(MemoryResource):
         if ptr == 0 and size == 0:
             return
         with self._lock:
-            held = self._live.get(ptr) if isinstance(ptr, Integral) else None
-            if held is None:
-                raise DoubleFreeError(
-                    f"{type(self).__name__} does not hold pointer {ptr!r}: it was already freed, "
-                    f"or was allocated by another resource", ptr=ptr if isinstance(ptr, int) else 0)
-            if held[0] != size:
-                raise InvalidArgumentError(
-                    f"pointer {ptr:#x} was allocated with {held[0]} bytes, but deallocate was given {size}",
-                    value=nbytes, expected=f"{held[0]}")
+            self._held(ptr, size, nbytes)
             self._owner[ptr].deallocate(ptr, size, s)
             del self._live[ptr]
             del self._owner[ptr]
