@@ -161,14 +161,12 @@ class ResourceAdaptor(MemoryResource):
         return self.upstream_mr
 
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
-        size = parse_size(nbytes, name="nbytes")
-        s = validate_stream(stream)
-        return self._allocate(size, s)
+        size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
+        return self._allocate(size, 0 if stream is None else validate_stream(stream))
 
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
-        size = parse_size(nbytes, name="nbytes")
-        s = validate_stream(stream)
-        self._deallocate(ptr, size, s)
+        size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
+        self._deallocate(ptr, size, 0 if stream is None else validate_stream(stream))
 
     def allocation_id(self, ptr: int) -> int:
         return self.upstream_mr.allocation_id(ptr)
