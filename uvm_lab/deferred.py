@@ -28,6 +28,10 @@ _start = threading.Lock()
 
 def defer(fn: Callable[..., Any], *args: Any) -> None:
     """Run ``fn(*args)`` soon, on a thread that holds no lock of uvm_lab's. Safe to call from a finalizer."""
+    if sys.is_finalizing():
+        # The interpreter is exiting: no new thread can start (waiting for one would hang the exit),
+        # and the process's memory goes back to the system with it.
+        return
     _queue.append((fn, args))
     if _worker is None:
         _start_worker()

@@ -10,7 +10,6 @@ import pytest
 
 import uvm_lab as ul
 from uvm_lab.events import EVENT_DTYPE, EventBus, EventKind, make_events
-from uvm_lab.events.bus import pack_event
 
 MiB = 1 << 20
 
@@ -119,8 +118,8 @@ def test_save_and_load_is_exact(tmp_path):
         ul.Trace.load(tmp_path / "other.npy")
 
 
-def row(address: int, kind: EventKind = EventKind.ALLOC) -> bytes:
-    return pack_event(kind, 0, 0, 0, 0, 0, address, 0, 0, 0, 0)
+def row(address: int, kind: EventKind = EventKind.ALLOC) -> tuple[int, ...]:
+    return (kind, 0, 0, address, 0, 0, 0)
 
 
 def test_queued_records_arrive_in_order_before_a_later_publish():
@@ -160,7 +159,9 @@ def test_queued_records_are_delivered_by_the_flusher_without_any_reader():
     assert seen and seen[0]["address"].tolist() == [7]
 
 
-def test_packed_records_equal_the_dtype():
+def test_queued_allocator_records_become_full_records():
     bus = EventBus(flush_interval=60)
-    bus.emit(pack_event(EventKind.ALLOC, 1, -1, 2, 3, 4, 1 << 47, 5, 6, 7, 8))
-    assert bus.history().tolist() == [(EventKind.ALLOC, 1, -1, 2, 3, 4, 1 << 47, 5, 6, 7, 8)]
+    bus.emit((EventKind.ALLOC, -1, 3, 1 << 47, 5, 7, 8))
+    bus.emit((EventKind.FREE, 2, 4, 1 << 47, 5, 7, 1 << 40))
+    assert bus.history().tolist() == [(EventKind.ALLOC, 0, 0, -1, 3, 3, 1 << 47, 5, 5, 7, 8),
+                                      (EventKind.FREE, 0, 0, 2, 4, 4, 1 << 47, 5, 5, 7, 1 << 40)]

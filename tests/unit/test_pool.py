@@ -511,3 +511,19 @@ def test_concurrent_allocate_and_free_keep_the_pool_consistent(make_pool, manage
     assert errors == []
     assert pool.get_allocated_bytes() == 0
     assert pool.free_ranges() == pool.upstream_blocks()
+
+
+@pytest.mark.parametrize("resource", ["PoolMemoryResource", "ArenaMemoryResource", "FixedSizeMemoryResource"])
+def test_a_script_that_leaves_a_suballocator_alive_exits(resource):
+    # The suballocator is collected while the interpreter shuts down, when no thread can start:
+    # giving its blocks back must not wait for one.
+    import subprocess
+    import sys
+
+    code = ("import uvm_lab as ul\n"
+            f"mr = ul.mr.{resource}(ul.mr.ManagedMemoryResource(), {'' if resource != 'PoolMemoryResource' else 'initial_pool_size=1 << 20'})\n"
+            "ptr = mr.allocate(1000)\n"
+            "print('allocated')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "allocated"

@@ -2,8 +2,8 @@
 
 Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emits a thousand
 migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
-FREE) are packed into bytes by :func:`pack_event` and queued by :meth:`EventBus.emit`, a bare
-``deque.append``; a batch becomes one array at no cost (``np.frombuffer``). Queued records are
+FREE) are queued by :meth:`EventBus.emit` as a tuple of seven ints (:data:`ALLOCATOR_FIELDS`), a bare
+``deque.append``; a batch of them becomes one array when it is flushed. Queued records are
 delivered, in order, before any array is published, whenever something reads (traces, history,
 residency maps), and otherwise within ``flush_interval`` seconds: subscribers see every record, in
 order, a little late at worst.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import struct
 import sys
 import threading
 from collections import deque
@@ -27,7 +26,7 @@ import numpy as np
 
 from .schema import EVENT_DTYPE, EventKind
 
-__all__ = ["EventBus", "Subscription", "get_bus", "new_alloc_id", "pack_event"]
+__all__ = ["ALLOCATOR_FIELDS", "EventBus", "Subscription", "get_bus", "new_alloc_id"]
 
 log = logging.getLogger("uvm_lab.events")
 
@@ -35,10 +34,21 @@ Callback = Callable[[np.ndarray], None]
 
 _alloc_ids = itertools.count(1)
 
-#: One record as bytes in ``EVENT_DTYPE``'s layout: ``pack_event(kind, flags, src, dst, start, end, address,
-#: bytes, value, alloc_id, stream)``.
-pack_event = struct.Struct("<BBhhQQQQQQQ").pack
-assert struct.calcsize("<BBhhQQQQQQQ") == EVENT_DTYPE.itemsize
+#: What :meth:`EventBus.emit` takes, in order: an allocator's record as a tuple of ints. ``time`` fills
+#: both ``start`` and ``end``, ``bytes`` both ``bytes`` and ``value``; ``flags`` and ``src`` are zero.
+ALLOCATOR_FIELDS = ("kind", "dst", "time", "address", "bytes", "alloc_id", "stream")
+
+
+def _from_allocator_records(rows: list[tuple[int, ...]]) -> np.ndarray:
+    """Tuples of :data:`ALLOCATOR_FIELDS` as one ``EVENT_DTYPE`` array."""
+    n = len(rows)
+    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=n * len(ALLOCATOR_FIELDS))
+    columns = flat.reshape(n, len(ALLOCATOR_FIELDS))
+    out = np.zeros(n, dtype=EVENT_DTYPE)
+    out["kind"], out["dst"], out["start"], out["address"], out["bytes"], out["alloc_id"], out["stream"] = columns.T
+    out["end"] = out["start"]
+    out["value"] = out["bytes"]
+    return out
 
 
 def new_alloc_id() -> int:
@@ -86,7 +96,7 @@ class EventBus:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = capacity
-        self._queue: deque[bytes] = deque()   # append/popleft are atomic: emit takes no lock
+        self._queue: deque[tuple[int, ...]] = deque()   # append/popleft are atomic: emit takes no lock
         self._flush_interval = flush_interval
         self._flusher: threading.Thread | None = None
         self._delivering = False   # a subscriber detached while records are being delivered must not recurse
@@ -127,8 +137,8 @@ class EventBus:
                 self._flush_locked()
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
 
-    def emit(self, record: bytes) -> None:
-        """Queue one record packed by :func:`pack_event` (the allocator's hot path)."""
+    def emit(self, record: tuple[int, ...]) -> None:
+        """Queue one allocator record, a tuple of :data:`ALLOCATOR_FIELDS` (the allocator's hot path)."""
         self._start_flusher()
         self._queue.append(record)
         self.emit = self._queue.append   # type: ignore[method-assign,assignment]  # a bare append from now on
@@ -154,8 +164,7 @@ class EventBus:
         queue = self._queue
         n = len(queue)
         if n:
-            packed = bytearray(b"".join([queue.popleft() for _ in range(n)]))
-            self._deliver(np.frombuffer(packed, dtype=EVENT_DTYPE))
+            self._deliver(_from_allocator_records([queue.popleft() for _ in range(n)]))
 
     def _deliver(self, records: np.ndarray) -> None:
         self._append(records)
