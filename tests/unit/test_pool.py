@@ -520,8 +520,9 @@ def test_a_script_that_leaves_a_suballocator_alive_exits(resource):
     import subprocess
     import sys
 
+    size = "initial_pool_size=1 << 20" if resource == "PoolMemoryResource" else ""
     code = ("import uvm_lab as ul\n"
-            f"mr = ul.mr.{resource}(ul.mr.ManagedMemoryResource(), {'' if resource != 'PoolMemoryResource' else 'initial_pool_size=1 << 20'})\n"
+            f"mr = ul.mr.{resource}(ul.mr.ManagedMemoryResource(), {size})\n"
             "ptr = mr.allocate(1000)\n"
             "print('allocated')\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
