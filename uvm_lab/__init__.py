@@ -19,15 +19,18 @@ from .buffer import DeviceBuffer, find_buffer, live_buffers
 from .events.trace import Trace, record
 from .location import Location
 from .residency_map import ResidencyMap, get_tracker, residency
+from .stream import DEFAULT_STREAM, Stream
 from .units import format_bytes, parse_size
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DEFAULT_STREAM",
     "AccessResult",
     "DeviceBuffer",
     "Location",
     "ResidencyMap",
+    "Stream",
     "Trace",
     "__version__",
     "deferred",

@@ -6,6 +6,7 @@ from .backends.base import AccessMode, AccessResult
 from .buffer import DeviceBuffer
 from .errors import BufferClosedError, InvalidArgumentError
 from .location import Location
+from .stream import as_stream_handle
 from .units import parse_size
 
 __all__ = ["touch"]
@@ -14,11 +15,13 @@ _MODES = ("read", "write", "atomic")
 
 
 def touch(buffer: DeviceBuffer, on: int | str | Location = "gpu", mode: AccessMode = "read", *,
-          offset: int | str = 0, size: int | str | None = None) -> AccessResult:
+          offset: int | str = 0, size: int | str | None = None, stream: object = None) -> AccessResult:
     """Access bytes ``[offset, offset + size)`` of ``buffer`` from ``on`` (``"gpu"``, ``"host"`` ...).
 
     On the simulator this is a modelled kernel or host loop: pages fault and migrate according to
-    the driver's rules, and the cost advances the simulated clock. Returns what it cost.
+    the driver's rules, and the cost advances the simulated clock. A GPU access runs on ``stream``
+    (the default stream when None); under a ``PrefetchResourceAdaptor(on="access")`` the buffer is
+    prefetched on that stream first. Returns what it cost.
     """
     if not isinstance(buffer, DeviceBuffer):
         raise InvalidArgumentError(f"touch needs a DeviceBuffer, got {buffer!r} ({type(buffer).__name__})",
@@ -36,6 +39,9 @@ def touch(buffer: DeviceBuffer, on: int | str | Location = "gpu", mode: AccessMo
         raise InvalidArgumentError(f"offset {start} + size {length} runs past the end of the buffer "
                                    f"({buffer.size} bytes)",
                                    value=(offset, size), expected=f"a range within 0..{buffer.size}")
+    handle = as_stream_handle(stream)
     if length == 0:
         return AccessResult(0.0, 0, 0, 0)
-    return backend.access(buffer.ptr + start, length, where, mode)
+    if not where.is_host:
+        buffer._prefetch_on_access(handle)
+    return backend.access(buffer.ptr + start, length, where, mode, stream=handle)

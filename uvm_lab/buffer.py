@@ -18,11 +18,13 @@ import numpy as np
 
 from . import deferred
 from .backends.base import RangeAdvice
+from .dlpack import KDL_CUDA, KDL_CUDA_HOST, to_capsule
 from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError
 from .events.schema import Advice, MemoryKind
 from .location import Location
-from .mr.base import MemoryResource, validate_stream
+from .mr.base import MemoryResource, resource_chain, validate_stream
 from .mr.current import get_current_device_resource
+from .stream import DEFAULT_STREAM, Stream
 from .units import format_bytes, parse_size
 
 __all__ = ["DeviceBuffer", "find_buffer", "live_buffers"]
@@ -41,7 +43,17 @@ _ADVICE_NAMES = {
 }
 
 
-def _release(mr: MemoryResource, ptr: int, size: int, stream: int | None, buffer_id: int) -> None:
+def _access_prefetcher(mr: MemoryResource) -> Any:
+    """The ``PrefetchResourceAdaptor(on="access")`` in ``mr``'s chain, if there is one."""
+    from .mr.prefetch import PrefetchResourceAdaptor
+
+    for resource in resource_chain(mr):
+        if isinstance(resource, PrefetchResourceAdaptor) and resource.on == "access":
+            return resource
+    return None
+
+
+def _release(mr: MemoryResource, ptr: int, size: int, stream: int, buffer_id: int, stream_owner: object = None) -> None:
     with _live_lock:
         _live.pop(buffer_id, None)
     try:
@@ -61,14 +73,16 @@ class DeviceBuffer:
     mr
         The memory resource to allocate from.
     stream
-        Stream handle the allocation is ordered on (None: the default stream).
+        The stream the allocation, its copies and its free are ordered on: None (the default
+        stream), a :class:`~uvm_lab.Stream`, an int handle, or a CuPy, PyTorch or cuda.core stream.
     label
         A name shown in residency maps and dashboards (default ``"buffer <id>"``).
     """
 
-    def __init__(self, *, size: int | str = 0, mr: MemoryResource | None = None, stream: int | None = None,
+    def __init__(self, *, size: int | str = 0, mr: MemoryResource | None = None, stream: object = None,
                  label: str | None = None) -> None:
         nbytes = parse_size(size)
+        handle = validate_stream(stream)
         if mr is None:
             mr = get_current_device_resource()
         elif not isinstance(mr, MemoryResource):
@@ -78,14 +92,17 @@ class DeviceBuffer:
             raise InvalidArgumentError(f"label must be a str or None, got {label!r}", value=label,
                                        expected="a str or None")
         deferred.run()   # frees that garbage collection queued: give that memory back first
-        ptr = mr.allocate(nbytes, stream)
+        ptr = mr.allocate(nbytes, handle)
         self._ptr = ptr
         self._size = nbytes
         self._mr = mr
-        self._stream = stream
+        # Keep the caller's stream object alive as long as the buffer: its handle must stay valid.
+        self._stream = stream if isinstance(stream, Stream) else DEFAULT_STREAM if handle == 0 else Stream(stream)
         self.id = mr.allocation_id(ptr) if nbytes else next(_empty_ids)
         self.label = label if label is not None else f"buffer {self.id}"
-        self._finalizer = weakref.finalize(self, deferred.defer, _release, mr, ptr, nbytes, stream, self.id)
+        self._access_prefetcher = _access_prefetcher(mr)
+        # The caller's stream object rides along with the free, so its handle is still valid then.
+        self._finalizer = weakref.finalize(self, deferred.defer, _release, mr, ptr, nbytes, handle, self.id, stream)
         self._finalizer.atexit = False   # the process's exit frees device memory; nothing to publish then
         with _live_lock:
             _live[self.id] = weakref.ref(self)
@@ -108,7 +125,8 @@ class DeviceBuffer:
         return self._mr
 
     @property
-    def stream(self) -> int | None:
+    def stream(self) -> Stream:
+        """The stream the buffer's allocation, copies and free are ordered on."""
         return self._stream
 
     @property
@@ -146,7 +164,7 @@ class DeviceBuffer:
             raise InvalidArgumentError(f"{src.size} bytes at offset {start} do not fit in {self.label!r} "
                                        f"({self._size} bytes)", value=data,
                                        expected=f"at most {self._size - start} bytes")
-        self._mr.backend.write(self._ptr + start, src, stream=validate_stream(self._stream))
+        self._mr.backend.write(self._ptr + start, src, stream=self._stream.handle)
 
     def copy_to_host(self, ary: np.ndarray | None = None) -> np.ndarray:
         """The buffer's bytes in host memory: a new ``uint8`` array, or ``ary`` (``nbytes`` equal to the buffer's)."""
@@ -158,7 +176,7 @@ class DeviceBuffer:
             if out.size != self._size:
                 raise InvalidArgumentError(f"ary holds {out.size} bytes but {self.label!r} has {self._size}",
                                            value=ary, expected=f"an array of {self._size} bytes")
-        self._mr.backend.read(self._ptr, out, stream=validate_stream(self._stream))
+        self._mr.backend.read(self._ptr, out, stream=self._stream.handle)
         return out if ary is None else ary
 
     def host_view(self, dtype: Any = np.uint8) -> np.ndarray:
@@ -179,16 +197,69 @@ class DeviceBuffer:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        """The buffer as a 1-D ``uint8`` device array (CUDA Array Interface v3), for CuPy, Numba, PyTorch."""
+        """The buffer as a 1-D ``uint8`` device array (CUDA Array Interface v3), for CuPy, Numba, PyTorch.
+
+        Reading it is an access: under a ``PrefetchResourceAdaptor(on="access")`` the buffer is prefetched
+        on its own stream first, and that stream is named so the consumer waits for it.
+        """
         if self._mr.backend.is_simulated:
             # AttributeError, so that hasattr() says no: a simulated address names no real memory.
             raise AttributeError("a buffer on the simulated device has no real device memory to share")
         self._check_open("share")
+        handle = self._stream.handle
+        queued = self._prefetch_on_access(handle)
+        # CAI v3: 0 is not allowed for the legacy default stream; it is 1.
+        stream = (handle or 1) if queued else None
         return {"shape": (self._size,), "typestr": "|u1", "data": (self._ptr, False), "version": 3,
-                "strides": None, "stream": None}
+                "strides": None, "stream": stream}
+
+    def __dlpack__(self, *, stream: int | None = None, max_version: tuple[int, int] | None = None,
+                   dl_device: tuple[int, int] | None = None, copy: bool | None = None) -> object:
+        """The buffer as a DLPack capsule (a 1-D ``uint8`` tensor), for ``torch.from_dlpack`` and others.
+
+        ``stream`` is the consumer's stream, as the DLPack protocol gives it (None or 1: the legacy
+        default stream, 2: per-thread default, -1: no synchronization, otherwise a handle). Work
+        queued on the buffer's own stream is waited for first, and under a
+        ``PrefetchResourceAdaptor(on="access")`` the prefetch is queued on the consumer's stream.
+        """
+        backend = self._mr.backend
+        if backend.is_simulated:
+            raise BufferError("a buffer on the simulated device has no real device memory to share")
+        self._check_open("share")
+        device = self.__dlpack_device__()
+        if dl_device is not None and tuple(dl_device) != device:
+            raise BufferError(f"{self.label!r} lives on DLPack device {device}, not {tuple(dl_device)}; "
+                              f"uvm_lab does not copy across devices on export")
+        if copy:
+            raise BufferError("uvm_lab exports buffers without copying; copy=True is not supported")
+        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int) or stream in (0, -2)
+                                   or stream < -1):
+            raise BufferError(f"stream must be None, -1, 1, 2 or a stream handle, got {stream!r}")
+        consumer = 0 if stream in (None, -1, 1) else int(stream)   # a DLPack handle is a CUDA handle
+        if stream != -1 and consumer != self._stream.handle:
+            backend.synchronize_stream(self._stream.handle)  # type: ignore[attr-defined]
+        if stream != -1:
+            self._prefetch_on_access(consumer)
+        return to_capsule(self, self._ptr, self._size, *device)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        """``(device type, device id)``: CUDA for managed and device memory, CUDA host for pinned memory."""
+        if self._mr.backend.is_simulated:
+            raise BufferError("a buffer on the simulated device has no real device memory to share")
+        if self._size and self._mr.backend.segment_kind(self._ptr) is MemoryKind.PINNED_HOST:
+            return (KDL_CUDA_HOST, 0)
+        return (KDL_CUDA, self._mr.device_id if self._mr.device_id >= 0 else 0)
+
+    def _prefetch_on_access(self, stream: int) -> bool:
+        """Under a ``PrefetchResourceAdaptor(on="access")``, prefetch before an access on ``stream``."""
+        adaptor = self._access_prefetcher
+        if adaptor is None or not self._size or self._size < adaptor.min_size or not self.is_managed:
+            return False
+        self._mr.backend.prefetch(self._ptr, self._size, adaptor.location, stream=stream)
+        return True
 
     # -- prefetch and advice ---------------------------------------------------------------------------
-    def prefetch(self, location: int | str | Location = "gpu", stream: int | None = None) -> None:
+    def prefetch(self, location: int | str | Location = "gpu", stream: object = None) -> None:
         """Migrate the buffer's pages to ``location`` (``"gpu"``, ``"gpu:N"``, ``"host"`` or an ordinal).
 
         As ``cudaMemPrefetchAsync``: pages not yet touched are populated there; memory that cannot

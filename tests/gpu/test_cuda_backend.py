@@ -158,3 +158,111 @@ def test_cuda_async_memory_resource_on_the_gpu(cuda):
     kinds = set(trace.to_pandas().kind)
     assert {"segment_alloc", "alloc", "free"} <= kinds
     assert mr.pool_handle() != 0
+
+
+def test_cuda_async_owns_a_pool_with_the_threshold_asked_for(cuda):
+    from cuda.bindings import runtime as cudart
+
+    from uvm_lab.backends.cuda import check
+
+    mr = ul.mr.CudaAsyncMemoryResource(initial_pool_size="64MiB", release_threshold="128MiB")
+    pool = mr.pool_handle()
+    assert pool != int(check(cudart.cudaDeviceGetDefaultMemPool(0)))      # its own pool, as RMM's
+    threshold = check(cudart.cudaMemPoolGetAttribute(pool, cudart.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold))
+    assert int(threshold) == 128 * MiB
+    assert mr.pool_size() >= 64 * MiB                  # primed: allocated and freed once, still reserved
+    ptr = mr.allocate("200MiB")
+    assert mr.pool_size() >= 200 * MiB
+    mr.deallocate(ptr, "200MiB")
+    mr.trim_to(0)
+    assert mr.pool_size() == 0
+    keep_all = ul.mr.CudaAsyncMemoryResource()
+    threshold = check(cudart.cudaMemPoolGetAttribute(keep_all.pool_handle(),
+                                                     cudart.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold))
+    assert int(threshold) == (1 << 64) - 1             # RMM's default: keep everything across syncs
+
+
+def test_cuda_async_ipc_pool_exports_a_file_descriptor(cuda):
+    import os
+
+    from cuda.bindings import runtime as cudart
+
+    from uvm_lab.backends.cuda import check
+
+    supported = int(check(cudart.cudaDeviceGetAttribute(
+        cudart.cudaDeviceAttr.cudaDevAttrMemoryPoolSupportedHandleTypes, 0)))
+    if not supported & 0x1:
+        with pytest.raises(ul.errors.BackendError, match="posix_file_descriptor"):
+            ul.mr.CudaAsyncMemoryResource(enable_ipc=True)
+        return
+    mr = ul.mr.CudaAsyncMemoryResource(enable_ipc=True)
+    fd = check(cudart.cudaMemPoolExportToShareableHandle(
+        mr.pool_handle(), cudart.cudaMemAllocationHandleType.cudaMemHandleTypePosixFileDescriptor, 0))
+    assert int(fd) >= 0
+    os.close(int(fd))
+    ptr = mr.allocate(1 * MiB)
+    mr.deallocate(ptr, 1 * MiB)
+
+
+def test_streams_of_every_library_order_the_work(cuda):
+    import cupy
+
+    with ul.Stream() as s:
+        assert s.owns and s.handle != 0
+        buf = ul.DeviceBuffer(size=4 * MiB, stream=s)
+        buf.copy_from_host(np.arange(4 * MiB, dtype=np.uint8))
+        buf.prefetch("gpu", stream=s)
+        s.synchronize()
+        assert (buf.copy_to_host() == np.arange(4 * MiB, dtype=np.uint8)).all()
+        buf.close()
+    cupy_stream = cupy.cuda.Stream(non_blocking=True)
+    mr = ul.mr.CudaAsyncMemoryResource()
+    with ul.record() as trace:
+        ptr = mr.allocate(MiB, cupy_stream)
+        mr.deallocate(ptr, MiB, cupy_stream)
+    assert set(trace.of_kind(ul.events.EventKind.ALLOC)["stream"].tolist()) == {cupy_stream.ptr}
+    try:
+        import torch
+    except ImportError:
+        return
+    torch_stream = torch.cuda.Stream()
+    buf = ul.DeviceBuffer(size=MiB, stream=torch_stream)
+    assert buf.stream.handle == torch_stream.cuda_stream
+    buf.close()
+
+
+def test_dlpack_export_to_torch_and_cupy_is_zero_copy(cuda):
+    import cupy
+    import torch
+
+    buf = ul.DeviceBuffer(size=MiB)
+    buf.copy_from_host(np.arange(MiB, dtype=np.uint8))
+    tensor = torch.from_dlpack(buf)
+    assert tensor.device.type == "cuda" and tensor.dtype == torch.uint8 and tensor.numel() == MiB
+    tensor[:4] = 7
+    torch.cuda.synchronize()
+    assert buf.copy_to_host()[:5].tolist() == [7, 7, 7, 7, 4]
+    array = cupy.from_dlpack(buf)
+    assert int(array[4]) == 4 and array.data.ptr == buf.ptr
+    device = ul.DeviceBuffer(size=MiB, mr=ul.mr.CudaMemoryResource())
+    assert device.__dlpack_device__() == (2, 0)
+    pinned = ul.DeviceBuffer(size=MiB, mr=ul.mr.PinnedHostMemoryResource())
+    assert pinned.__dlpack_device__() == (3, 0)
+
+
+def test_prefetch_on_access_moves_host_written_data_on_the_consumer_stream(cuda):
+    import torch
+
+    mr = ul.mr.PrefetchResourceAdaptor(ul.mr.ManagedMemoryResource(), on="access")
+    buf = ul.DeviceBuffer(size=64 * MiB, mr=mr)
+    buf.host_view()[:] = 5                              # written on the host: every page is there
+    assert host_resident(buf.ptr, buf.size).all()
+    stream = torch.cuda.Stream()
+    with ul.record() as trace, torch.cuda.stream(stream):
+        tensor = torch.from_dlpack(buf)
+        total = int(tensor.sum(dtype=torch.int64))
+    assert total == 5 * 64 * MiB
+    prefetch = trace.of_kind(ul.events.EventKind.PREFETCH)
+    assert prefetch["stream"].tolist() == [stream.cuda_stream]
+    stream.synchronize()
+    assert not host_resident(buf.ptr, buf.size).any()  # the pages moved to the GPU before the kernel

@@ -36,6 +36,9 @@ __all__ = ["CudaBackend", "check"]
 
 _INVALID_DEVICE = -2   # cudaInvalidDeviceId
 
+#: ``handles=`` names for :meth:`CudaBackend.create_async_pool`, as ``cudaMemAllocationHandleType`` bits.
+POOL_HANDLE_TYPES = {"posix_file_descriptor": 0x1, "fabric": 0x8}
+
 
 def check(result: Any) -> Any:
     """``(cudaError_t, *values)`` -> the value(s), or raise :class:`CudaError` naming the error."""
@@ -130,6 +133,7 @@ class CudaBackend:
         self._segments: dict[int, tuple[int, MemoryKind, int]] = {}   # ptr -> (size, kind, segment id)
         self._lock = threading.RLock()
         self._kernel: Any = None
+        self._pools: dict[int, Any] = {}     # handle -> cudaMemPool_t, for pools this backend created
         attr = cudart.cudaDeviceAttr
 
         def flag(a: Any) -> bool:
@@ -160,6 +164,17 @@ class CudaBackend:
 
     def synchronize(self) -> None:
         check(cudart.cudaDeviceSynchronize())
+
+    # -- streams ---------------------------------------------------------------------------------------
+    def create_stream(self) -> int:
+        """``cudaStreamCreate``: a new stream on the current device, as an int handle."""
+        return int(check(cudart.cudaStreamCreate()))
+
+    def destroy_stream(self, handle: int) -> None:
+        check(cudart.cudaStreamDestroy(handle))
+
+    def synchronize_stream(self, handle: int) -> None:
+        check(cudart.cudaStreamSynchronize(handle))
 
     def mem_info(self, device: int = 0) -> tuple[int, int]:
         if device != self._device:
@@ -207,13 +222,72 @@ class CudaBackend:
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
                                    start=now, end=now, stream=stream))
 
-    def allocate_async(self, size: int, *, device: int = 0, stream: int = 0) -> int:
-        """``cudaMallocAsync`` from the device's default memory pool, ordered on ``stream``."""
+    # -- stream-ordered pools (cudaMallocAsync) --------------------------------------------------------
+
+    def create_async_pool(self, *, device: int, release_threshold: int | None, handles: tuple[str, ...] = ()) -> int:
+        """``cudaMemPoolCreate``: a memory pool of device memory that the caller owns, as an int handle.
+
+        ``release_threshold=None`` keeps every reserved byte (RMM's default: the maximum uint64);
+        ``handles`` makes the pool's memory exportable to other processes (``"posix_file_descriptor"``)
+        or nodes (``"fabric"``).
+
+        Raises
+        ------
+        BackendError
+            The device has no memory pools, or cannot export the handle types asked for.
+        """
+        self._require("memory_pools", "cudaMemPoolCreate")
+        bits = 0
+        for name in handles:
+            bits |= POOL_HANDLE_TYPES[name]
+        if bits:
+            supported = int(check(cudart.cudaDeviceGetAttribute(
+                cudart.cudaDeviceAttr.cudaDevAttrMemoryPoolSupportedHandleTypes, device)))
+            missing = [name for name in handles if not supported & POOL_HANDLE_TYPES[name]]
+            if missing:
+                raise BackendError(f"{self.device_name} cannot export memory-pool handles of type "
+                                   f"{', '.join(missing)} (the device supports handle bits {supported:#x})")
+        props = cudart.cudaMemPoolProps()
+        props.allocType = cudart.cudaMemAllocationType.cudaMemAllocationTypePinned
+        props.handleTypes = cudart.cudaMemAllocationHandleType(bits)
+        props.location.type = cudart.cudaMemLocationType.cudaMemLocationTypeDevice
+        props.location.id = device
+        pool = check(cudart.cudaMemPoolCreate(props))
+        try:
+            threshold = (1 << 64) - 1 if release_threshold is None else release_threshold
+            check(cudart.cudaMemPoolSetAttribute(pool, cudart.cudaMemPoolAttr.cudaMemPoolAttrReleaseThreshold,
+                                                 cudart.cuuint64_t(threshold)))
+        except BaseException:
+            check(cudart.cudaMemPoolDestroy(pool))
+            raise
+        handle = int(pool)
+        self._pools[handle] = pool
+        return handle
+
+    def destroy_async_pool(self, pool: int) -> None:
+        """``cudaMemPoolDestroy`` of a pool from :meth:`create_async_pool` (its memory must be freed)."""
+        check(cudart.cudaMemPoolDestroy(self._pools.pop(pool)))
+
+    def async_pool_reserved(self, pool: int) -> int:
+        """Bytes the pool holds from the device now (``cudaMemPoolAttrReservedMemCurrent``)."""
+        value = check(cudart.cudaMemPoolGetAttribute(self._pools[pool],
+                                                     cudart.cudaMemPoolAttr.cudaMemPoolAttrReservedMemCurrent))
+        return int(value)
+
+    def trim_async_pool(self, pool: int, keep: int) -> None:
+        """``cudaMemPoolTrimTo``: give unused reserved memory back until at most ``keep`` bytes are held."""
+        check(cudart.cudaMemPoolTrimTo(self._pools[pool], keep))
+
+    def allocate_async(self, size: int, *, device: int = 0, stream: int = 0, pool: int | None = None) -> int:
+        """``cudaMallocAsync`` (or ``cudaMallocFromPoolAsync`` from ``pool``), ordered on ``stream``."""
         size = parse_size(size, allow_zero=False)
         self._require("memory_pools", "cudaMallocAsync")
         with self._lock:
             try:
-                ptr = int(check(cudart.cudaMallocAsync(size, stream)))
+                if pool is None:
+                    ptr = int(check(cudart.cudaMallocAsync(size, stream)))
+                else:
+                    ptr = int(check(cudart.cudaMallocFromPoolAsync(size, self._pools[pool], stream)))
             except OutOfMemoryError as exc:
                 free, total = self.mem_info(self._device)
                 raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} from the device's memory pool: {exc}",

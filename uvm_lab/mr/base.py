@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..errors import DoubleFreeError, InvalidArgumentError, OutOfMemoryError
 from ..events.bus import _alloc_ids
 from ..events.schema import EventKind
+from ..stream import as_stream_handle
 from ..units import format_bytes, parse_size
 
 if TYPE_CHECKING:
@@ -27,13 +28,8 @@ _ALLOC, _FREE, _ALLOC_FAILURE = int(EventKind.ALLOC), int(EventKind.FREE), int(E
 
 
 def validate_stream(stream: object) -> int:
-    """A stream argument as a handle: None is the default stream (0)."""
-    if stream is None:
-        return 0
-    if isinstance(stream, Integral) and not isinstance(stream, bool) and int(stream) >= 0:
-        return int(stream)
-    raise InvalidArgumentError(f"stream must be None or a non-negative stream handle, got {stream!r}",
-                               value=stream, expected="None or a non-negative int")
+    """A ``stream=`` argument as a handle: see :func:`uvm_lab.stream.as_stream_handle`."""
+    return as_stream_handle(stream)
 
 
 class MemoryResource:

@@ -1,7 +1,11 @@
 """Stream-ordered device memory from the driver's pool: RMM's ``CudaAsyncMemoryResource``.
 
-On a GPU this is ``cudaMallocAsync`` / ``cudaFreeAsync`` on a memory pool that the resource owns.
-On the simulator the resource models that pool:
+On a GPU, as in RMM, the resource creates a memory pool of its own (``cudaMemPoolCreate``) with the
+release threshold given (``cudaMemPoolAttrReleaseThreshold``; the maximum, "keep everything", when
+none is) and the export handle types asked for (POSIX file descriptors for ``enable_ipc``, fabric
+handles for ``enable_fabric``), primes it with ``initial_pool_size`` (allocated and freed once), and
+allocates with ``cudaMallocFromPoolAsync`` / ``cudaFreeAsync``. The pool is destroyed with the
+resource. On the simulator the resource models that pool:
 
 * Memory is device memory (``MemoryKind.DEVICE``): it never migrates and is never evicted.
 * The pool reserves device memory from the backend in chunks of whole 2 MiB blocks (each chunk a
@@ -17,9 +21,9 @@ On the simulator the resource models that pool:
   :class:`~uvm_lab.errors.OutOfMemoryError`, with every allocation as it was (only unused
   reserved memory may have gone back).
 
-On another backend the resource needs the backend's stream-ordered entry points,
-``allocate_async(size, *, device, stream) -> ptr`` and ``free_async(ptr, *, stream)``, and
-raises :class:`~uvm_lab.errors.BackendError` where they are missing.
+On another backend the resource needs the backend's stream-ordered entry points (``create_async_pool``,
+``allocate_async``, ``free_async`` ...), and raises :class:`~uvm_lab.errors.BackendError` where they
+are missing.
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ class CudaAsyncMemoryResource(MemoryResource):
                 expected=f"at most release_threshold = {threshold}")
         backend = get_backend()
         self._simulated = backend.name == "sim"
-        if not self._simulated and not hasattr(backend, "allocate_async"):
+        if not self._simulated and not hasattr(backend, "create_async_pool"):
             raise BackendError(
                 f"CudaAsyncMemoryResource is not available on the {backend.name!r} backend yet: it has no "
                 f"stream-ordered allocation (allocate_async); use CudaMemoryResource or PoolMemoryResource")
@@ -104,6 +108,11 @@ class CudaAsyncMemoryResource(MemoryResource):
         self.enable_ipc = ipc
         self.enable_fabric = fabric
         self._ranges = FreeRanges()              # the simulated pool's chunks and free ranges
+        self._pool: int | None = None            # the driver's pool, on a GPU
+        if not self._simulated:
+            handles = (("posix_file_descriptor",) if ipc else ()) + (("fabric",) if fabric else ())
+            self._pool = backend.create_async_pool(device=self.device_id, release_threshold=threshold,
+                                                   handles=handles)
         if initial:
             with self._lock:
                 if self._simulated:
@@ -119,19 +128,33 @@ class CudaAsyncMemoryResource(MemoryResource):
         return self._threshold
 
     def pool_size(self) -> int:
-        """Bytes the simulated pool has reserved from the device (in use and free)."""
+        """Bytes the pool has reserved from the device, in use and free (``cudaMemPoolAttrReservedMemCurrent``)."""
+        if self._pool is not None:
+            return int(self.backend.async_pool_reserved(self._pool))  # type: ignore[attr-defined]
         return sum(self._ranges.blocks.values())
 
     def upstream_blocks(self) -> list[tuple[int, int]]:
-        """``(address, size)`` of every chunk the simulated pool has reserved, by address."""
+        """``(address, size)`` of every chunk the simulated pool has reserved, by address.
+
+        Raises
+        ------
+        BackendError
+            On a GPU, whose driver does not say how it carves its pool.
+        """
+        if self._pool is not None:
+            raise BackendError("the CUDA driver does not list the chunks of a memory pool; use pool_size()")
         with self._lock:
             return sorted(self._ranges.blocks.items())
 
     def trim_to(self, nbytes: int | str) -> None:
-        """``cudaMemPoolTrimTo``: give wholly free chunks back until at most ``nbytes`` are reserved."""
+        """``cudaMemPoolTrimTo``: give unused reserved memory back until at most ``nbytes`` are reserved."""
         keep = parse_size(nbytes, name="nbytes")
         with self._lock:
-            self._trim(keep)
+            if self._pool is not None:
+                self.backend.synchronize()       # frees still queued on streams are not yet unused
+                self.backend.trim_async_pool(self._pool, keep)  # type: ignore[attr-defined]
+            else:
+                self._trim(keep)
 
     def pool_handle(self) -> int:
         """The driver's ``cudaMemPool_t``, for ``CudaAsyncViewMemoryResource`` or IPC.
@@ -141,16 +164,16 @@ class CudaAsyncMemoryResource(MemoryResource):
         BackendError
             On the simulator, which has no driver pool (nor, yet, a backend that exposes one).
         """
-        handle = getattr(self.backend, "async_pool_handle", None)
-        if self._simulated or handle is None:
+        if self._pool is None:
             raise BackendError(f"the {self.backend.name!r} backend has no driver memory pool to hand out; "
                                f"pool_handle() needs the CUDA backend")
-        return int(handle(self.device_id))
+        return self._pool
 
     # -- allocation -----------------------------------------------------------------------------
     def _allocate(self, size: int, stream: int) -> int:
         if not self._simulated:
-            return int(self.backend.allocate_async(size, device=self.device_id, stream=stream))  # type: ignore[attr-defined]
+            return int(self.backend.allocate_async(size, device=self.device_id, stream=stream,  # type: ignore[attr-defined]
+                                                   pool=self._pool))
         need = _align_up(size)
         ptr = self._ranges.take(need)
         if ptr is None:
@@ -195,6 +218,14 @@ class CudaAsyncMemoryResource(MemoryResource):
 
     # -- lifetime -------------------------------------------------------------------------------
     def __del__(self) -> None:
+        pool = getattr(self, "_pool", None)
+        if pool is not None:
+            # The driver keeps a destroyed pool's memory until its last allocation is freed.
+            try:  # noqa: SIM105 - at exit the module's globals may be gone
+                defer(self.backend.destroy_async_pool, pool)  # type: ignore[attr-defined]
+            except Exception:
+                pass
+            return
         ranges = getattr(self, "_ranges", None)
         if ranges is None or not ranges.blocks:
             return
