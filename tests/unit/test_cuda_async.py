@@ -128,19 +128,31 @@ def test_a_backend_without_stream_ordered_allocation_is_refused(monkeypatch, sim
         CudaAsyncMemoryResource()
 
 
-def test_a_backend_with_allocate_async_is_used(monkeypatch, sim_backend):
+def test_what_the_resource_asks_of_a_backend_with_driver_pools(monkeypatch, sim_backend):
+    # The contract with CudaBackend (exercised for real by tests/gpu): an own pool, made with the
+    # threshold and handle types, primed once, allocated from, trimmed and destroyed.
     calls: list[tuple] = []
     monkeypatch.setattr(sim_backend, "name", "cuda")
-    monkeypatch.setattr(sim_backend, "allocate_async",
-                        lambda size, *, device, stream: calls.append(("alloc", size, device, stream)) or 0x1000,
-                        raising=False)
-    monkeypatch.setattr(sim_backend, "free_async", lambda ptr, *, stream: calls.append(("free", ptr, stream)),
-                        raising=False)
-    mr = CudaAsyncMemoryResource(initial_pool_size=4096)
-    assert calls == [("alloc", 4096, 0, 0), ("free", 0x1000, 0)]     # primed as RMM primes it
+    stubs = {
+        "create_async_pool": lambda *, device, release_threshold, handles: calls.append(
+            ("create", device, release_threshold, handles)) or 77,
+        "allocate_async": lambda size, *, device, stream, pool: calls.append(("alloc", size, stream, pool)) or 0x1000,
+        "free_async": lambda ptr, *, stream: calls.append(("free", ptr, stream)),
+        "async_pool_reserved": lambda pool: 4096,
+        "trim_async_pool": lambda pool, keep: calls.append(("trim", pool, keep)),
+    }
+    for name, stub in stubs.items():
+        monkeypatch.setattr(sim_backend, name, stub, raising=False)
+    mr = CudaAsyncMemoryResource(initial_pool_size=4096, release_threshold="1MiB")
+    assert calls == [("create", 0, 1 << 20, ()), ("alloc", 4096, 0, 77), ("free", 0x1000, 0)]  # primed as RMM does
+    assert mr.pool_handle() == 77 and mr.pool_size() == 4096
     assert mr.allocate(10, stream=2) == 0x1000
     mr.deallocate(0x1000, 10, stream=2)
-    assert calls[2:] == [("alloc", 10, 0, 2), ("free", 0x1000, 2)]
+    mr.trim_to(0)
+    assert calls[3:] == [("alloc", 10, 2, 77), ("free", 0x1000, 2), ("trim", 77, 0)]
+    with pytest.raises(BackendError, match="chunks"):
+        mr.upstream_blocks()
+    mr._pool = None    # nothing to destroy on the simulator when the resource is collected
 
 
 def test_repr():
