@@ -72,6 +72,40 @@ def main() -> None:
         buf.close()
         return elapsed
 
+    managed = ul.mr.ManagedMemoryResource()
+    side = int(check(cudart.cudaStreamCreateWithFlags(cudart.cudaStreamNonBlocking)))
+    chunk = 64 << 20
+    events = [check(cudart.cudaEventCreateWithFlags(cudart.cudaEventDisableTiming)) for _ in range(-(-size // chunk))]
+    gpu = cudart.cudaMemLocation()
+    gpu.type = cudart.cudaMemLocationType.cudaMemLocationTypeDevice
+    gpu.id = 0
+
+    def managed_memcpy_only() -> float:
+        # Experiment: no prefetch at all; the copy lands in unpopulated managed memory.
+        start = time.perf_counter()
+        buf = ul.DeviceBuffer(size=size, mr=managed)
+        check(cudart.cudaMemcpy(buf.ptr, data.ctypes.data, size, cudart.cudaMemcpyKind.cudaMemcpyHostToDevice))
+        kernel_read(buf.ptr)
+        elapsed = time.perf_counter() - start
+        buf.close()
+        return elapsed
+
+    def managed_pipelined() -> float:
+        # Experiment: prefetch 64 MiB chunks on a side stream while the copy of the chunk before runs.
+        start = time.perf_counter()
+        buf = ul.DeviceBuffer(size=size, mr=managed)
+        for i, offset in enumerate(range(0, size, chunk)):
+            n = min(chunk, size - offset)
+            check(cudart.cudaMemPrefetchAsync(buf.ptr + offset, n, gpu, 0, side))
+            check(cudart.cudaEventRecord(events[i], side))
+            check(cudart.cudaStreamWaitEvent(0, events[i], 0))
+            check(cudart.cudaMemcpyAsync(buf.ptr + offset, data.ctypes.data + offset, n,
+                                         cudart.cudaMemcpyKind.cudaMemcpyHostToDevice, 0))
+        kernel_read(buf.ptr)
+        elapsed = time.perf_counter() - start
+        buf.close()
+        return elapsed
+
     def host_written(prefetch: bool) -> float:
         buf = ul.DeviceBuffer(size=size, mr=ul.mr.ManagedMemoryResource())
         buf.host_view()[:] = data                 # the host writes it: every page on the host
@@ -86,6 +120,8 @@ def main() -> None:
     paths = {
         "cudaMalloc + pinned cudaMemcpy + kernel": cuda_malloc_memcpy,
         "PrefetchResourceAdaptor + copy_from_host + kernel": uvm_prefetch_adaptor,
+        "experiment: managed + cudaMemcpy, no prefetch": managed_memcpy_only,
+        "experiment: managed, 64 MiB prefetch/copy pipeline": managed_pipelined,
         "host-written managed, kernel faults it in": lambda: host_written(False),
         "host-written managed, prefetch + kernel": lambda: host_written(True),
     }

@@ -6,7 +6,9 @@ resource gave everything back and said so in events.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,12 +28,23 @@ RESOURCES: dict[str, Callable[[], ul.mr.MemoryResource]] = {
     "binning": lambda: ul.mr.BinningMemoryResource(ul.mr.CudaMemoryResource(), 10, 20),
     "fixed_size": lambda: ul.mr.FixedSizeMemoryResource(ul.mr.CudaMemoryResource(), "4MiB", 4),
     "prefetch": lambda: ul.mr.PrefetchResourceAdaptor(ul.mr.ManagedMemoryResource()),
+    "prefetch_on_access": lambda: ul.mr.PrefetchResourceAdaptor(ul.mr.ManagedMemoryResource(), on="access"),
+    "logging": lambda: ul.mr.LoggingResourceAdaptor(ul.mr.ManagedMemoryResource(),
+                                                    Path(tempfile.mkdtemp()) / "allocations.csv"),
+    "reinitialized": lambda: _reinitialized(),
     "statistics": lambda: ul.mr.StatisticsResourceAdaptor(ul.mr.ManagedMemoryResource()),
     "tracking": lambda: ul.mr.TrackingResourceAdaptor(ul.mr.CudaMemoryResource()),
     "limiting": lambda: ul.mr.LimitingResourceAdaptor(ul.mr.CudaMemoryResource(), "64MiB"),
     "failure_callback": lambda: ul.mr.FailureCallbackResourceAdaptor(ul.mr.CudaMemoryResource(), lambda n: False),
 }
 SIZES = [1, 4096, MiB + 7, 3 * MiB]
+
+
+def _reinitialized() -> ul.mr.MemoryResource:
+    """What ``rmm.reinitialize`` users get: a managed pool with logging, as the current device's resource."""
+    ul.mr.reinitialize(pool_allocator=True, managed_memory=True, initial_pool_size="16MiB", logging=True,
+                       log_file_name=Path(tempfile.mkdtemp()) / "log.csv")
+    return ul.mr.get_current_device_resource()
 
 
 @pytest.fixture(params=["sim", pytest.param("cuda", marks=pytest.mark.gpu)])
@@ -42,17 +55,12 @@ def backend(request, sim_backend):
 
 @pytest.fixture(params=["default", "stream"])
 def stream(request, backend):
-    if request.param == "default" or backend.is_simulated:
-        yield None if request.param == "default" else 1   # the simulator orders nothing: any handle will do
+    if request.param == "default":
+        yield None
         return
-    from cuda.bindings import runtime as cudart
-
-    from uvm_lab.backends.cuda import check
-
-    handle = int(check(cudart.cudaStreamCreate()))
-    yield handle
-    check(cudart.cudaStreamSynchronize(handle))
-    check(cudart.cudaStreamDestroy(handle))
+    with ul.Stream() as s:             # a real cudaStream_t on the GPU, a label on the simulator
+        yield s
+        s.synchronize()
 
 
 @pytest.mark.parametrize("size", SIZES)
