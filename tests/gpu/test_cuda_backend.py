@@ -266,3 +266,19 @@ def test_prefetch_on_access_moves_host_written_data_on_the_consumer_stream(cuda)
     assert prefetch["stream"].tolist() == [stream.cuda_stream]
     stream.synchronize()
     assert not host_resident(buf.ptr, buf.size).any()  # the pages moved to the GPU before the kernel
+
+
+def test_a_large_copy_into_managed_memory_lands_on_the_gpu_unless_the_host_is_preferred(cuda):
+    size = 160 * MiB                                   # three 64 MiB chunks, the last one short
+    data = (np.arange(size, dtype=np.uint64) % 251).astype(np.uint8)
+    buf = ul.DeviceBuffer(size=size)
+    with ul.record() as trace:
+        buf.copy_from_host(data)
+    assert not host_resident(buf.ptr, size).any()       # populated on the GPU, chunk by chunk, ahead of the copy
+    assert trace.of_kind(ul.events.EventKind.PREFETCH)["bytes"].tolist() == [size]
+    np.testing.assert_array_equal(buf.copy_to_host(), data)
+    on_host = ul.DeviceBuffer(size=size)
+    on_host.preferred_location = "host"
+    on_host.copy_from_host(data)
+    assert host_resident(on_host.ptr, size).all()
+    np.testing.assert_array_equal(on_host.copy_to_host(), data)
