@@ -8,6 +8,7 @@ changes nothing, and a StatisticsResourceAdaptor over the resource counts exactl
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
@@ -65,9 +66,12 @@ class Model:
 class ArenaMachine(RuleBasedStateMachine):
     """An arena of a few superblocks: small and large requests, many of which cannot fit."""
 
+    #: What ``use_backend`` gets; tests/gpu runs the same machine with ``{"name": "cuda"}``.
+    backend: ClassVar[dict[str, Any]] = {"name": "sim", "device_memory": "4GiB"}
+
     @initialize(arena_size=st.sampled_from([MiB, 2 * MiB, 4 * MiB, 4 * MiB + 768]))
     def start(self, arena_size: int) -> None:
-        ul.use_backend("sim", device_memory="4GiB")
+        ul.use_backend(**self.backend)
         self.managed = ul.mr.ManagedMemoryResource()
         self.arena = ArenaMemoryResource(self.managed, arena_size)
         self.stats = StatisticsResourceAdaptor(self.arena)
@@ -162,10 +166,13 @@ class ArenaMachine(RuleBasedStateMachine):
 class BinningMachine(RuleBasedStateMachine):
     """Fixed-size bins (and sometimes an arena bin) over a capped upstream; large requests go upstream."""
 
+    #: What ``use_backend`` gets; tests/gpu runs the same machine with ``{"name": "cuda"}``.
+    backend: ClassVar[dict[str, Any]] = {"name": "sim", "device_memory": "4GiB"}
+
     @initialize(exponents=st.sampled_from([(-1, -1), (10, 10), (8, 12)]), arena_bin=st.booleans(),
                 limit=st.sampled_from([MiB, 3 * MiB, 8 * MiB]), blocks=st.sampled_from([1, 4, 16]))
     def start(self, exponents: tuple[int, int], arena_bin: bool, limit: int, blocks: int) -> None:
-        ul.use_backend("sim", device_memory="4GiB")
+        ul.use_backend(**self.backend)
         self.managed = ul.mr.ManagedMemoryResource()
         self.upstream = CappedUpstream(self.managed, limit)
         self.binning = BinningMemoryResource(self.upstream)

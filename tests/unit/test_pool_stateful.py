@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from itertools import pairwise
+from typing import Any, ClassVar
 
 import hypothesis.strategies as st
 from hypothesis import HealthCheck, event, settings
@@ -38,12 +39,15 @@ def aligned(n: int) -> int:
 class PoolMachine(RuleBasedStateMachine):
     """A pool over a capped upstream: allocate (some requests fail), free, double free, release."""
 
+    #: What ``use_backend`` gets; tests/gpu runs the same machine with ``{"name": "cuda"}``.
+    backend: ClassVar[dict[str, Any]] = {"name": "sim", "device_memory": "4GiB"}
+
     @initialize(initial=st.sampled_from([0, 4 * KiB, 64 * KiB, MiB]),
                 maximum=st.sampled_from([None, MiB, 4 * MiB, 8 * MiB]),
                 upstream_limit=st.sampled_from([2 * MiB, 6 * MiB, 16 * MiB]),
                 contiguous=st.booleans())
     def start(self, initial: int, maximum: int | None, upstream_limit: int, contiguous: bool) -> None:
-        ul.use_backend("sim", device_memory="4GiB")
+        ul.use_backend(**self.backend)
         if maximum is not None:
             initial = min(initial, maximum)
         managed: MemoryResource = ul.mr.ManagedMemoryResource()
@@ -184,9 +188,12 @@ class Level:
 class StatisticsMachine(RuleBasedStateMachine):
     """Statistics over a capped pool, against a model of RMM's counter stack."""
 
+    #: What ``use_backend`` gets; tests/gpu runs the same machine with ``{"name": "cuda"}``.
+    backend: ClassVar[dict[str, Any]] = {"name": "sim", "device_memory": "4GiB"}
+
     @initialize(maximum=st.sampled_from([MiB, 4 * MiB]))
     def start(self, maximum: int) -> None:
-        ul.use_backend("sim", device_memory="4GiB")
+        ul.use_backend(**self.backend)
         self.pool = PoolMemoryResource(ul.mr.ManagedMemoryResource(), initial_pool_size=0,
                                        maximum_pool_size=maximum)
         self.stats = StatisticsResourceAdaptor(self.pool)
