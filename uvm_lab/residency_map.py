@@ -13,6 +13,11 @@ Rules applied per record:
 - PREFETCH (the request): untouched pages are populated at the destination.
 - GPU / CPU page fault: untouched pages in the serviced range are populated at the preferred
   location if set, else at the faulting processor (first touch); a write leaves one copy, the writer's.
+  A fault with ``bytes`` 0 (CUPTI's: the faulting page, range unknown) on an untouched page services
+  the range the driver's density rule picks (:mod:`uvm_lab.tracing.density`); a CPU fault of unknown
+  access on a page the host already holds a copy of can only be a write, and collapses it.
+- Records of a fault or migration whose ``alloc_id`` names another segment are stale (delivered
+  after their allocation was freed and its address reused) and are skipped.
 - ADVICE: ReadMostly and PreferredLocation are tracked, since the rules above depend on them.
 """
 
@@ -30,6 +35,7 @@ from .errors import BufferClosedError, InvalidArgumentError
 from .events.bus import EventBus, get_bus
 from .events.schema import AccessType, Advice, EventKind, MemoryKind, MigrationCause
 from .location import HOST_ID
+from .tracing.density import BLOCK_PAGES, serviced_region
 from .units import PAGE_SIZE, format_bytes
 
 __all__ = ["BOTH", "GPU", "HOST", "NOWHERE", "ResidencyMap", "ResidencyTracker", "get_tracker", "residency"]
@@ -37,6 +43,9 @@ __all__ = ["BOTH", "GPU", "HOST", "NOWHERE", "ResidencyMap", "ResidencyTracker",
 NOWHERE, HOST, GPU, BOTH = 0, 1, 2, 3
 _NO_PREFERENCE = -2
 _WRITES = (AccessType.WRITE, AccessType.ATOMIC)
+_FAULTS = (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT)
+_DRIVER = frozenset(int(k) for k in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD, EventKind.GPU_PAGE_FAULT,
+                                     EventKind.CPU_PAGE_FAULT, EventKind.REMOTE_MAP))
 _REPLAYED = (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.HTOD, EventKind.DTOH, EventKind.DTOD,
              EventKind.INVALIDATE, EventKind.PREFETCH, EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT,
              EventKind.ADVICE)
@@ -129,9 +138,12 @@ class ResidencyTracker:
                 self._starts.remove(address)
             return
         seg = self._segment_at(address)
-        if seg is None:
+        if seg is None or (alloc_id and alloc_id != seg.id and kind in _DRIVER):
             return
-        sl = seg.pages(address, nbytes)
+        if nbytes == 0 and kind in _FAULTS:
+            sl = self._serviced(seg, address, dst if kind == EventKind.GPU_PAGE_FAULT else HOST_ID, flags)
+        else:
+            sl = seg.pages(address, nbytes)
         st = seg.state[sl]
         if kind in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD):
             target = _bit(dst)
@@ -155,6 +167,8 @@ class ResidencyTracker:
             st[untouched] = np.where(usable, pref_bits, _bit(faulter))[untouched].astype(np.uint8)
             if flags in _WRITES:
                 st[(st & (st - 1)) != 0] = _bit(faulter)
+            elif nbytes == 0 and flags == AccessType.UNKNOWN and faulter == HOST_ID and not untouched.any():
+                st[((st & 1) != 0) & ((st & ~np.uint8(1)) != 0)] = HOST   # only a write faults on a host copy
         elif kind == EventKind.ADVICE:
             if flags in (Advice.SET_READ_MOSTLY, Advice.UNSET_READ_MOSTLY):
                 seg.read_mostly[sl] = flags == Advice.SET_READ_MOSTLY
@@ -162,6 +176,21 @@ class ResidencyTracker:
                 seg.preferred[sl] = dst
             elif flags == Advice.UNSET_PREFERRED_LOCATION:
                 seg.preferred[sl] = _NO_PREFERENCE
+
+    @staticmethod
+    def _serviced(seg: _Segment, address: int, faulter: int, flags: int) -> slice:
+        """The pages a fault known only by its page serviced: the driver's first-touch range for an
+        untouched page, else the page alone (what moved is in the migration records)."""
+        page = (address - seg.address) // PAGE_SIZE
+        if seg.state[page] != 0:
+            return slice(page, page + 1)
+        # The 2 MiB VA block around the page, in the segment's page numbers.
+        block_first = (seg.address // PAGE_SIZE + page) // BLOCK_PAGES * BLOCK_PAGES - seg.address // PAGE_SIZE
+        lo, hi = max(block_first, 0), min(block_first + BLOCK_PAGES, len(seg.state))
+        resident = np.zeros(BLOCK_PAGES, dtype=bool)
+        resident[lo - block_first:hi - block_first] = (seg.state[lo:hi] & _bit(faulter)) != 0
+        first, last = serviced_region(resident, page - block_first)
+        return slice(max(block_first + first, lo), min(block_first + last, hi))
 
     def _segment_at(self, address: int) -> _Segment | None:
         i = bisect.bisect_right(self._starts, address) - 1

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from .bus import EventBus, get_bus
 from .schema import EVENT_DTYPE, AccessType, Advice, EventKind, MemoryKind, MigrationCause, RemoteMapCause
 
@@ -115,16 +117,58 @@ class Trace:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write the trace to ``path`` (NumPy ``.npy``), exactly."""
-        with open(path, "wb") as f:
-            np.save(f, self.events, allow_pickle=False)
+        """Write the trace to ``path`` (NumPy ``.npy``), exactly: :meth:`load` gives back every field of
+        every record.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``path`` is not a path, or cannot be written.
+        """
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise InvalidArgumentError(f"path must be a file path, got {path!r}", value=path,
+                                       expected="a str or os.PathLike")
+        try:
+            with open(path, "wb") as f:
+                np.save(f, self.events, allow_pickle=False)
+        except OSError as exc:
+            raise InvalidArgumentError(f"cannot write a trace to {os.fspath(path)!r}: {exc}", value=path,
+                                       expected="a writable file path") from exc
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        events = np.load(path, allow_pickle=False)
-        if events.dtype != EVENT_DTYPE:
-            raise ValueError(f"{path} does not hold uvm_lab events (dtype {events.dtype})")
+        """Read a trace written by :meth:`save`.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``path`` cannot be read, or does not hold uvm_lab events (another array, or not a ``.npy``).
+        """
+        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
+            raise InvalidArgumentError(f"path must be a file path, got {path!r}", value=path,
+                                       expected="a str or os.PathLike")
+        try:
+            events = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:
+            raise InvalidArgumentError(f"cannot read a trace from {os.fspath(path)!r}: {exc}", value=path,
+                                       expected="a file written by Trace.save") from exc
+        if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+            raise InvalidArgumentError(f"{os.fspath(path)} does not hold uvm_lab events "
+                                       f"(dtype {getattr(events, 'dtype', type(events).__name__)})", value=path,
+                                       expected="a file written by Trace.save")
         return cls(events)
+
+    def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
+        """Chrome/Perfetto trace JSON: see :func:`uvm_lab.tracing.export.to_chrome_trace`."""
+        from ..tracing.export import to_chrome_trace
+
+        return to_chrome_trace(self, path)
+
+    def to_rmm_csv(self, path: str | Path | None = None, **options: Any) -> str:
+        """RMM's allocation-log CSV: see :func:`uvm_lab.tracing.export.to_rmm_csv`."""
+        from ..tracing.export import to_rmm_csv
+
+        return to_rmm_csv(self, path, **options)
 
     def __repr__(self) -> str:
         s = self.summary()

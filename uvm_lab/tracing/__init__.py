@@ -1,5 +1,33 @@
-"""Observing the real device: the host-residency oracle (and, later, CUPTI's unified-memory counters)."""
+"""Observing the real device: CUPTI's unified-memory counters and the host-residency oracle.
 
-from .pagemap import host_resident
+- :class:`CuptiCollector` streams real GPU/CPU page faults, migrations, thrashing, throttling and
+  remote maps onto the event bus (needs the ``cupti`` extra and a GPU; says why once where it cannot).
+- :func:`decode_buffer` / :func:`decode_records` turn CUPTI's raw activity records into events, in bulk.
+- :class:`AllocationIndex` / :func:`attribute` say which allocation each record belongs to.
+- :func:`host_resident` / :func:`oracle_agreement`: the host's page tables as an exact check of a map.
+- :func:`to_chrome_trace` / :func:`to_rmm_csv`: a trace for Perfetto, or for RMM's tools.
+"""
 
-__all__ = ["host_resident"]
+from .attribution import AllocationIndex, attribute, cause_names
+from .cupti import CuptiCollector, TracingUnavailableWarning, cupti_status
+from .decode import CUPTI_UM_COUNTER3_DTYPE, decode_buffer, decode_records, encode_records
+from .export import to_chrome_trace, to_rmm_csv
+from .pagemap import OracleAgreement, host_resident, oracle_agreement
+
+__all__ = [
+    "CUPTI_UM_COUNTER3_DTYPE",
+    "AllocationIndex",
+    "CuptiCollector",
+    "OracleAgreement",
+    "TracingUnavailableWarning",
+    "attribute",
+    "cause_names",
+    "cupti_status",
+    "decode_buffer",
+    "decode_records",
+    "encode_records",
+    "host_resident",
+    "oracle_agreement",
+    "to_chrome_trace",
+    "to_rmm_csv",
+]

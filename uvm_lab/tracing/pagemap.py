@@ -8,13 +8,15 @@ the host, so its bit clears. Reading it needs no privilege (only the frame numbe
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
 from ..units import PAGE_SIZE
 
-__all__ = ["host_resident"]
+__all__ = ["OracleAgreement", "host_resident", "oracle_agreement"]
 
 _PRESENT = np.uint64(1) << np.uint64(63)
 
@@ -41,3 +43,76 @@ def host_resident(address: int, size: int) -> np.ndarray:
     except OSError as exc:
         raise BackendError(f"cannot read /proc/self/pagemap ({exc}); the host-residency oracle needs Linux") from exc
     return (np.frombuffer(raw, dtype=np.uint64) & _PRESENT) != 0
+
+
+@dataclass(frozen=True)
+class OracleAgreement:
+    """How far a residency map's host copies agree with the host's page tables.
+
+    Attributes
+    ----------
+    pages
+        Pages compared.
+    agree
+        Pages where the map and the oracle agree on "is there a copy on the host".
+    fraction
+        ``agree / pages`` (1.0 for an empty range).
+    map_only
+        Page indices (from the map's first page) the map places on the host but the host does not hold.
+    host_only
+        Page indices the host holds but the map does not place there.
+    """
+
+    pages: int
+    agree: int
+    fraction: float
+    map_only: np.ndarray
+    host_only: np.ndarray
+
+    def __repr__(self) -> str:
+        return (f"<OracleAgreement {self.fraction:.4%} of {self.pages} pages; map-only {len(self.map_only)}, "
+                f"host-only {len(self.host_only)}>")
+
+
+def oracle_agreement(residency_map: Any) -> OracleAgreement:
+    """Compare a residency map's host copies with :func:`host_resident` (the host's page tables).
+
+    The oracle sees only the host side: a page the map places on the host (alone or read-duplicated)
+    should be present in host RAM, and every other page absent. GPU copies cannot be checked this way.
+    Meaningful for managed memory on a real GPU; on the simulator there are no real pages to compare.
+
+    Parameters
+    ----------
+    residency_map
+        A :class:`~uvm_lab.ResidencyMap` (``ul.residency(buf)``), or a live managed ``DeviceBuffer``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Neither a map nor a buffer, or the map's address is not page-aligned.
+    BackendError
+        ``/proc/self/pagemap`` cannot be read (not Linux).
+
+    Examples
+    --------
+    >>> agreement = ul.tracing.oracle_agreement(ul.residency(buf))
+    >>> assert agreement.fraction >= 0.999, agreement
+    """
+    from ..buffer import DeviceBuffer
+    from ..residency_map import ResidencyMap, residency
+
+    if isinstance(residency_map, DeviceBuffer):
+        residency_map = residency(residency_map)
+    if not isinstance(residency_map, ResidencyMap):
+        raise InvalidArgumentError(f"expected a ResidencyMap or a DeviceBuffer, got {type(residency_map).__name__}",
+                                   value=residency_map, expected="ul.residency(buf), or buf")
+    if residency_map.address % PAGE_SIZE:
+        raise InvalidArgumentError(f"the map starts at {residency_map.address:#x}, inside a page; the oracle compares "
+                                   f"whole pages", value=residency_map.address, expected="a page-aligned address")
+    host = host_resident(residency_map.address, residency_map.size)
+    mapped = (np.asarray(residency_map.states) & 1) != 0
+    n = min(len(host), len(mapped))
+    host, mapped = host[:n], mapped[:n]
+    agree = int((host == mapped).sum())
+    return OracleAgreement(pages=n, agree=agree, fraction=agree / n if n else 1.0,
+                           map_only=np.flatnonzero(mapped & ~host), host_only=np.flatnonzero(host & ~mapped))

@@ -1,0 +1,216 @@
+"""Which allocation a fault or migration belongs to: address (and time) to allocation id.
+
+CUPTI's records carry an address and a timestamp, nothing more. An :class:`AllocationIndex` learns the
+address ranges of allocations from the event stream itself (``SEGMENT_ALLOC``/``SEGMENT_FREE`` for the
+backend's mappings, or ``ALLOC``/``FREE`` for the buffers that memory resources hand out) and answers,
+for a batch of records at once, which allocation held each address *when the record happened*. Time
+matters because addresses are reused: a migration delivered late, after its allocation was freed and
+the address handed out again, must not be charged to the newcomer.
+
+Two levels, two meanings of "allocation":
+
+``"segment"``
+    The backend's mapping (``cudaMallocManaged`` ...). This is what ``alloc_id`` means in migration and
+    fault records on both backends, and what the residency tracker keys its pages on.
+``"buffer"``
+    What a memory resource handed out (``DeviceBuffer.id``); inside a pool, one of many per segment.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Literal
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..events.bus import EventBus, Subscription
+from ..events.schema import EVENT_DTYPE, EventKind
+
+__all__ = ["AllocationIndex", "attribute", "cause_names"]
+
+Level = Literal["segment", "buffer"]
+_LEVELS: dict[str, tuple[EventKind, EventKind]] = {
+    "segment": (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE),
+    "buffer": (EventKind.ALLOC, EventKind.FREE),
+}
+#: Record kinds that ``attribute`` fills in (allocator events already carry their ids).
+UNIFIED_MEMORY_KINDS = tuple(int(k) for k in (EventKind.HTOD, EventKind.DTOH, EventKind.CPU_PAGE_FAULT,
+                                              EventKind.GPU_PAGE_FAULT, EventKind.THRASHING, EventKind.THROTTLING,
+                                              EventKind.REMOTE_MAP, EventKind.DTOD))
+_NEVER = np.iinfo(np.int64).max
+
+
+class AllocationIndex:
+    """Address ranges of allocations over time, learned from allocator events.
+
+    Parameters
+    ----------
+    level
+        ``"segment"`` (the backend's mappings; the default) or ``"buffer"`` (what memory resources
+        hand out).
+    history
+        How many freed allocations to remember for records that arrive after the free.
+
+    Examples
+    --------
+    >>> index = AllocationIndex()
+    >>> index.update(trace.events)            # or: index.follow(bus)
+    >>> ids = index.lookup(events["address"], events["start"])
+    """
+
+    def __init__(self, level: Level = "segment", *, history: int = 65536) -> None:
+        if level not in _LEVELS:
+            raise InvalidArgumentError(f"level must be one of {sorted(_LEVELS)}, got {level!r}", value=level,
+                                       expected=" or ".join(repr(k) for k in _LEVELS))
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise InvalidArgumentError(f"history must be a non-negative int, got {history!r}", value=history,
+                                       expected="an int >= 0")
+        self.level = level
+        self._alloc, self._free = (int(k) for k in _LEVELS[level])
+        self._live: dict[int, tuple[int, int, int]] = {}            # address -> (size, id, alloc time)
+        self._freed: deque[tuple[int, int, int, int, int]] = deque(maxlen=history)   # (addr, end, id, t0, t1)
+        self._lock = threading.Lock()
+        self._arrays: tuple[np.ndarray, ...] | None = None          # live ranges sorted, rebuilt on change
+        self._subscription: Subscription | None = None
+
+    def __len__(self) -> int:
+        """Live allocations known."""
+        return len(self._live)
+
+    def update(self, events: np.ndarray) -> None:
+        """Learn from ``events`` (any ``EVENT_DTYPE`` array; other kinds are ignored), in order."""
+        if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+            raise InvalidArgumentError("events must be an EVENT_DTYPE array", value=events,
+                                       expected="a numpy array of uvm_lab.events.EVENT_DTYPE")
+        kinds = events["kind"]
+        mine = events[(kinds == self._alloc) | (kinds == self._free)]
+        if not len(mine):
+            return
+        with self._lock:
+            for kind, address, size, alloc_id, t in zip(mine["kind"].tolist(), mine["address"].tolist(),
+                                                        mine["bytes"].tolist(), mine["alloc_id"].tolist(),
+                                                        mine["start"].tolist(), strict=True):
+                if kind == self._alloc:
+                    self._live[address] = (size, alloc_id, t)
+                else:
+                    held = self._live.pop(address, None)
+                    if held is not None:
+                        self._freed.append((address, address + held[0], held[1], held[2], t))
+            self._arrays = None
+
+    def follow(self, bus: EventBus) -> Subscription:
+        """Keep learning from everything published on ``bus`` from now on."""
+        if self._subscription is not None:
+            raise InvalidArgumentError("this index already follows a bus", value=bus, expected="a fresh index")
+        self._subscription = bus.subscribe(self.update, kinds=(self._alloc, self._free))
+        return self._subscription
+
+    def close(self) -> None:
+        """Stop following the bus."""
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+
+    def _live_arrays(self) -> tuple[np.ndarray, ...]:
+        arrays = self._arrays
+        if arrays is None:
+            items = sorted(self._live.items())
+            starts = np.fromiter((a for a, _ in items), dtype=np.uint64, count=len(items))
+            ends = np.fromiter((a + s for a, (s, _, _) in items), dtype=np.uint64, count=len(items))
+            ids = np.fromiter((i for _, (_, i, _) in items), dtype=np.uint64, count=len(items))
+            born = np.fromiter((t for _, (_, _, t) in items), dtype=np.int64, count=len(items))
+            arrays = self._arrays = (starts, ends, ids, born)
+        return arrays
+
+    def lookup(self, addresses: np.ndarray, times: np.ndarray | None = None) -> np.ndarray:
+        """The allocation id holding each address (at each time, if given); 0 where none did.
+
+        Parameters
+        ----------
+        addresses
+            Addresses (any integer array).
+        times
+            When each address was touched, on the backend's clock. Without times, only live
+            allocations are considered.
+        """
+        addresses = np.asarray(addresses, dtype=np.uint64).reshape(-1)
+        if times is not None:
+            times = np.asarray(times, dtype=np.int64).reshape(-1)
+            if times.shape != addresses.shape:
+                raise InvalidArgumentError(f"times has {len(times)} entries for {len(addresses)} addresses",
+                                           value=len(times), expected=str(len(addresses)))
+        with self._lock:
+            starts, ends, ids, born = self._live_arrays()
+            freed = list(self._freed) if times is not None else []
+        out = np.zeros(len(addresses), dtype=np.uint64)
+        if len(starts):
+            i = np.searchsorted(starts, addresses, side="right") - 1
+            ok = i >= 0
+            j = np.where(ok, i, 0)
+            ok &= addresses < ends[j]
+            if times is not None:
+                ok &= times >= born[j]
+            out[ok] = ids[j[ok]]
+        if freed:
+            missing = np.flatnonzero(out == 0)
+            if len(missing):
+                a, t = addresses[missing], times[missing]   # type: ignore[index]
+                for lo, hi, alloc_id, t0, t1 in reversed(freed):   # newest first
+                    hit = (a >= lo) & (a < hi) & (t >= t0) & (t < t1) & (out[missing] == 0)
+                    if hit.any():
+                        out[missing[hit]] = alloc_id
+        return out
+
+
+def attribute(events: np.ndarray, index: AllocationIndex, *, overwrite: bool = False) -> np.ndarray:
+    """A copy of ``events`` with ``alloc_id`` filled in for fault, migration and other CUPTI records.
+
+    Allocator events keep their own ids. Records no allocation held keep 0 (memory uvm_lab did not
+    allocate). With ``overwrite``, ids already set are recomputed too.
+    """
+    if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+        raise InvalidArgumentError("events must be an EVENT_DTYPE array", value=events,
+                                   expected="a numpy array of uvm_lab.events.EVENT_DTYPE")
+    if not isinstance(index, AllocationIndex):
+        raise InvalidArgumentError(f"index must be an AllocationIndex, got {type(index).__name__}", value=index,
+                                   expected="uvm_lab.tracing.AllocationIndex")
+    out = events.copy()
+    todo = np.isin(out["kind"], UNIFIED_MEMORY_KINDS)
+    if not overwrite:
+        todo &= out["alloc_id"] == 0
+    if todo.any():
+        sel = out[todo]
+        out["alloc_id"][todo] = index.lookup(sel["address"], sel["start"].astype(np.int64))
+    return out
+
+
+_CAUSES = {
+    1: "user prefetch",
+    2: "coherence",
+    3: "driver prefetch",
+    4: "eviction",
+    5: "access counters",
+}
+_ACCESS = {1: "read", 2: "write", 3: "atomic", 4: "prefetch"}
+_REMOTE = {1: "coherence", 2: "thrashing", 3: "policy", 4: "out of memory", 5: "eviction"}
+
+
+def cause_names(events: np.ndarray) -> list[str]:
+    """Why each record happened, in words: the migration cause, the fault's access type, the remote map's
+    cause ("" where the record has none)."""
+    if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+        raise InvalidArgumentError("events must be an EVENT_DTYPE array", value=events,
+                                   expected="a numpy array of uvm_lab.events.EVENT_DTYPE")
+    out = []
+    for kind, flags in zip(events["kind"].tolist(), events["flags"].tolist(), strict=True):
+        if kind in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD):
+            out.append(_CAUSES.get(flags, "unknown"))
+        elif kind in (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT):
+            out.append(_ACCESS.get(flags, "unknown"))
+        elif kind == EventKind.REMOTE_MAP:
+            out.append(_REMOTE.get(flags, "unknown"))
+        else:
+            out.append("")
+    return out

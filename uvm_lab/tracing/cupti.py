@@ -1,0 +1,531 @@
+"""Real page faults and migrations: CUPTI's unified-memory counters, through cupti-python.
+
+:class:`CuptiCollector` enables ``CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER`` for the chosen counters,
+decodes every activity buffer CUPTI completes in bulk (:mod:`uvm_lab.tracing.decode`), attributes each
+record to its allocation (:mod:`uvm_lab.tracing.attribution`), and publishes the records on the event bus,
+where residency maps, statistics and traces pick them up like the simulator's.
+
+Two ways to receive buffers, the first that works is used:
+
+``"raw"``
+    CUPTI's buffer callbacks registered on libcupti directly (ctypes), so a completed buffer reaches
+    Python as bytes and no per-record object is ever made.
+``"objects"``
+    cupti-python's callbacks, which hand over one Python object per record. Where the objects sit
+    back to back in CUPTI's buffer (the usual case), their bytes are still read in one piece; otherwise
+    each object's fields are read.
+
+Rules CUPTI imposes, handled here: the CUDA context must exist before the counters are enabled (else
+``CUPTI_ERROR_NOT_READY``); buffer callbacks can be registered once per process, so one collector runs
+at a time; and where unified-memory profiling is unavailable (MPS, vGPU, no cupti-python, another
+profiler attached) the collector says why once, stays inert, and the rest of uvm_lab keeps working.
+
+This is the only module of uvm_lab that imports ``cupti``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import logging
+import sys
+import threading
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, InvalidArgumentError, InvalidStateError
+from ..events.bus import EventBus, get_bus
+from ..events.schema import EventKind
+from .attribution import AllocationIndex, attribute
+from .decode import (
+    CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER,
+    CUPTI_UM_COUNTER3_DTYPE,
+    clock_offset,
+    decode_records,
+)
+
+__all__ = ["CuptiCollector", "TracingUnavailableWarning", "cupti_status"]
+
+log = logging.getLogger("uvm_lab.tracing")
+
+_FLUSH_FORCED = 1          # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
+_CONFIG_DTYPE = np.dtype([("scope", "<i4"), ("kind", "<i4"), ("device_id", "<u4"), ("enable", "<u4")])
+_SCOPE_PROCESS_SINGLE_DEVICE = 1
+_RECORD = CUPTI_UM_COUNTER3_DTYPE.itemsize
+
+#: CUPTI result codes worth a sentence of their own.
+_REASONS = {
+    13: "the CUDA context does not exist yet; CUPTI enables unified-memory counters only after it does "
+        "(ul.use_backend('cuda') creates it)",
+    15: "CUPTI could not initialise (is the NVIDIA driver loaded?)",
+    27: "CUPTI does not support this on this system",
+    28: "unified-memory profiling is not supported on this system",
+    29: "unified-memory profiling is not supported on this device",
+    30: "unified-memory profiling is not supported on devices without peer-to-peer access to each other",
+    31: "unified-memory profiling is not supported under MPS (the CUDA Multi-Process Service)",
+    33: "CUPTI does not support this virtualized GPU (vGPU)",
+    35: "profiling needs privileges this process lacks (see NVreg_RestrictProfilingToAdminUsers)",
+    39: "another CUPTI client (a profiler such as Nsight) is already attached to this process",
+    40: "profiling this virtualized GPU (vGPU) needs privileges this process lacks",
+    41: "CUPTI does not support confidential computing mode",
+    43: "CUPTI does not support MIG instances",
+    45: "CUPTI does not support this GPU under WSL",
+}
+
+_COUNTERS = {
+    "htod": EventKind.HTOD, "dtoh": EventKind.DTOH, "dtod": EventKind.DTOD,
+    "cpu_faults": EventKind.CPU_PAGE_FAULT, "gpu_faults": EventKind.GPU_PAGE_FAULT,
+    "thrashing": EventKind.THRASHING, "throttling": EventKind.THROTTLING, "remote_map": EventKind.REMOTE_MAP,
+}
+
+
+class TracingUnavailableWarning(UserWarning):
+    """CUPTI's unified-memory counters cannot be used here; the message says why. Shown once per reason."""
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"uvm_lab: no real fault and migration records: {reason}. Everything else keeps working.",
+                      TracingUnavailableWarning, stacklevel=3)
+
+
+def _load_cupti() -> tuple[Any, str]:
+    """(cupti-python's ``cupti`` module or None, the reason it is missing)."""
+    try:
+        from cupti import cupti as module
+    except ImportError as exc:
+        return None, f"cupti-python is not installed or cannot load ({exc}); pip install 'uvm_lab[cupti]'"
+    except Exception as exc:   # a broken install raises anything: say what, don't crash the caller
+        return None, f"cupti-python failed to import: {type(exc).__name__}: {exc}"
+    return module, ""
+
+
+def _status_of(exc: BaseException) -> int | None:
+    status = getattr(exc, "status", None)
+    return int(status) if status is not None else None
+
+
+def _reason_of(exc: BaseException) -> str:
+    status = _status_of(exc)
+    detail = _REASONS.get(status, "") if status is not None else ""
+    return f"{detail} ({exc})" if detail else f"CUPTI refused: {exc}"
+
+
+def cupti_status() -> dict[str, Any]:
+    """Whether real fault and migration records can be had here, without starting anything.
+
+    Returns ``{"installed": bool, "reason": str, "active": bool}``: ``installed`` says cupti-python
+    imports; whether the counters can then be enabled is only known by starting a collector.
+    """
+    module, reason = _load_cupti()
+    return {"installed": module is not None, "reason": reason, "active": _active is not None}
+
+
+# -- one set of CUPTI callbacks per process, routed to the running collector --------------------------
+_active: CuptiCollector | None = None
+_registered: str | None = None      # which receiver is registered with CUPTI: "raw" or "objects"
+_keepalive: list[Any] = []           # ctypes callbacks must outlive every call CUPTI makes
+_register_lock = threading.Lock()
+
+_BUFFER_REQUESTED = ctypes.CFUNCTYPE(None, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_size_t),
+                                     ctypes.POINTER(ctypes.c_size_t))
+_BUFFER_COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.c_size_t)
+
+
+class _RawBuffers:
+    """CUPTI's buffers, owned by Python: handed out on request, decoded and released on completion."""
+
+    def __init__(self) -> None:
+        self.size = 8 << 20
+        self._held: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def requested(self, buffer: Any, size: Any, max_records: Any) -> None:
+        try:
+            block = np.empty(self.size + 8, dtype=np.uint8)
+            address = block.ctypes.data
+            aligned = address + (-address) % 8
+            with self._lock:
+                self._held[aligned] = block
+            buffer[0] = aligned
+            size[0] = self.size
+            max_records[0] = 0
+        except BaseException:   # an exception must not unwind into CUPTI's C frames
+            buffer[0] = None
+            size[0] = 0
+            log.exception("allocating a CUPTI activity buffer failed")
+
+    def completed(self, _context: Any, _stream: int, buffer: int | None, _size: int, valid: int) -> None:
+        with self._lock:
+            block = self._held.pop(buffer or 0, None)
+        if block is None or sys.is_finalizing():
+            return
+        try:
+            offset = (buffer or 0) - block.ctypes.data
+            collector = _active
+            if collector is not None and valid:
+                collector._receive_raw(block[offset:offset + valid], buffer or 0, valid)
+        except BaseException:
+            log.exception("decoding a CUPTI activity buffer failed")
+
+
+_raw_buffers = _RawBuffers()
+_libcupti: Any = None
+
+
+def _find_libcupti(cupti: Any) -> ctypes.CDLL | None:
+    """The libcupti cupti-python loaded (the same instance, so one set of callbacks), or None."""
+    global _libcupti
+    if _libcupti is None:
+        try:
+            cupti.get_timestamp()   # makes cupti-python load the library
+            with open("/proc/self/maps") as maps:
+                paths = {line.split()[-1] for line in maps if "libcupti.so" in line}
+            if len(paths) != 1:
+                return None
+            lib = ctypes.CDLL(paths.pop())
+            lib.cuptiActivityRegisterCallbacks.argtypes = [_BUFFER_REQUESTED, _BUFFER_COMPLETED]
+            lib.cuptiActivityRegisterCallbacks.restype = ctypes.c_int
+            lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
+                                                       ctypes.POINTER(ctypes.c_void_p)]
+            lib.cuptiActivityGetNextRecord.restype = ctypes.c_int
+            _libcupti = lib
+        except (OSError, AttributeError, ValueError):
+            return None
+    return _libcupti
+
+
+def _register(cupti: Any, decoder: str) -> str:
+    """Register CUPTI's buffer callbacks once per process; which receiver got registered."""
+    global _registered
+    with _register_lock:
+        if _registered is not None:
+            return _registered
+        if decoder in ("auto", "raw"):
+            lib = _find_libcupti(cupti)
+            if lib is not None:
+                requested = _BUFFER_REQUESTED(_raw_buffers.requested)
+                completed = _BUFFER_COMPLETED(_raw_buffers.completed)
+                if lib.cuptiActivityRegisterCallbacks(requested, completed) == 0:
+                    _keepalive.extend((requested, completed))
+                    _registered = "raw"
+                    return _registered
+            if decoder == "raw":
+                raise BackendError("cannot register CUPTI's buffer callbacks on libcupti directly; "
+                                   "use decoder='objects' (cupti-python's callbacks)")
+
+        def requested_objects() -> tuple[int, int]:
+            return _raw_buffers.size, 0
+
+        def completed_objects(activities: list[Any]) -> None:
+            collector = _active
+            if collector is not None and activities and not sys.is_finalizing():
+                try:
+                    collector._receive_objects(activities)
+                except BaseException:
+                    log.exception("decoding CUPTI activity records failed")
+
+        cupti.activity_register_callbacks(requested_objects, completed_objects)
+        _keepalive.extend((requested_objects, completed_objects))
+        _registered = "objects"
+        return _registered
+
+
+class CuptiCollector:
+    """Streams CUPTI's unified-memory counter records onto the event bus.
+
+    Parameters
+    ----------
+    bus
+        Where records go; the process-wide bus by default.
+    gpu_faults
+        Also record GPU page faults. Off by default: servicing faults with fault capture on costs the
+        most (Nsight Systems warns of up to 70 % on fault-heavy code); migrations say where data went.
+    cpu_faults
+        Record CPU page faults (the host's first touch of managed memory shows up only as these).
+    counters
+        Instead of the two switches, the exact counters to enable: a collection of ``"htod"``,
+        ``"dtoh"``, ``"dtod"``, ``"cpu_faults"``, ``"gpu_faults"``, ``"thrashing"``, ``"throttling"``,
+        ``"remote_map"``.
+    device
+        The device whose counters to configure; the current CUDA backend's by default, else 0.
+    flush_interval
+        Seconds between CUPTI's periodic flushes (records are also delivered whenever a buffer
+        fills, and on :meth:`flush`).
+    buffer_size
+        Bytes per CUPTI activity buffer.
+    decoder
+        ``"auto"`` (raw buffers where possible), ``"raw"`` or ``"objects"``; see the module docstring.
+    required
+        Raise :class:`~uvm_lab.errors.BackendError` where CUPTI cannot be used, rather than warning
+        once (:class:`TracingUnavailableWarning`) and staying inert.
+
+    Examples
+    --------
+    >>> ul.use_backend("cuda")
+    >>> with CuptiCollector(gpu_faults=True) as cupti, ul.record() as trace:
+    ...     ul.touch(buf, on="gpu")
+    ...     cupti.flush()
+    >>> trace.summary()["bytes_htod"]
+    """
+
+    def __init__(self, *, bus: EventBus | None = None, gpu_faults: bool = False, cpu_faults: bool = True,
+                 counters: Any = None, device: int | None = None, flush_interval: float = 0.1,
+                 buffer_size: int = 8 << 20, decoder: str = "auto", required: bool = False) -> None:
+        if bus is not None and not isinstance(bus, EventBus):
+            raise InvalidArgumentError(f"bus must be an EventBus, got {type(bus).__name__}", value=bus,
+                                       expected="uvm_lab.events.EventBus")
+        for name, flag in (("gpu_faults", gpu_faults), ("cpu_faults", cpu_faults), ("required", required)):
+            if not isinstance(flag, bool):
+                raise InvalidArgumentError(f"{name} must be True or False, got {flag!r}", value=flag,
+                                           expected="a bool")
+        if counters is None:
+            names = ["htod", "dtoh", "dtod", "thrashing", "throttling", "remote_map"]
+            names += ["cpu_faults"] if cpu_faults else []
+            names += ["gpu_faults"] if gpu_faults else []
+        else:
+            if isinstance(counters, str) or not hasattr(counters, "__iter__"):
+                raise InvalidArgumentError(f"counters must be a collection of names, got {counters!r}",
+                                           value=counters, expected=", ".join(_COUNTERS))
+            names = list(counters)
+            unknown = [c for c in names if c not in _COUNTERS]
+            if unknown or not names:
+                raise InvalidArgumentError(f"unknown counters {unknown!r}" if unknown else "no counters given",
+                                           value=counters, expected=", ".join(_COUNTERS))
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+            raise InvalidArgumentError(f"device must be a device ordinal, got {device!r}", value=device,
+                                       expected="an int >= 0")
+        if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) \
+                or not 0.001 <= flush_interval <= 3600:
+            raise InvalidArgumentError(f"flush_interval must be 0.001..3600 seconds, got {flush_interval!r}",
+                                       value=flush_interval, expected="seconds, 0.001..3600")
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or not 64 << 10 <= buffer_size <= 1 << 30:
+            raise InvalidArgumentError(f"buffer_size must be 64 KiB..1 GiB, got {buffer_size!r}", value=buffer_size,
+                                       expected="an int number of bytes, 65536..1073741824")
+        if decoder not in ("auto", "raw", "objects"):
+            raise InvalidArgumentError(f"decoder must be 'auto', 'raw' or 'objects', got {decoder!r}", value=decoder,
+                                       expected="'auto', 'raw' or 'objects'")
+        self.bus = bus if bus is not None else get_bus()
+        self.counters = tuple(dict.fromkeys(names))
+        self.device = device
+        self.flush_interval = float(flush_interval)
+        self.buffer_size = buffer_size
+        self.decoder = decoder
+        self.required = required
+        self.reason = ""                 #: why the collector is inert ("" while it works)
+        self.receiver = ""               #: how buffers arrive: "raw" or "objects"
+        self.records = 0                 #: records decoded and published
+        self.buffers = 0                 #: activity buffers received
+        self.dropped = 0                 #: records CUPTI dropped for want of buffer space
+        self.unknown = 0                 #: records of a counter kind this version does not know
+        self.unattributed = 0            #: records at addresses no known allocation held
+        self._cupti: Any = None
+        self._offset = 0
+        self._running = False
+        self._index = AllocationIndex("segment")
+        self._lock = threading.Lock()
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._running
+
+    def start(self) -> CuptiCollector:
+        """Enable the counters; from now on records flow to the bus.
+
+        Raises
+        ------
+        InvalidStateError
+            Another collector is running in this process (CUPTI has one set of buffer callbacks).
+        BackendError
+            CUPTI cannot be used here and ``required`` is set (otherwise a warning, once, and the
+            collector stays inert: check :attr:`reason`).
+        """
+        global _active
+        if self._running:
+            return self
+        if _active is not None:
+            raise InvalidStateError("another CuptiCollector is running in this process; stop it first")
+        cupti, reason = _load_cupti()
+        if cupti is None:
+            return self._unavailable(reason)
+        device = self.device if self.device is not None else _current_cuda_device()
+        try:
+            self.receiver = _register(cupti, self.decoder)
+        except BackendError:
+            raise
+        except Exception as exc:
+            return self._unavailable(_reason_of(exc))
+        _raw_buffers.size = self.buffer_size
+        config = np.zeros(len(self.counters), dtype=_CONFIG_DTYPE)
+        config["scope"] = _SCOPE_PROCESS_SINGLE_DEVICE
+        config["kind"] = [int(_COUNTERS[c]) for c in self.counters]
+        config["device_id"] = device
+        config["enable"] = 1
+        try:
+            cupti.activity_configure_unified_memory_counter(config.ctypes.data, len(config))
+            _active = self
+            cupti.activity_enable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)
+        except Exception as exc:
+            _active = None
+            return self._unavailable(_reason_of(exc))
+        self._cupti = cupti
+        self._offset = clock_offset(cupti.get_timestamp)
+        self._index = AllocationIndex("segment")
+        self._index.update(self.bus.history())   # allocations made before tracing started
+        self._index.follow(self.bus)
+        try:
+            cupti.activity_flush_period(max(1, int(self.flush_interval * 1000)))
+        except Exception as exc:   # without a period, buffers still arrive when full and on flush()
+            log.warning("CUPTI would not take a flush period: %s", exc)
+        self._running = True
+        self.reason = ""
+        return self
+
+    def _unavailable(self, reason: str) -> CuptiCollector:
+        self.reason = reason
+        if self.required:
+            raise BackendError(f"CUPTI's unified-memory counters cannot be used: {reason}")
+        _warn_once(reason)
+        log.info("CUPTI collector inert: %s", reason)
+        return self
+
+    def flush(self) -> None:
+        """Deliver every record CUPTI holds now (a forced flush), then the bus's queue."""
+        if self._running:
+            self._cupti.activity_flush_all(_FLUSH_FORCED)
+            self._count_dropped()
+        self.bus.flush()
+
+    def stop(self) -> None:
+        """Deliver what is left, disable the counters and release the callbacks to the next collector."""
+        global _active
+        if not self._running:
+            return
+        cupti = self._cupti
+        try:
+            cupti.activity_flush_all(_FLUSH_FORCED)
+            cupti.activity_disable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)
+            cupti.activity_flush_all(_FLUSH_FORCED)
+            cupti.activity_flush_period(0)
+            self._count_dropped()
+        finally:
+            self._running = False
+            _active = None
+            self._index.close()
+            self.bus.flush()
+
+    def __enter__(self) -> CuptiCollector:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def status(self) -> dict[str, Any]:
+        """What the collector is doing, for a panel or a log line."""
+        return {"running": self._running, "reason": self.reason, "receiver": self.receiver,
+                "counters": list(self.counters), "records": self.records, "buffers": self.buffers,
+                "dropped": self.dropped, "unknown": self.unknown, "unattributed": self.unattributed}
+
+    def __repr__(self) -> str:
+        state = "running" if self._running else (f"inert: {self.reason}" if self.reason else "stopped")
+        return (f"<CuptiCollector {state}, {self.records} records, {self.dropped} dropped, "
+                f"counters={','.join(self.counters)}>")
+
+    def _count_dropped(self) -> None:
+        dropped = np.zeros(1, dtype=np.uint64)
+        try:
+            self._cupti.activity_get_num_dropped_records(0, 0, dropped.ctypes.data)
+        except Exception:
+            return
+        if dropped[0]:
+            self.dropped += int(dropped[0])
+            log.warning("CUPTI dropped %d unified-memory records (buffers full); raise buffer_size", int(dropped[0]))
+
+    # -- receiving ------------------------------------------------------------------------------------
+    def _receive_raw(self, data: np.ndarray, address: int, valid: int) -> None:
+        """A completed buffer's bytes (``data`` is ``valid`` bytes at ``address``)."""
+        try:
+            records = data.view(CUPTI_UM_COUNTER3_DTYPE) if valid % _RECORD == 0 else None
+            if records is None or not (records["kind"] == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER).all():
+                records = self._walk(address, valid)   # other activity kinds share the buffer
+        except ValueError:
+            records = self._walk(address, valid)
+        self._publish(records)
+
+    def _walk(self, address: int, valid: int) -> np.ndarray:
+        """CUPTI's own record walk, keeping the unified-memory records (buffers of mixed kinds)."""
+        lib = _libcupti
+        record = ctypes.c_void_p(None)
+        offsets = []
+        while lib.cuptiActivityGetNextRecord(address, valid, ctypes.byref(record)) == 0:
+            at = record.value or 0
+            if ctypes.c_int32.from_address(at).value == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER:
+                offsets.append(at)
+        out = np.empty(len(offsets), dtype=CUPTI_UM_COUNTER3_DTYPE)
+        for i, at in enumerate(offsets):
+            out[i] = np.frombuffer((ctypes.c_uint8 * _RECORD).from_address(at), dtype=CUPTI_UM_COUNTER3_DTYPE)[0]
+        return out
+
+    def _receive_objects(self, activities: list[Any]) -> None:
+        """cupti-python's record objects: their bytes in one piece where they lie back to back."""
+        n = len(activities)
+        first, last = activities[0], activities[-1]
+        records = None
+        try:
+            p0, p1 = int(first.ptr), int(last.ptr)
+            if p1 - p0 == (n - 1) * _RECORD:
+                raw = np.frombuffer((ctypes.c_uint8 * (n * _RECORD)).from_address(p0), dtype=np.uint8).copy()
+                view = raw.view(CUPTI_UM_COUNTER3_DTYPE)
+                if (view["kind"] == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER).all():
+                    records = view
+        except (AttributeError, TypeError, ValueError):
+            records = None
+        if records is None:
+            mine = [a for a in activities if int(getattr(a, "kind", -1)) == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER]
+            records = np.zeros(len(mine), dtype=CUPTI_UM_COUNTER3_DTYPE)
+            for i, a in enumerate(mine):
+                records[i] = (a.kind, a.counter_kind, a.value, a.start, a.end, a.address, a.src_id, a.dst_id,
+                              a.stream_id, a.process_id, a.flags_, 0, (0, 0, 0, 0, 0))
+        self._publish(records)
+
+    def _publish(self, records: np.ndarray) -> None:
+        events = decode_records(records, clock_offset=self._offset)
+        events = attribute(events, self._index)
+        with self._lock:
+            self.buffers += 1
+            self.unknown += len(records) - len(events)
+            self.records += len(events)
+            self.unattributed += int((events["alloc_id"] == 0).sum())
+        self.bus.publish(events)
+
+
+def _current_cuda_device() -> int:
+    """The device of the current backend, where it is a real GPU; else 0."""
+    try:
+        from ..backends import get_backend
+
+        backend = get_backend()
+    except Exception:
+        return 0
+    if getattr(backend, "is_simulated", True):
+        return 0
+    return int(backend.current_device())
+
+
+@atexit.register
+def _stop_at_exit() -> None:
+    # CUPTI's worker thread must not call into a Python that is shutting down.
+    collector = _active
+    if collector is not None:
+        with contextlib.suppress(Exception):
+            collector.stop()
+
