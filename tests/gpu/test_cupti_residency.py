@@ -92,7 +92,7 @@ def test_scripted_sequence_map_agrees_with_the_host_and_bytes_add_up(cuda, cupti
         ("host write", host_write, lambda lost, gained: 0, lambda lost, gained: gained),
     ]
     before = host_resident(buf.ptr, buf.size)
-    report = []
+    report, failures = [], []
     for name, action, htod_pages, dtoh_pages in steps:
         with ul.record() as trace:
             action()
@@ -109,15 +109,20 @@ def test_scripted_sequence_map_agrees_with_the_host_and_bytes_add_up(cuda, cupti
             Path(keep).mkdir(parents=True, exist_ok=True)
             trace.save(Path(keep) / f"step{len(report)}.npy")
             np.save(Path(keep) / f"step{len(report)}_host.npy", after)
-        assert agreement.fraction >= 0.999, (name, agreement, report)
-        assert summary["bytes_htod"] == PAGE * htod_pages(lost, gained), (name, report)
-        assert summary["bytes_dtoh"] == PAGE * dtoh_pages(lost, gained), (name, report)
-        assert len(um) and (um["alloc_id"] != 0).all(), (name, "every record belongs to the buffer's segment")
-        assert set(buffers.lookup(um["address"]).tolist()) == {buf.id}
+        # Every step is checked; the failures are reported together, with the whole sequence.
+        checks = {
+            "map agrees with the host on >= 99.9% of pages": agreement.fraction >= 0.999,
+            "HtoD bytes = pages the migration took": summary["bytes_htod"] == PAGE * htod_pages(lost, gained),
+            "DtoH bytes = pages the migration brought": summary["bytes_dtoh"] == PAGE * dtoh_pages(lost, gained),
+            "every record belongs to the buffer's segment": bool(len(um)) and bool((um["alloc_id"] != 0).all()),
+            "and to the buffer": set(buffers.lookup(um["address"]).tolist()) == {buf.id},
+        }
+        failures += [f"{name}: {what}" for what, ok in checks.items() if not ok]
         before = after
+    print("\n".join(report))
+    assert not failures, "\n".join(failures + report)
     assert cupti.dropped == 0
     assert (host_resident(buf.ptr, buf.size)[half:]).all(), "ReadMostly kept the host's copies"
-    print("\n".join(report))
     ptr = buf.ptr
     with ul.record() as trace:
         buf.close()
