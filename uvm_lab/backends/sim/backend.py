@@ -1,41 +1,48 @@
 """SimBackend: a simulated GPU with unified memory, behind the same protocol as the real one.
 
-The model follows the NVIDIA UVM driver's rules where they decide residency (research notes R1-R8):
-- pages are 4 KiB, migrations grow to 64 KiB big pages, GPU memory is allocated and evicted in 2 MiB
-  blocks, FIFO by the last migration into the block (not by access);
-- a page resident nowhere is populated (zero-filled) where it is first touched, or at its preferred
-  location; ReadMostly duplicates on read and collapses on write; PreferredLocation=host turns GPU
-  faults into remote mappings; AccessedBy maps a processor to the data wherever it lives;
-- a fault batch services up to 256 faults; a block more than 51% resident after a fault is filled
-  (a first cut of the density prefetcher: the full tree is a later refinement);
-- on x86 the CPU cannot map GPU memory, so a host access always migrates.
+The model follows the NVIDIA UVM driver's rules where they decide residency (research notes R1-R11):
+
+- pages are 4 KiB, GPU memory is allocated in 2 MiB root chunks and evicted a whole chunk at a time,
+  FIFO by the last migration into it (``eviction="lru"`` and ``"tree"`` are what-if policies);
+- GPU faults are batched (256 after de-duplication, one replay per batch); each faulting page goes where
+  R3's ordered rules say (ReadMostly, PreferredLocation, thrash pins, first touch, AccessedBy);
+- what moves grows by the driver's 51% density-tree prefetcher; thrashing between processors is
+  detected, throttled and pinned with the driver's constants; prefetch requests evict like faults do;
+- on x86 the CPU cannot map GPU memory, so a host access always migrates; ``gh200-ats`` can.
 
 Costs come from a :class:`Platform` profile and advance a simulated clock; every change is published
 as the same records the CUDA backend emits, so residency maps and traces are built the same way.
+Beyond the protocol, :meth:`SimBackend.access_stream` runs an arbitrary access stream (the workloads
+of :mod:`uvm_lab.workloads`), and the clock, traces and page states depend on nothing but the calls
+made, so the same calls give the same trace.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError
 from ...events.bus import EventBus, get_bus, new_alloc_id
-from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause, RemoteMapCause
+from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause
 from ...location import HOST_ID, Location
-from ...units import BIG_PAGE_SIZE, BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
+from ...units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
 from ..base import AccessMode, AccessResult, Capabilities, RangeAdvice
-from .model import NO_LOCATION, PAGES_PER_BLOCK, EventLog, Segment, bit, runs
-from .platform import Platform, get_platform
+from .engine import FaultEngine, StreamStats
+from .eviction import EVICTION_POLICIES, GpuMemory
+from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, Segment, bit, page_runs
+from .platform import Platform, get_platform, link_seconds
+from .thrashing import ThrashingDetector
 
 __all__ = ["SimBackend"]
 
-_BIG = BIG_PAGE_SIZE // PAGE_SIZE          # pages per big page
 _BASE_ADDRESS = 0x7F00_0000_0000           # where simulated mappings start (looks like a GPU VA)
+_ACCESS_TYPES = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
+_STREAM_CHUNK = 1 << 20                    # addresses converted to pages at a time
 
 
 class _AddressSpace:
@@ -55,17 +62,6 @@ class _AddressSpace:
 
 
 _address_space = _AddressSpace()
-_DENSITY_THRESHOLD = 0.51                  # uvm_perf_prefetch_threshold
-_ACCESS_TYPES = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
-
-
-def _grow_to_big_pages(mask: np.ndarray) -> np.ndarray:
-    """Every 64 KiB big page that holds a True becomes all True (blocks start big-page aligned)."""
-    n = len(mask)
-    padded = np.zeros(-(-n // _BIG) * _BIG, dtype=bool)
-    padded[:n] = mask
-    grown = np.repeat(padded.reshape(-1, _BIG).any(axis=1), _BIG)
-    return grown[:n]
 
 
 class SimBackend:
@@ -79,37 +75,67 @@ class SimBackend:
         A profile name from :data:`~uvm_lab.backends.sim.platform.PLATFORMS` or a :class:`Platform`.
     bus
         Where events go; the process-wide bus by default.
+    eviction
+        ``"fifo"`` (the driver: FIFO by last migration into a 2 MiB chunk), or the what-if policies
+        ``"lru"`` (least recently accessed chunk) and ``"tree"`` (LRU with tree pre-eviction).
+    prefetcher
+        The driver's density prefetcher (``uvm_perf_prefetch_enable``); off, faults move 4 KiB pages.
+    prefetch_threshold
+        ``uvm_perf_prefetch_threshold`` in percent, 1 to 100 (51).
+    thrashing
+        Thrashing detection, throttling and pinning (``uvm_perf_thrashing_enable``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a size below one block, an unknown platform or eviction policy, or a threshold out of range.
     """
 
     name = "sim"
     is_simulated = True
-    #: An x86 machine with a post-Pascal GPU on Linux, without HMM: the H200 the profile is calibrated on.
-    capabilities = Capabilities(managed_memory=True, concurrent_managed_access=True, pageable_memory_access=False,
-                                memory_pools=True)
 
     def __init__(self, device_memory: int | str = "16GiB", platform: str | Platform = "x86-pcie5", *,
-                 bus: EventBus | None = None) -> None:
+                 bus: EventBus | None = None, eviction: str = "fifo", prefetcher: bool = True,
+                 prefetch_threshold: int = 51, thrashing: bool = True) -> None:
         memory = parse_size(device_memory, name="device_memory", allow_zero=False)
         if memory < BLOCK_SIZE:
             raise InvalidArgumentError(f"device_memory must be at least 2 MiB (one VA block), got {device_memory!r}",
                                        value=device_memory, expected=">= 2MiB")
+        if isinstance(prefetch_threshold, bool) or not isinstance(prefetch_threshold, int) \
+                or not 1 <= prefetch_threshold <= 100:
+            raise InvalidArgumentError(f"prefetch_threshold must be an int percentage 1..100, got "
+                                       f"{prefetch_threshold!r}", value=prefetch_threshold, expected="1..100")
+        for flag, value in (("prefetcher", prefetcher), ("thrashing", thrashing)):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}", value=value,
+                                           expected="True or False")
         self.platform = get_platform(platform)
         self.device_memory = memory
         self.bus = bus if bus is not None else get_bus()
+        #: A post-Pascal GPU on Linux; malloc'd memory is reachable only on ATS/HMM platforms.
+        self.capabilities = Capabilities(managed_memory=True, concurrent_managed_access=True,
+                                         pageable_memory_access=self.platform.pageable_memory_access,
+                                         memory_pools=True)
         # One simulated GPU for now; page states are bitmasks so that more can follow.
         self._devices = 1
         self._now = 0
         self._segments: dict[int, Segment] = {}
         self._starts: list[int] = []
-        self._capacity_blocks = memory // BLOCK_SIZE
-        self._used_blocks = [0]                               # managed 2 MiB chunks resident
-        self._pinned_blocks = [0]                             # cudaMalloc memory, never evicted
-        self._fifo: list[OrderedDict[tuple[int, int], Segment]] = [OrderedDict()]
+        self._table = PageTable()
+        self._memory = GpuMemory(self._table, memory // BLOCK_SIZE, self.platform, eviction)
+        self._thrashing = ThrashingDetector(enabled=thrashing)
+        self._engine = FaultEngine(self._table, self._memory, self.platform, self._thrashing,
+                                   prefetch=prefetcher, prefetch_threshold=prefetch_threshold)
         self._lock = threading.RLock()
 
     def __repr__(self) -> str:
         return (f"SimBackend(device_memory={format_bytes(self.device_memory)!r}, "
-                f"platform={self.platform.name!r})")
+                f"platform={self.platform.name!r}, eviction={self._memory.policy!r})")
+
+    @property
+    def eviction(self) -> str:
+        """The eviction policy in force (one of ``fifo``, ``lru``, ``tree``)."""
+        return self._memory.policy
 
     # -- identity and clock ---------------------------------------------------------------------------
     def device_count(self) -> int:
@@ -126,9 +152,9 @@ class SimBackend:
 
     def mem_info(self, device: int = 0) -> tuple[int, int]:
         self._check_device(device)
-        used = (self._used_blocks[device] + self._pinned_blocks[device]) * BLOCK_SIZE
-        total = self._capacity_blocks * BLOCK_SIZE
-        return total - used, total
+        mem = self._memory
+        total = mem.capacity * BLOCK_SIZE
+        return total - (mem.used + mem.pinned) * BLOCK_SIZE, total
 
     # -- mapping -----------------------------------------------------------------------------------------
     def allocate(self, size: int, kind: MemoryKind, *, device: int = 0, stream: int = 0) -> int:
@@ -137,18 +163,20 @@ class SimBackend:
         self._check_device(device)
         with self._lock:
             log = EventLog(self._now)
+            mem = self._memory
             if kind is MemoryKind.DEVICE:
                 need = -(-size // BLOCK_SIZE)
-                if self._pinned_blocks[device] + need > self._capacity_blocks:
+                if mem.pinned + need > mem.capacity:
                     free, total = self.mem_info(device)
                     raise OutOfMemoryError(
                         f"cannot allocate {format_bytes(size)} of device memory on simulated device {device}: "
-                        f"{format_bytes(total - self._pinned_blocks[device] * BLOCK_SIZE)} is not held by "
+                        f"{format_bytes(total - mem.pinned * BLOCK_SIZE)} is not held by "
                         f"other device allocations", size=size, free=free, limit=total)
-                self._make_room(device, need, protect=set(), log=log)
-                self._pinned_blocks[device] += need
-            seg = Segment(id=new_alloc_id(), address=_address_space.reserve(size), size=size, kind=kind,
-                          device=HOST_ID if kind is MemoryKind.PINNED_HOST else device)
+                mem.make_room(need, protect=set(), log=log)
+                mem.pinned += need
+            alloc_id = new_alloc_id()
+            seg = Segment(id=alloc_id, address=_address_space.reserve(size), size=size, kind=kind,
+                          device=HOST_ID if kind is MemoryKind.PINNED_HOST else device, table=self._table)
             self._segments[seg.address] = seg
             bisect.insort(self._starts, seg.address)
             log.add(EventKind.SEGMENT_ALLOC, flags=kind, dst=seg.device, address=seg.address, nbytes=size,
@@ -164,9 +192,12 @@ class SimBackend:
                                       f"(already freed, or never allocated here)",
                                       ptr=ptr if isinstance(ptr, int) else 0)
             if seg.kind is MemoryKind.DEVICE:
-                self._pinned_blocks[seg.device] -= seg.nblocks
-            for b in np.flatnonzero(seg.gpu_blocks):
-                self._drop_block(seg, int(b), 0)
+                self._memory.pinned -= seg.nblocks
+            first = seg.base >> BLOCK_SHIFT
+            for b in np.flatnonzero(seg.gpu_blocks).tolist():
+                self._memory.drop(first + b)
+            self._thrashing.forget(first, seg.nblocks)
+            self._table.release(seg.base, seg.npages)
             del self._segments[ptr]
             self._starts.remove(ptr)
             log = EventLog(self._now)
@@ -184,48 +215,88 @@ class SimBackend:
             return [{"id": s.id, "address": s.address, "size": s.size, "kind": s.kind.name.lower(),
                      "gpu_blocks": int(s.gpu_blocks.sum())} for s in self._segments.values()]
 
+    def page_states(self, ptr: int, size: int) -> np.ndarray:
+        """A copy of the simulator's own residency bitmask of each 4 KiB page of a range (1 host, 2 GPU 0).
+
+        This is the model's ground truth, for tests and teaching; residency maps are built from events.
+        """
+        with self._lock:
+            seg = self._find(ptr, size)
+            first, last = seg.page_range(ptr, size)
+            return self._table.state[seg.base + first:seg.base + last].copy()
+
     # -- prefetch and advice -------------------------------------------------------------------------------
     def prefetch(self, ptr: int, size: int, location: Location, *, stream: int = 0) -> None:
+        """``cudaMemPrefetchAsync`` (R8): whole blocks, populating untouched pages, evicting as needed.
+
+        Evictions run beside the copies into the GPU (the link is full duplex), so a block costs the
+        longer of the two. Thrashing state of the pages is reset; nothing is prefetched beyond the range.
+        """
         with self._lock:
             seg = self._find(ptr, size)
             self._check_location(location)
             if seg.kind is not MemoryKind.MANAGED:
                 return  # as cudaMemPrefetchAsync on RMM's terms: a no-op on memory that cannot migrate
             first, last = seg.page_range(ptr, size)
+            if last <= first:
+                return
+            t, mem, p = self._table, self._memory, self.platform
             log = EventLog(self._now)
             dst = location.id
             log.add(EventKind.PREFETCH, dst=dst, address=ptr, nbytes=size, alloc_id=seg.id, stream=stream)
-            seg.last_prefetch[first:last] = dst
+            lo_all, hi_all = seg.base + first, seg.base + last
+            t.last_prefetch[lo_all:hi_all] = dst
+            self._thrashing.reset(np.arange(lo_all, hi_all, dtype=np.int64))
             d = bit(dst)
-            p = self.platform
-            for b, lo, hi in seg.blocks(first, last):
-                st = seg.state[lo:hi]
+            for b in range(lo_all >> BLOCK_SHIFT, ((hi_all - 1) >> BLOCK_SHIFT) + 1):
+                lo, hi = max(lo_all, b * PAGES_PER_BLOCK), min(hi_all, (b + 1) * PAGES_PER_BLOCK)
+                st = t.state[lo:hi]
                 need = (st & d) == 0
+                if not need.any():
+                    continue
                 populate = need & (st == 0)
                 copy = need & (st != 0)
-                dup = copy & seg.read_mostly[lo:hi]
+                dup = copy & t.read_mostly[lo:hi]
+                pages = np.arange(lo, hi, dtype=np.int64)
                 if location.is_host:
-                    source = self._gpu_of(seg, lo, copy)
-                    self._migrate_runs(log, seg, lo, copy, EventKind.DTOH, MigrationCause.USER, source, HOST_ID,
-                                       p.prefetch_dtoh_bw, stream)
+                    source = FaultEngine._gpu_of(st[copy])
+                    self._copies(log, pages[copy], source, HOST_ID, p.prefetch_dtoh_bw, stream)
                     log.advance(populate.sum() * PAGE_SIZE / p.host_populate_bw)
                 else:
-                    if (copy | populate).any() and not self._claim(seg, b, dst, log):
+                    mem.overlap, before = True, mem.overlapped_seconds
+                    try:
+                        got = mem.claim(np.array([b]), {b}, log)[0]
+                    finally:
+                        mem.overlap = False
+                    if not got:
                         self._finish(log)
                         free, total = self.mem_info(dst)
                         raise OutOfMemoryError(
-                            f"prefetch to {location} stopped at {format_bytes((lo - first) * PAGE_SIZE)} of "
+                            f"prefetch to {location} stopped at {format_bytes((lo - lo_all) * PAGE_SIZE)} of "
                             f"{format_bytes(size)}: device memory is held by allocations that cannot be evicted",
                             size=size, free=free, limit=total)
-                    self._migrate_runs(log, seg, lo, copy, EventKind.HTOD, MigrationCause.USER, HOST_ID, dst,
-                                       p.prefetch_htod_bw, stream)
-                    log.advance(populate.sum() * PAGE_SIZE / p.gpu_populate_bw)
-                    seg.remote[lo:hi][copy & ~dup] = 0
+                    evicting = mem.overlapped_seconds - before
+                    copying = self._copies(log, pages[copy], HOST_ID, dst, p.prefetch_htod_bw, stream)
+                    log.advance(max(0.0, evicting - copying) + populate.sum() * PAGE_SIZE / p.gpu_populate_bw)
+                    t.remote[pages[copy & ~dup]] &= np.uint8(~d & 0xFF)
+                    mem.migrated_into(np.array([b]))
                 st[populate | (copy & ~dup)] = d   # moved (or first touched) there
                 st[dup] |= d                       # ReadMostly: a copy beside the others
                 if location.is_host:
-                    self._release_if_empty(seg, b)
+                    mem.release_if_empty(np.array([b]))
             self._finish(log)
+
+    def _copies(self, log: EventLog, pages: np.ndarray, src: int, dst: int, bw: float, stream: int) -> float:
+        """Emit user-requested copies of ``pages`` (one per run); returns their seconds."""
+        if not len(pages):
+            return 0.0
+        starts, lengths = page_runs(pages)
+        nbytes = lengths.astype(np.uint64) * PAGE_SIZE
+        seconds = link_seconds(nbytes, bw, self.platform.link_k)
+        log.add_many(EventKind.DTOH if dst == HOST_ID else EventKind.HTOD, flags=MigrationCause.USER, src=src,
+                     dst=dst, address=self._table.addresses(starts), nbytes=nbytes,
+                     alloc_id=self._table.block_alloc[starts >> BLOCK_SHIFT], stream=stream, seconds=seconds)
+        return float(np.sum(seconds))
 
     def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
         advice = Advice(advice)
@@ -242,33 +313,36 @@ class SimBackend:
                                                expected='"host" or a device')
                 self._check_location(location)
             first, last = seg.page_range(ptr, size)
-            sl = slice(first, last)
+            t = self._table
+            sl = slice(seg.base + first, seg.base + last)
             log = EventLog(self._now)
             log.add(EventKind.ADVICE, flags=advice, dst=location.id if needs_location and location else NO_PROCESSOR,
                     address=ptr, nbytes=size, alloc_id=seg.id)
             if advice is Advice.SET_READ_MOSTLY:
-                seg.read_mostly[sl] = True
+                t.read_mostly[sl] = True
             elif advice is Advice.UNSET_READ_MOSTLY:
-                seg.read_mostly[sl] = False
-                self._collapse_duplicates(seg, first, last, log)
+                t.read_mostly[sl] = False
+                self._collapse_duplicates(sl, log)
             elif advice is Advice.SET_PREFERRED_LOCATION:
                 assert location is not None
-                seg.preferred[sl] = location.id
+                t.preferred[sl] = location.id
             elif advice is Advice.UNSET_PREFERRED_LOCATION:
-                seg.preferred[sl] = NO_LOCATION
-                seg.remote[sl] = 0  # the mappings that policy made may vanish
+                t.preferred[sl] = NO_LOCATION
+                t.remote[sl] = 0  # the mappings that policy made may vanish
             elif advice is Advice.SET_ACCESSED_BY:
                 assert location is not None
-                seg.accessed_by[sl] |= bit(location.id)
+                t.accessed_by[sl] |= np.uint8(bit(location.id))
             else:
                 assert location is not None
-                seg.accessed_by[sl] &= ~np.uint8(bit(location.id))
+                t.accessed_by[sl] &= np.uint8(~bit(location.id) & 0xFF)
             self._finish(log)
 
     def range_advice(self, ptr: int, size: int) -> RangeAdvice:
         with self._lock:
             seg = self._find(ptr, size)
             first, last = seg.page_range(ptr, size)
+            t = self._table
+            sl = slice(seg.base + first, seg.base + last)
 
             def uniform(values: np.ndarray) -> Location | None:
                 v = int(values[0]) if len(values) else NO_LOCATION
@@ -276,13 +350,14 @@ class SimBackend:
 
             if seg.kind is not MemoryKind.MANAGED:
                 return RangeAdvice(False, None, (), None)
-            mapped = np.bitwise_and.reduce(seg.accessed_by[first:last]) if last > first else 0
+            mapped = int(np.bitwise_and.reduce(t.accessed_by[sl])) if last > first else 0
             accessed = tuple(Location(p) for p in [HOST_ID, *range(self._devices)] if mapped & bit(p))
-            return RangeAdvice(bool(seg.read_mostly[first:last].all()), uniform(seg.preferred[first:last]),
-                               accessed, uniform(seg.last_prefetch[first:last]))
+            return RangeAdvice(bool(t.read_mostly[sl].all()), uniform(t.preferred[sl]), accessed,
+                               uniform(t.last_prefetch[sl]))
 
     # -- access ------------------------------------------------------------------------------------------------
     def access(self, ptr: int, size: int, processor: Location, mode: AccessMode, *, stream: int = 0) -> AccessResult:
+        """Every page of the range, once, in order: a grid-stride kernel on a GPU, a loop on the host."""
         if mode not in _ACCESS_TYPES:
             raise InvalidArgumentError(f"mode must be one of {sorted(_ACCESS_TYPES)}, got {mode!r}",
                                        value=mode, expected=", ".join(sorted(_ACCESS_TYPES)))
@@ -291,132 +366,122 @@ class SimBackend:
             self._check_location(processor)
             first, last = seg.page_range(ptr, size)
             log = EventLog(self._now)
-            stats = {"faults": 0, "htod": 0, "dtoh": 0, "remote": 0, "entries": 0}
             if seg.kind is MemoryKind.DEVICE:
                 if processor.is_host:
                     raise BackendError("the host cannot access device memory (cudaMalloc); use managed or "
                                        "pinned host memory, or copy it")
                 log.advance((last - first) * PAGE_SIZE / self.platform.gpu_memory_bw)
+                stats = StreamStats()
             elif seg.kind is MemoryKind.PINNED_HOST:
                 bw = self.platform.host_memory_bw if processor.is_host else self.platform.remote_bw
-                stats["remote"] = 0 if processor.is_host else (last - first) * PAGE_SIZE
+                stats = StreamStats(bytes_remote=0 if processor.is_host else (last - first) * PAGE_SIZE)
                 log.advance((last - first) * PAGE_SIZE / bw)
             else:
-                for b, lo, hi in seg.blocks(first, last):
-                    if processor.is_host:
-                        self._host_access_block(seg, b, lo, hi, mode, log, stats, stream)
-                    else:
-                        self._gpu_access_block(seg, b, lo, hi, processor.id, mode, log, stats, stream)
-                batches = -(-stats["entries"] // self.platform.fault_batch_size)
-                log.advance(batches * self.platform.fault_batch_latency if not processor.is_host else 0.0)
-            start = self._now
-            self._finish(log)
-            return AccessResult(seconds=(self._now - start) / 1e9, faults=stats["faults"], bytes_htod=stats["htod"],
-                                bytes_dtoh=stats["dtoh"], bytes_remote=stats["remote"])
+                pages = np.arange(seg.base + first, seg.base + last, dtype=np.int64)
+                in_flight = 1 if processor.is_host else self.platform.gpu_pages_in_flight
+                stats = self._engine.run([pages], processor.id, mode != "read", log, in_flight=in_flight,
+                                         access_type=_ACCESS_TYPES[mode], stream=stream)
+            return self._result(log, stats)
 
-    def _gpu_access_block(self, seg: Segment, b: int, lo: int, hi: int, device: int, mode: AccessMode,
-                          log: EventLog, stats: dict[str, int], stream: int) -> None:
-        p = self.platform
-        g = bit(device)
-        blo, bhi = b * PAGES_PER_BLOCK, min((b + 1) * PAGES_PER_BLOCK, seg.npages)
-        st = seg.state[blo:bhi]
-        rm = seg.read_mostly[blo:bhi]
-        pref = seg.preferred[blo:bhi]
-        acc = np.zeros(bhi - blo, dtype=bool)
-        acc[lo - blo : hi - blo] = True
-        write = np.bool_(mode != "read")  # numpy bool: ~write must be logical, not bitwise on an int
-        has = (st & g) != 0
-        on_host = (st & 1) != 0
-        mapped = ((seg.accessed_by[blo:bhi] | seg.remote[blo:bhi]) & g) != 0
-        remote_ok = acc & ~has & on_host & mapped
-        fault = acc & ~has & ~remote_ok
-        collapse = acc & has & (st != g) & write          # writes fault on read-only duplicates
-        fault |= collapse
-        if not fault.any():
-            stats["remote"] += int(remote_ok.sum()) * PAGE_SIZE
-            log.advance(remote_ok.sum() * PAGE_SIZE / p.remote_bw + (acc & has).sum() * PAGE_SIZE / p.gpu_memory_bw)
-            return
-        nowhere = st == 0
-        dup = fault & rm & ~write & on_host & ~has                      # R3(a)
-        policy_remote = fault & ~has & on_host & ~dup & (pref == HOST_ID)  # R3(f), PreferredLocation=host
-        migrate = fault & ~has & ~nowhere & ~dup & ~policy_remote      # R3(b), (g)
-        # The driver moves whole big pages, and fills a block that the fault leaves more than 51% resident.
-        eligible = (st == 1) & ~rm & (pref != HOST_ID) & ~mapped
-        grown = (_grow_to_big_pages(migrate) & eligible) | migrate
-        resident_after = has | grown | dup | (fault & nowhere)
-        if resident_after.sum() > _DENSITY_THRESHOLD * (bhi - blo):
-            grown |= eligible
-        populate = nowhere & _grow_to_big_pages(fault)                 # R2: first touch zero-fills big pages
-        populate_host = populate & (pref == HOST_ID)
-        populate_gpu = populate & ~populate_host
-        if (grown | dup | populate_gpu | collapse).any() and not self._claim(seg, b, device, log):
-            # No GPU memory can be freed (all of it is cudaMalloc memory): map the host copy remotely.
-            oom = fault & on_host
-            for start, length in runs(oom):
-                log.add(EventKind.REMOTE_MAP, flags=RemoteMapCause.OUT_OF_MEMORY, src=HOST_ID, dst=device,
-                        address=seg.page_address(blo + start), nbytes=length * PAGE_SIZE, alloc_id=seg.id)
-            seg.remote[blo:bhi][oom] |= g
-            stats["remote"] += int((oom | remote_ok).sum()) * PAGE_SIZE
-            stats["faults"] += int(fault.sum())
-            return
-        prefetched = grown & ~migrate
-        self._migrate_runs(log, seg, blo, migrate | dup, EventKind.HTOD, MigrationCause.COHERENCE, HOST_ID, device,
-                           p.fault_htod_bw, stream)
-        self._migrate_runs(log, seg, blo, prefetched, EventKind.HTOD, MigrationCause.PREFETCH, HOST_ID, device,
-                           p.fault_htod_bw, stream)
-        # A write leaves one copy, the writer's: as on the hardware, the write fault itself says so
-        # (no separate record), and the residency map collapses the copies when it replays the fault.
-        for start, length in runs(policy_remote | populate_host):
-            log.add(EventKind.REMOTE_MAP, flags=RemoteMapCause.POLICY, src=HOST_ID, dst=device,
-                    address=seg.page_address(blo + start), nbytes=length * PAGE_SIZE, alloc_id=seg.id)
-        self._fault_runs(log, seg, blo, fault, populate, EventKind.GPU_PAGE_FAULT, mode, device, stream)
-        st[grown | collapse | populate_gpu] = g
-        st[dup] |= g
-        st[populate_host] = 1
-        seg.remote[blo:bhi][policy_remote | populate_host] |= g
-        seg.remote[blo:bhi][grown] &= ~np.uint8(g)
-        moved = int((grown | dup).sum()) * PAGE_SIZE
-        remote = int((policy_remote | remote_ok | populate_host).sum()) * PAGE_SIZE
-        stats["htod"] += moved
-        stats["remote"] += remote
-        stats["faults"] += int(fault.sum())
-        stats["entries"] += int(_grow_to_big_pages(fault).sum()) // _BIG or 1
-        log.advance(populate_gpu.sum() * PAGE_SIZE / p.gpu_populate_bw + remote / p.remote_bw
-                    + (acc & has).sum() * PAGE_SIZE / p.gpu_memory_bw)
+    def access_stream(self, addresses: np.ndarray | Iterable[np.ndarray], processor: Location,
+                      mode: AccessMode | np.ndarray | Iterable[np.ndarray] = "read", *, in_flight: int | None = None,
+                      bytes_per_access: int = PAGE_SIZE, warps: int | None = None, stream: int = 0) -> AccessResult:
+        """Run an access stream on managed memory: addresses touched in program order (simulator only).
 
-    def _host_access_block(self, seg: Segment, b: int, lo: int, hi: int, mode: AccessMode,
-                           log: EventLog, stats: dict[str, int], stream: int) -> None:
-        p = self.platform
-        blo, bhi = b * PAGES_PER_BLOCK, min((b + 1) * PAGES_PER_BLOCK, seg.npages)
-        st = seg.state[blo:bhi]
-        rm = seg.read_mostly[blo:bhi]
-        acc = np.zeros(bhi - blo, dtype=bool)
-        acc[lo - blo : hi - blo] = True
-        write = np.bool_(mode != "read")  # numpy bool: ~write must be logical, not bitwise on an int
-        has = (st & 1) != 0
-        collapse = acc & has & (st != 1) & write
-        fault = (acc & ~has) | collapse          # x86: the CPU cannot map GPU memory
-        if not fault.any():
-            log.advance(acc.sum() * PAGE_SIZE / p.host_memory_bw)
-            return
-        nowhere = st == 0
-        dup = fault & ~has & ~nowhere & rm & ~write
-        migrate = fault & ~has & ~nowhere & ~dup
-        grown = (_grow_to_big_pages(migrate) & (st != 0) & ~has & ~rm) | migrate
-        populate = nowhere & _grow_to_big_pages(fault)
-        source = self._gpu_of(seg, blo, grown | dup)
-        self._migrate_runs(log, seg, blo, migrate | dup, EventKind.DTOH, MigrationCause.COHERENCE, source, HOST_ID,
-                           p.fault_dtoh_bw, stream)
-        self._migrate_runs(log, seg, blo, grown & ~migrate, EventKind.DTOH, MigrationCause.PREFETCH, source, HOST_ID,
-                           p.fault_dtoh_bw, stream)
-        self._fault_runs(log, seg, blo, fault, populate, EventKind.CPU_PAGE_FAULT, mode, HOST_ID, stream)
-        log.advance(int(_grow_to_big_pages(fault).sum()) // _BIG * p.cpu_fault_latency)
-        st[grown | collapse | populate] = 1
-        st[dup] |= 1
-        stats["dtoh"] += int((grown | dup).sum()) * PAGE_SIZE
-        stats["faults"] += int(fault.sum())
-        log.advance(populate.sum() * PAGE_SIZE / p.host_populate_bw + acc.sum() * PAGE_SIZE / p.host_memory_bw)
-        self._release_if_empty(seg, b)
+        Parameters
+        ----------
+        addresses
+            Byte addresses inside live managed allocations, one per access (an array, or an iterable of
+            arrays for long streams); each access touches the 4 KiB page holding its address.
+        processor
+            Who accesses: a device, or the host.
+        mode
+            ``"read"``, ``"write"`` or ``"atomic"`` for every access, or boolean "is a write" arrays shaped
+            like ``addresses`` (chunk by chunk).
+        in_flight
+            Accesses the processor keeps going past a stalled one: a full grid-stride kernel keeps
+            ``platform.gpu_pages_in_flight`` distinct pages in flight (the default on a GPU), a single
+            warp 1, a host thread 1 (the default on the host).
+        bytes_per_access
+            Bytes each access moves when it hits (the cost of resident and remote accesses).
+        warps
+            Warps issuing the accesses; they cap what hits can stream (None: the whole GPU).
+
+        Raises
+        ------
+        InvalidArgumentError
+            For an address outside every live managed allocation, or a bad mode or count.
+        """
+        if isinstance(mode, str) and mode not in _ACCESS_TYPES:
+            raise InvalidArgumentError(f"mode must be one of {sorted(_ACCESS_TYPES)} or boolean write arrays, "
+                                       f"got {mode!r}", value=mode, expected=", ".join(sorted(_ACCESS_TYPES)))
+        for name, value, low in (("in_flight", in_flight, 1), ("bytes_per_access", bytes_per_access, 1),
+                                 ("warps", warps, 1)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+                                      or value < low):
+                raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}", value=value,
+                                           expected="a positive integer")
+        self._check_location(processor)
+        if in_flight is None:
+            in_flight = 1 if processor.is_host else self.platform.gpu_pages_in_flight
+        chunks = [addresses] if isinstance(addresses, np.ndarray) else addresses
+        if isinstance(mode, str):
+            write: bool | Iterator[np.ndarray] = mode != "read"
+            access_type = _ACCESS_TYPES[mode]
+        else:
+            write = (np.asarray(m, dtype=bool) for m in ([mode] if isinstance(mode, np.ndarray) else mode))
+            access_type = AccessType.WRITE
+        with self._lock:
+            log = EventLog(self._now)
+            try:
+                stats = self._engine.run(self._pages_of(chunks), processor.id, write, log, in_flight=in_flight,
+                                         bytes_per_access=bytes_per_access, warps=warps, access_type=access_type,
+                                         stream=stream)
+            finally:
+                self._finish(log)
+            return AccessResult(seconds=stats.seconds, faults=stats.faults, bytes_htod=stats.bytes_htod,
+                                bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
+
+    def _pages_of(self, chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
+        """Global page numbers of each chunk of addresses, checked against the live managed segments."""
+        starts = np.array(self._starts, dtype=np.uint64)
+        segs = [self._segments[a] for a in self._starts]
+        ends = np.array([s.end for s in segs], dtype=np.uint64)
+        bases = np.array([s.base for s in segs], dtype=np.int64)
+        managed = np.array([s.kind is MemoryKind.MANAGED for s in segs], dtype=bool)
+        for chunk in chunks:
+            a = np.asarray(chunk)
+            if a.dtype.kind not in "iu":
+                raise InvalidArgumentError(f"addresses must be integers, got an array of {a.dtype}", value=a.dtype,
+                                           expected="an integer array of byte addresses")
+            a = a.astype(np.uint64, copy=False)
+            for lo in range(0, len(a), _STREAM_CHUNK):
+                part = a[lo:lo + _STREAM_CHUNK]
+                i = np.searchsorted(starts, part, side="right").astype(np.int64) - 1
+                ok = i >= 0
+                if ok.all():
+                    ok = (part < ends[i]) & managed[i]
+                else:
+                    ok[ok] = (part[ok] < ends[i[ok]]) & managed[i[ok]]
+                if not ok.all():
+                    bad = int(part[np.argmin(ok)])
+                    raise InvalidArgumentError(f"address {bad:#x} is not inside a live managed allocation of this "
+                                               f"backend", value=bad, expected="addresses of managed allocations")
+                yield bases[i] + ((part - starts[i]) // PAGE_SIZE).astype(np.int64)
+
+    def _result(self, log: EventLog, stats: StreamStats) -> AccessResult:
+        start = self._now
+        self._finish(log)
+        return AccessResult(seconds=(self._now - start) / 1e9, faults=stats.faults, bytes_htod=stats.bytes_htod,
+                            bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters of the model: chunks held and evicted, thrashing blocks tracked."""
+        with self._lock:
+            mem = self._memory
+            return {"chunks_used": mem.used, "chunks_pinned": mem.pinned, "chunks_total": mem.capacity,
+                    "chunks_evicted": mem.evicted_blocks, "thrashing_blocks": len(self._thrashing.blocks),
+                    "eviction": mem.policy}
 
     # -- data ------------------------------------------------------------------------------------------------
     def host_view(self, ptr: int, size: int) -> np.ndarray:
@@ -452,105 +517,30 @@ class SimBackend:
                 self._now += int(out.size / self.platform.prefetch_dtoh_bw * 1e9)
             out[:] = seg.data[ptr - seg.address : ptr - seg.address + out.size]
 
-    # -- GPU memory: blocks, eviction ---------------------------------------------------------------------------
-    def _claim(self, seg: Segment, b: int, device: int, log: EventLog) -> bool:
-        """Make sure block ``b`` of ``seg`` holds a GPU chunk, evicting FIFO if needed; False if impossible."""
-        key = (seg.id, b)
-        fifo = self._fifo[device]
-        if seg.gpu_blocks[b]:
-            fifo.move_to_end(key)   # FIFO by last migration into the block, as the driver's list
-            return True
-        if not self._make_room(device, 1, protect={key}, log=log):
-            return False
-        seg.gpu_blocks[b] = True
-        self._used_blocks[device] += 1
-        fifo[key] = seg
-        return True
-
-    def _make_room(self, device: int, nblocks: int, protect: set[tuple[int, int]], log: EventLog) -> bool:
-        fifo = self._fifo[device]
-        while self._capacity_blocks - self._used_blocks[device] - self._pinned_blocks[device] < nblocks:
-            victim = next((k for k in fifo if k not in protect), None)
-            if victim is None:
-                return False
-            self._evict(fifo[victim], victim[1], device, log)
-        return True
-
-    def _evict(self, seg: Segment, b: int, device: int, log: EventLog) -> None:
-        g = bit(device)
-        blo, bhi = b * PAGES_PER_BLOCK, min((b + 1) * PAGES_PER_BLOCK, seg.npages)
-        st = seg.state[blo:bhi]
-        only_here = st == g
-        copies = ((st & g) != 0) & ~only_here
-        self._migrate_runs(log, seg, blo, only_here, EventKind.DTOH, MigrationCause.EVICTION, device, HOST_ID,
-                           self.platform.prefetch_dtoh_bw, 0)
-        self._invalidate_runs(log, seg, blo, copies, device)
-        st[only_here] = 1
-        st[copies] &= ~np.uint8(g)
-        self._drop_block(seg, b, device)
-
-    def _release_if_empty(self, seg: Segment, b: int) -> None:
-        """A block whose pages all left the GPU gives its chunk back."""
-        if seg.gpu_blocks[b]:
-            blo, bhi = b * PAGES_PER_BLOCK, min((b + 1) * PAGES_PER_BLOCK, seg.npages)
-            if not (seg.state[blo:bhi] > 1).any():
-                self._drop_block(seg, b, 0)
-
-    def _drop_block(self, seg: Segment, b: int, device: int) -> None:
-        seg.gpu_blocks[b] = False
-        self._used_blocks[device] -= 1
-        self._fifo[device].pop((seg.id, b), None)
-
-    def _collapse_duplicates(self, seg: Segment, first: int, last: int, log: EventLog) -> None:
+    def _collapse_duplicates(self, sl: slice, log: EventLog) -> None:
         """UnsetReadMostly: keep the preferred location's copy if it has one, else the host's."""
-        st = seg.state[first:last]
-        pref = seg.preferred[first:last]
+        t, mem = self._table, self._memory
+        st = t.state[sl]
+        pref = t.preferred[sl]
         dup = (st & (st - 1)) != 0                 # more than one bit set
         if not dup.any():
             return
-        pref_bit = np.where(pref == HOST_ID, 1, np.where(pref >= 0, 1 << (pref.astype(np.int32) + 1), 0))
+        pages = np.arange(sl.start, sl.stop, dtype=np.int64)
+        pref_bit = np.where(pref == HOST_ID, 1, np.where(pref >= 0, np.left_shift(1, pref.astype(np.int32) + 1), 0))
         keep = np.where((st & pref_bit) != 0, pref, HOST_ID)
         for device in range(self._devices):
             g = bit(device)
             drop = dup & ((st & g) != 0) & (keep != device)
-            self._invalidate_runs(log, seg, first, drop, device)
-            st[drop] &= ~np.uint8(g)
+            mem.invalidate(pages[drop], log, src=device)
+            st[drop] &= np.uint8(~g & 0xFF)
         drop_host = dup & ((st & 1) != 0) & (keep != HOST_ID)
-        self._invalidate_runs(log, seg, first, drop_host, HOST_ID)
-        st[drop_host] &= ~np.uint8(1)
-        for b, _, _ in seg.blocks(first, last):
-            self._release_if_empty(seg, b)
-
-    # -- records -------------------------------------------------------------------------------------------
-    def _migrate_runs(self, log: EventLog, seg: Segment, base: int, mask: np.ndarray, kind: EventKind,
-                      cause: MigrationCause, src: int, dst: int, bandwidth: float, stream: int) -> None:
-        for start, length in runs(mask):
-            nbytes = length * PAGE_SIZE
-            log.add(kind, flags=cause, src=src, dst=dst, address=seg.page_address(base + start), nbytes=nbytes,
-                    alloc_id=seg.id, stream=stream, seconds=nbytes / bandwidth)
-
-    def _fault_runs(self, log: EventLog, seg: Segment, base: int, fault: np.ndarray, populate: np.ndarray,
-                    kind: EventKind, mode: AccessMode, processor: int, stream: int) -> None:
-        """One fault record per run of faulted (or zero-filled) pages: value = pages that faulted."""
-        for start, length in runs(fault | populate):
-            log.add(kind, flags=_ACCESS_TYPES[mode], src=processor, dst=processor,
-                    address=seg.page_address(base + start), nbytes=length * PAGE_SIZE,
-                    value=int(fault[start : start + length].sum()), alloc_id=seg.id, stream=stream)
-
-    def _invalidate_runs(self, log: EventLog, seg: Segment, base: int, mask: np.ndarray, src: int) -> None:
-        for start, length in runs(mask):
-            log.add(EventKind.INVALIDATE, src=src, dst=src, address=seg.page_address(base + start),
-                    nbytes=length * PAGE_SIZE, alloc_id=seg.id)
-
-    def _gpu_of(self, seg: Segment, base: int, mask: np.ndarray) -> int:
-        """The device holding pages being migrated to the host (the lowest GPU bit present)."""
-        st = seg.state[base : base + len(mask)][mask]
-        gpus = int(np.bitwise_or.reduce(st)) >> 1 if len(st) else 1
-        return (gpus & -gpus).bit_length() - 1 if gpus else 0
+        mem.invalidate(pages[drop_host], log, src=HOST_ID)
+        st[drop_host] &= np.uint8(0xFE)
+        mem.release_if_empty(np.unique(pages[dup] >> BLOCK_SHIFT))
 
     def _finish(self, log: EventLog) -> None:
         self._now = max(self._now, int(log.t))
-        if log.rows:
+        if len(log):
             self.bus.publish(log.to_array())
 
     # -- lookups and checks ------------------------------------------------------------------------------
@@ -582,3 +572,7 @@ class SimBackend:
                                        expected="uvm_lab.Location")
         if not location.is_host:
             self._check_device(location.id)
+
+
+# The eviction policies a SimBackend accepts, for discovery.
+SimBackend.EVICTION_POLICIES = EVICTION_POLICIES  # type: ignore[attr-defined]

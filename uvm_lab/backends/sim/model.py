@@ -1,16 +1,20 @@
-"""The page-level state the simulator keeps for each segment of memory.
+"""The page-level state the simulator keeps: one page table for every managed byte, and the event log.
 
 A page's residency is a bitmask of the processors holding a valid copy: bit 0 the host, bit d+1
 device d. Two bits set means a read-duplicated page (ReadMostly). Advice is kept per page, as the
 driver keeps it per VA range: ReadMostly, PreferredLocation, AccessedBy, and the remote mappings
-that PreferredLocation creates. GPU memory is accounted per 2 MiB VA block, the driver's unit of
-allocation and eviction.
+that policy creates. GPU memory is accounted per 2 MiB VA block, the driver's unit of allocation and
+eviction (research R1).
+
+Every segment's pages live in one :class:`PageTable`, each segment starting on a block of the table,
+so that an access stream over several buffers is one array of page numbers and every rule is a
+vectorized operation on it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,9 +22,10 @@ from ...events.schema import EVENT_DTYPE, MemoryKind
 from ...location import HOST_ID
 from ...units import BLOCK_SIZE, PAGE_SIZE
 
-__all__ = ["NO_LOCATION", "PAGES_PER_BLOCK", "EventLog", "Segment", "bit", "runs"]
+__all__ = ["NO_LOCATION", "PAGES_PER_BLOCK", "EventLog", "PageTable", "Segment", "bit", "page_runs", "runs"]
 
 PAGES_PER_BLOCK = BLOCK_SIZE // PAGE_SIZE
+BLOCK_SHIFT = PAGES_PER_BLOCK.bit_length() - 1
 #: "no advice" in the per-page location arrays.
 NO_LOCATION = -2
 
@@ -40,23 +45,124 @@ def runs(mask: np.ndarray) -> Iterator[tuple[int, int]]:
         yield int(start), int(stop - start)
 
 
+def page_runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of consecutive page numbers in a sorted array, cut at block boundaries: ``(first, length)``."""
+    if not len(pages):
+        return pages[:0], pages[:0]
+    cut = np.flatnonzero((np.diff(pages) != 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)) + 1
+    starts = np.concatenate(([0], cut))
+    ends = np.concatenate((cut, [len(pages)]))
+    return pages[starts], ends - starts
+
+
+class PageTable:
+    """Per-page and per-block arrays for every segment of one simulated device, grown on demand.
+
+    Pages are numbered globally; segment ``s`` owns pages ``[s.base, s.base + s.npages)`` and starts on a
+    block. Freed ranges are reused first fit. Arrays may be reallocated as the table grows, so callers
+    index them afresh instead of keeping views.
+    """
+
+    def __init__(self) -> None:
+        self.nblocks = 0
+        self._top = 0
+        self._free: list[tuple[int, int]] = []      # (first block, blocks), sorted
+        self._alloc_arrays(0)
+
+    def _alloc_arrays(self, nblocks: int) -> None:
+        n = nblocks * PAGES_PER_BLOCK
+        old = self.__dict__.copy() if self.nblocks else None
+        self.state = np.zeros(n, dtype=np.uint8)
+        self.read_mostly = np.zeros(n, dtype=bool)
+        self.preferred = np.full(n, NO_LOCATION, dtype=np.int8)
+        self.accessed_by = np.zeros(n, dtype=np.uint8)     # residency-style bitmask of processors
+        self.remote = np.zeros(n, dtype=np.uint8)          # processors mapped remotely by policy
+        self.last_prefetch = np.full(n, NO_LOCATION, dtype=np.int8)
+        self.chunk = np.zeros(nblocks, dtype=bool)         # a 2 MiB GPU chunk is held (managed only)
+        self.last_use = np.zeros(nblocks, dtype=np.int64)  # for LRU-by-access eviction
+        self.counters = np.zeros(nblocks, dtype=np.int32)  # access counters (remote accesses per block)
+        self.block_address = np.zeros(nblocks, dtype=np.uint64)
+        self.block_alloc = np.zeros(nblocks, dtype=np.uint64)
+        self.block_pages = np.zeros(nblocks, dtype=np.int16)   # pages that exist in the block (0: free)
+        if old is not None:
+            for name, value in old.items():
+                if isinstance(value, np.ndarray):
+                    getattr(self, name)[: len(value)] = value
+        self.nblocks = nblocks
+
+    def reserve(self, npages: int, address: int, alloc_id: int) -> int:
+        """Room for ``npages`` pages of a new segment at ``address``; returns its first global page."""
+        need = -(-npages // PAGES_PER_BLOCK)
+        first = None
+        for i, (start, length) in enumerate(self._free):
+            if length >= need:
+                first = start
+                self._free[i:i + 1] = [(start + need, length - need)] if length > need else []
+                break
+        if first is None:
+            first = self._top
+            self._top += need
+            if self._top > self.nblocks:
+                self._alloc_arrays(max(self._top, 2 * self.nblocks, 64))
+        self._reset(first, need)
+        blocks = np.arange(need)
+        self.block_address[first:first + need] = address + blocks.astype(np.uint64) * BLOCK_SIZE
+        self.block_alloc[first:first + need] = alloc_id
+        self.block_pages[first:first + need] = np.minimum(npages - blocks * PAGES_PER_BLOCK, PAGES_PER_BLOCK)
+        return first * PAGES_PER_BLOCK
+
+    def release(self, base: int, npages: int) -> None:
+        first, need = base // PAGES_PER_BLOCK, -(-npages // PAGES_PER_BLOCK)
+        self._reset(first, need)
+        self._free.append((first, need))
+        self._free.sort()
+        merged: list[tuple[int, int]] = []
+        for start, length in self._free:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        if merged and merged[-1][0] + merged[-1][1] == self._top:   # give the top back
+            self._top = merged.pop()[0]
+        self._free = merged
+
+    def _reset(self, first: int, nblocks: int) -> None:
+        sl = slice(first * PAGES_PER_BLOCK, (first + nblocks) * PAGES_PER_BLOCK)
+        self.state[sl] = 0
+        self.read_mostly[sl] = False
+        self.preferred[sl] = NO_LOCATION
+        self.accessed_by[sl] = 0
+        self.remote[sl] = 0
+        self.last_prefetch[sl] = NO_LOCATION
+        bl = slice(first, first + nblocks)
+        self.chunk[bl] = False
+        self.last_use[bl] = 0
+        self.counters[bl] = 0
+        self.block_pages[bl] = 0
+
+    def addresses(self, pages: np.ndarray) -> np.ndarray:
+        """The address of each global page."""
+        return self.block_address[pages >> BLOCK_SHIFT] + ((pages & (PAGES_PER_BLOCK - 1)) * PAGE_SIZE).astype(
+            np.uint64)
+
+
 @dataclass(eq=False)
 class Segment:
-    """One mapping made by ``allocate``: its pages, their residency and their advice."""
+    """One mapping made by ``allocate``: where its pages sit in the page table, and its bytes."""
 
     id: int
     address: int
     size: int
     kind: MemoryKind
     device: int
-    state: np.ndarray = field(init=False)
-    read_mostly: np.ndarray = field(init=False)
-    preferred: np.ndarray = field(init=False)
-    accessed_by: np.ndarray = field(init=False)
-    remote: np.ndarray = field(init=False)
-    last_prefetch: np.ndarray = field(init=False)
-    gpu_blocks: np.ndarray = field(init=False)
-    _data: np.ndarray | None = field(init=False, default=None)
+    table: PageTable
+    base: int = 0
+    _data: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        self.base = self.table.reserve(self.npages, self.address, self.id)
+        initial = {MemoryKind.MANAGED: 0, MemoryKind.DEVICE: bit(self.device), MemoryKind.PINNED_HOST: 1}[self.kind]
+        self.table.state[self.base:self.base + self.npages] = initial
 
     @property
     def data(self) -> np.ndarray:
@@ -65,16 +171,22 @@ class Segment:
             self._data = np.zeros(self.size, dtype=np.uint8)
         return self._data
 
-    def __post_init__(self) -> None:
-        n = self.npages
-        initial = {MemoryKind.MANAGED: 0, MemoryKind.DEVICE: bit(self.device), MemoryKind.PINNED_HOST: 1}[self.kind]
-        self.state = np.full(n, initial, dtype=np.uint8)
-        self.read_mostly = np.zeros(n, dtype=bool)
-        self.preferred = np.full(n, NO_LOCATION, dtype=np.int16)
-        self.accessed_by = np.zeros(n, dtype=np.uint8)       # residency-style bitmask of processors
-        self.remote = np.zeros(n, dtype=np.uint8)            # processors mapped remotely by policy
-        self.last_prefetch = np.full(n, NO_LOCATION, dtype=np.int16)
-        self.gpu_blocks = np.zeros(self.nblocks, dtype=bool)  # 2 MiB GPU chunk held (managed only)
+    def _view(self, name: str) -> np.ndarray:
+        return getattr(self.table, name)[self.base:self.base + self.npages]
+
+    # Views into the page table (made afresh on each use: the table may have grown since).
+    state = property(lambda self: self._view("state"), doc="Residency bitmask per page.")
+    read_mostly = property(lambda self: self._view("read_mostly"), doc="ReadMostly advice per page.")
+    preferred = property(lambda self: self._view("preferred"), doc="PreferredLocation per page.")
+    accessed_by = property(lambda self: self._view("accessed_by"), doc="AccessedBy bitmask per page.")
+    remote = property(lambda self: self._view("remote"), doc="Processors mapped remotely by policy, per page.")
+    last_prefetch = property(lambda self: self._view("last_prefetch"), doc="Last prefetch destination per page.")
+
+    @property
+    def gpu_blocks(self) -> np.ndarray:
+        """Per 2 MiB block of the segment: whether it holds a GPU chunk."""
+        first = self.base // PAGES_PER_BLOCK
+        return self.table.chunk[first:first + self.nblocks]
 
     @property
     def npages(self) -> int:
@@ -94,11 +206,6 @@ class Segment:
         last = -(-(ptr + size - self.address) // PAGE_SIZE)
         return first, min(last, self.npages)
 
-    def blocks(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:
-        """``(block, lo, hi)``: the pages ``[lo, hi)`` of each 2 MiB block that ``[first, last)`` touches."""
-        for b in range(first // PAGES_PER_BLOCK, -(-last // PAGES_PER_BLOCK)):
-            yield b, max(first, b * PAGES_PER_BLOCK), min(last, (b + 1) * PAGES_PER_BLOCK)
-
     def page_address(self, page: int) -> int:
         return self.address + page * PAGE_SIZE
 
@@ -109,6 +216,7 @@ class EventLog:
     def __init__(self, start_ns: int) -> None:
         self.t = float(start_ns)
         self.rows: list[tuple[int, ...]] = []
+        self.chunks: list[np.ndarray] = []
 
     def add(self, kind: int, *, flags: int = 0, src: int = 0, dst: int = 0, address: int = 0, nbytes: int = 0,
             value: int | None = None, alloc_id: int = 0, stream: int = 0, seconds: float = 0.0) -> None:
@@ -118,8 +226,51 @@ class EventLog:
         self.rows.append((kind, flags, src, dst, int(start), int(self.t), address, nbytes,
                           nbytes if value is None else value, alloc_id, stream))
 
+    def add_many(self, kind: int, *, flags: int | np.ndarray, src: int | np.ndarray, dst: int | np.ndarray,
+                 address: np.ndarray, nbytes: np.ndarray, value: np.ndarray | None = None,
+                 alloc_id: np.ndarray | int = 0, stream: int = 0, seconds: np.ndarray | float = 0.0,
+                 advance: bool = True) -> None:
+        """Append one record per element, back to back on the clock (``seconds`` each).
+
+        With ``advance=False`` the records all start now and the clock stays: work that overlaps what
+        follows (evictions on the prefetch path run beside the refill, the link being full duplex).
+        """
+        n = len(address)
+        if not n:
+            return
+        self._flush_rows()
+        out = np.empty(n, dtype=EVENT_DTYPE)
+        durations = np.broadcast_to(np.asarray(seconds, dtype=np.float64) * 1e9, (n,))
+        if advance:
+            ends = self.t + np.cumsum(durations)
+            starts = np.concatenate(([self.t], ends[:-1]))
+        else:
+            starts = np.full(n, self.t)
+            ends = starts + durations
+        out["kind"], out["flags"], out["src"], out["dst"] = kind, flags, src, dst
+        out["start"], out["end"] = starts.astype(np.uint64), ends.astype(np.uint64)
+        out["address"], out["bytes"] = address, nbytes
+        out["value"] = nbytes if value is None else value
+        out["alloc_id"], out["stream"] = alloc_id, stream
+        if advance:
+            self.t = float(ends[-1])
+        self.chunks.append(out)
+
     def advance(self, seconds: float) -> None:
         self.t += seconds * 1e9
 
+    def _flush_rows(self) -> None:
+        if self.rows:
+            self.chunks.append(np.array(self.rows, dtype=EVENT_DTYPE))
+            self.rows = []
+
+    def __len__(self) -> int:
+        return len(self.rows) + sum(len(c) for c in self.chunks)
+
     def to_array(self) -> np.ndarray:
-        return np.array(self.rows, dtype=EVENT_DTYPE)
+        self._flush_rows()
+        if not self.chunks:
+            return np.zeros(0, dtype=EVENT_DTYPE)
+        out = self.chunks[0] if len(self.chunks) == 1 else np.concatenate(self.chunks)
+        self.chunks = [out]
+        return out

@@ -1,87 +1,180 @@
-"""Platform profiles: the link and fault costs of a CPU-GPU system, as data.
+"""Platform profiles: the link, fault and memory costs of a CPU-GPU system, as data.
 
-``x86-pcie5`` is calibrated to an H200 on PCIe gen5 (driver 580; the project's device probe):
-prefetch HtoD 50.5 GB/s and DtoH 15.5 GB/s, fault-driven HtoD 6.7 GB/s, CPU-fault DtoH 4.4 GB/s,
-zero-copy reads 51 GB/s, one fault batch round trip about 20 us. The other profiles scale the link
-and are marked as not yet calibrated against hardware.
+``x86-pcie5`` is calibrated to an H200 on PCIe gen5 (driver 580; the project's device probe and the
+measurements in the UVM semantics notes):
+
+- prefetch HtoD 50.5 GB/s, DtoH 15.5 GB/s; pinned copies 55.3 GB/s; zero-copy reads 51 GB/s;
+- one fault batch: about 2.5 us of round trip plus 17.5 us per VA block serviced (1 touch per 2 MiB:
+  20.2 us serially, 17.6 us per block when 512 faults arrive at once), plus about 0.3 us per page
+  migrated on the fault path (CPU unmapping), which makes a grid-stride kernel fault data in at
+  about 8.9 GB/s;
+- evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path
+  (oversubscribed grid-stride passes run at 7 to 9 GB/s) and overlapped with the refill on the
+  prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);
+- a CPU fault costs about 30 us plus its copies (fault-driven DtoH 4.4 GB/s).
+
+The other profiles scale the link (``x86-pcie4``, ``x86-pcie3``: the UVMSmart PCIe3 fit of a GTX
+1080 Ti) or describe a coherent system (``gh200-ats``: C2C at 375/297 GB/s, the CPU maps GPU memory,
+access counters migrate hot remote data); they are marked as not calibrated against our own runs.
+
+Transfers follow a size-dependent link model, the UVMSmart fit ``bw(s) = bw_max * (2/pi) * atan(k * s)``
+(``s`` in KiB): a 4 KiB copy gets a fifth of the link, a 64 KiB copy most of it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, fields, replace
 from typing import Any
+
+import numpy as np
 
 from ...errors import InvalidArgumentError
 
-__all__ = ["PLATFORMS", "Platform", "get_platform"]
+__all__ = ["PLATFORMS", "Platform", "get_platform", "link_seconds"]
+
+#: The UVMSmart fit's shape constant (per KiB), from its PCIe3 model of a GTX 1080 Ti.
+UVMSMART_LINK_K = 0.07292
+
+
+def link_seconds(nbytes: np.ndarray | int, bw_max: float, k: float) -> np.ndarray | float:
+    """Seconds to move copies of ``nbytes`` each over a link of asymptote ``bw_max`` (size-dependent model).
+
+    Parameters
+    ----------
+    nbytes
+        Size of each copy in bytes (an int or an array of them).
+    bw_max
+        The link's asymptotic bandwidth in bytes per second, reached by large copies.
+    k
+        The shape constant of ``bw(s) = bw_max * (2/pi) * atan(k * s)`` with ``s`` in KiB.
+    """
+    s = np.asarray(nbytes, dtype=np.float64)
+    bw = bw_max * (2 / math.pi) * np.arctan(k * s / 1024.0)
+    out = np.divide(s, bw, out=np.zeros_like(s), where=s > 0)
+    return float(out) if out.ndim == 0 else out
 
 
 @dataclass(frozen=True)
 class Platform:
-    """Costs of one kind of machine. Bandwidths in bytes/s, latencies in seconds."""
+    """Costs and capabilities of one kind of machine. Bandwidths in bytes/s, latencies in seconds."""
 
     name: str
     description: str
-    prefetch_htod_bw: float      #: cudaMemPrefetchAsync to the GPU
-    prefetch_dtoh_bw: float      #: cudaMemPrefetchAsync to the host
-    fault_htod_bw: float         #: migration bandwidth on the GPU fault path
-    fault_dtoh_bw: float         #: migration bandwidth on the CPU fault path
-    remote_bw: float             #: GPU reads of host memory over the link, no migration
-    fault_batch_latency: float   #: one GPU fault batch: fetch, service, replay
-    fault_batch_size: int        #: faults per batch (uvm_perf_fault_batch_count)
-    cpu_fault_latency: float     #: one CPU page fault (per 64 KiB serviced)
+    # -- the link -------------------------------------------------------------------------------------------
+    link_k: float                #: shape of the size-dependent link model (per KiB)
+    prefetch_htod_bw: float      #: cudaMemPrefetchAsync to the GPU (asymptote)
+    prefetch_dtoh_bw: float      #: cudaMemPrefetchAsync to the host (asymptote)
+    fault_htod_bw: float         #: copies on the GPU fault path (asymptote)
+    fault_dtoh_bw: float         #: copies on the CPU fault path (asymptote)
+    eviction_bw: float           #: copying an evicted root chunk back to the host (asymptote)
+    remote_bw: float             #: the GPU reading host memory through a mapping, no migration
+    remote_host_bw: float        #: the host reading GPU memory through a mapping (ATS only)
+    # -- fault service ----------------------------------------------------------------------------------------
+    fault_batch_size: int        #: faults per batch after de-duplication (uvm_perf_fault_batch_count)
+    fault_batch_latency: float   #: one batch: fetch, sort, replay
+    fault_block_latency: float   #: servicing one VA block of a batch
+    fault_page_latency: float    #: per page migrated on a fault path (unmapping the source)
+    cpu_fault_latency: float     #: one CPU page fault, serviced alone
+    # -- memory -------------------------------------------------------------------------------------------------
     gpu_populate_bw: float       #: zero-filling first-touched pages on the GPU
     host_populate_bw: float      #: zero-filling first-touched pages on the host
     gpu_memory_bw: float         #: a kernel reading resident pages
     host_memory_bw: float        #: the host touching resident pages
-    calibrated: bool = False     #: True when the figures were measured on such a machine
+    warp_bw: float               #: what one warp streams on its own (latency-bound)
+    gpu_pages_in_flight: int     #: distinct pages a full grid touches at once (grid-stride over 1 MiB)
+    # -- what the system can do ---------------------------------------------------------------------------------
+    cpu_maps_gpu_memory: bool = False        #: the CPU can map GPU memory (ATS/C2C); x86 PCIe cannot
+    access_counter_migration: bool = False   #: access counters migrate hot remote data (R9: ATS only)
+    access_counter_threshold: int = 256      #: remote accesses per 2 MiB region before a notification
+    pageable_memory_access: bool = False     #: the GPU reaches malloc'd memory
+    calibrated: bool = False                 #: True when the figures were measured on such a machine
 
     def with_(self, **changes: Any) -> Platform:
-        """A copy with some costs changed, for what-if experiments."""
+        """A copy with some costs changed, for what-if experiments; unknown names raise.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a field the profile does not have, or a cost that is not a positive number.
+        """
+        names = {f.name for f in fields(self)}
+        for key, value in changes.items():
+            if key not in names:
+                raise InvalidArgumentError(f"Platform has no field {key!r}", value=key,
+                                           expected=", ".join(sorted(names)))
+            current = getattr(self, key)
+            if isinstance(current, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                               or not value > 0):
+                raise InvalidArgumentError(f"{key} must be a positive number, got {value!r}", value=value,
+                                           expected="a positive number")
         return replace(self, **changes)
 
 
 _PCIE5 = Platform(
     name="x86-pcie5",
     description="x86-64 host, one GPU on PCIe gen5 x16 (calibrated: H200, driver 580)",
+    link_k=UVMSMART_LINK_K,
     prefetch_htod_bw=50.5e9,
     prefetch_dtoh_bw=15.5e9,
-    fault_htod_bw=6.9e9,
-    fault_dtoh_bw=4.6e9,
+    fault_htod_bw=50.5e9,
+    fault_dtoh_bw=15.5e9,
+    eviction_bw=40e9,
     remote_bw=51.0e9,
-    fault_batch_latency=20e-6,
+    remote_host_bw=51.0e9,
     fault_batch_size=256,
-    cpu_fault_latency=1e-6,
+    fault_batch_latency=2.5e-6,
+    fault_block_latency=17.5e-6,
+    fault_page_latency=0.3e-6,
+    cpu_fault_latency=30e-6,
     gpu_populate_bw=205e9,
     host_populate_bw=10e9,
     gpu_memory_bw=2.5e12,
     host_memory_bw=20e9,
+    warp_bw=0.5e9,
+    gpu_pages_in_flight=256,
     calibrated=True,
 )
 
 
-def _scaled(name: str, description: str, link_scale: float) -> Platform:
+def _scaled(name: str, description: str, link_scale: float, **more: Any) -> Platform:
     p = _PCIE5
     return replace(
         p, name=name, description=description, calibrated=False,
         prefetch_htod_bw=p.prefetch_htod_bw * link_scale, prefetch_dtoh_bw=p.prefetch_dtoh_bw * link_scale,
-        fault_htod_bw=p.fault_htod_bw * min(1.0, link_scale * 1.5), fault_dtoh_bw=p.fault_dtoh_bw * link_scale,
-        remote_bw=p.remote_bw * link_scale,
-    )
+        fault_htod_bw=p.fault_htod_bw * link_scale, fault_dtoh_bw=p.fault_dtoh_bw * link_scale,
+        eviction_bw=p.eviction_bw * link_scale, remote_bw=p.remote_bw * link_scale,
+        remote_host_bw=p.remote_host_bw * link_scale, **more)
 
 
 PLATFORMS: dict[str, Platform] = {
     p.name: p
     for p in (
         _PCIE5,
-        _scaled("x86-pcie4", "x86-64 host, one GPU on PCIe gen4 x16 (link scaled from gen5; not calibrated)", 0.5),
-        _scaled("x86-pcie3", "x86-64 host, one GPU on PCIe gen3 x16 (link scaled from gen5; not calibrated)", 0.25),
+        _scaled("x86-pcie4", "x86-64 host, one GPU on PCIe gen4 x16 (link scaled from gen5; not calibrated)", 0.5,
+                gpu_memory_bw=1.9e12),
+        # The UVMSmart GTX 1080 Ti model: PCIe3 at about 12 GB/s, 45 us per far fault.
+        _scaled("x86-pcie3", "x86-64 host, one GPU on PCIe gen3 x16 (UVMSmart's 1080 Ti fit; not calibrated)",
+                11.22e9 / 50.5e9, fault_block_latency=45e-6, gpu_memory_bw=0.48e12),
+        replace(_PCIE5, name="gh200-ats",
+                description="Grace Hopper: NVLink-C2C, ATS, access-counter migration (published figures; "
+                            "not calibrated)",
+                prefetch_htod_bw=375e9, prefetch_dtoh_bw=297e9, fault_htod_bw=375e9, fault_dtoh_bw=297e9,
+                eviction_bw=297e9, remote_bw=375e9, remote_host_bw=297e9, gpu_memory_bw=3.4e12,
+                host_memory_bw=486e9, cpu_maps_gpu_memory=True, access_counter_migration=True,
+                pageable_memory_access=True, calibrated=False),
     )
 }
 
 
 def get_platform(platform: str | Platform) -> Platform:
-    """Look a profile up by name (or pass a :class:`Platform` through)."""
+    """Look a profile up by name (or pass a :class:`Platform` through).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For a name that is not in :data:`PLATFORMS`, naming the valid ones.
+    """
     if isinstance(platform, Platform):
         return platform
     if isinstance(platform, str) and platform in PLATFORMS:

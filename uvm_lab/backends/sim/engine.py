@@ -1,0 +1,456 @@
+"""The fault path: an access stream meets the page table, faults are batched and serviced by the rules.
+
+A stream is an array of global page numbers in program order, with the number of accesses in flight
+(how far ahead of the oldest stalled access the processor keeps going). The engine scans the stream
+for the first access that cannot proceed; the batch is the distinct faulting pages among the next
+``in_flight`` accesses, up to ``fault_batch_size`` (256) after de-duplication, serviced together with
+one replay (research R4). A host thread has one access in flight and its faults are serviced one by one.
+
+Servicing a batch, per page, picks the destination by the driver's ordered rules (R3), grows what moves
+with the density prefetcher (R5), allocates 2 MiB chunks and evicts to get them (R1, R6), feeds the
+thrashing detector (R7), and emits what CUPTI would: HtoD/DtoH with cause COHERENCE/PREFETCH/EVICTION,
+fault records with the access type, REMOTE_MAP, THRASHING and THROTTLING.
+
+Cost of a GPU batch: a round trip, plus a service time per VA block, plus each copy on the size-dependent
+link, plus a per-page cost for the pages it migrates, plus synchronous evictions. Accesses that hit cost
+their bytes at the GPU's (or, through a remote mapping, the link's) bandwidth, capped by what the warps
+in flight can issue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...events.schema import AccessType, EventKind, MigrationCause, RemoteMapCause
+from ...location import HOST_ID
+from ...units import PAGE_SIZE
+from .eviction import GpuMemory
+from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
+from .platform import Platform, link_seconds
+from .prefetcher import DEFAULT_THRESHOLD, density_region
+from .thrashing import ThrashingDetector
+
+__all__ = ["FaultEngine", "StreamStats"]
+
+_SCAN = 1 << 16   # accesses checked at once while looking for the next fault
+# Outcomes of R3 per faulting page.
+_MIGRATE, _DUP, _POPULATE, _REMOTE, _POP_REMOTE, _COLLAPSE, _NONE = range(7)
+
+
+@dataclass
+class StreamStats:
+    """What a stream cost (bytes and counts; seconds is on the simulated clock)."""
+
+    accesses: int = 0
+    faults: int = 0
+    batches: int = 0
+    bytes_htod: int = 0
+    bytes_dtoh: int = 0
+    bytes_remote: int = 0
+    bytes_prefetched: int = 0
+    evictions: int = 0
+    throttles: int = 0
+    seconds: float = 0.0
+
+
+class FaultEngine:
+    """Services access streams on one page table with one device's memory.
+
+    Parameters
+    ----------
+    table, memory, platform, thrashing
+        The page table, the device's memory (chunks and eviction), the costs, the thrashing detector.
+    prefetch
+        ``uvm_perf_prefetch_enable``: with it off, a fault moves its own page only.
+    prefetch_threshold
+        ``uvm_perf_prefetch_threshold`` (51).
+    """
+
+    def __init__(self, table: PageTable, memory: GpuMemory, platform: Platform, thrashing: ThrashingDetector, *,
+                 prefetch: bool = True, prefetch_threshold: int = DEFAULT_THRESHOLD) -> None:
+        self.table = table
+        self.memory = memory
+        self.platform = platform
+        self.thrashing = thrashing
+        self.prefetch = prefetch
+        self.threshold = prefetch_threshold
+
+    # -- the stream ------------------------------------------------------------------------------------------
+    def run(self, chunks: Iterable[np.ndarray], processor: int, write: bool | Iterable[np.ndarray], log: EventLog,
+            *, in_flight: int, bytes_per_access: int = PAGE_SIZE, warps: int | None = None,
+            access_type: AccessType | None = None, stream: int = 0) -> StreamStats:
+        """Run the accesses in ``chunks`` (arrays of global pages) by ``processor``.
+
+        ``write`` is one flag for every access or, chunk by chunk, a boolean array beside the pages.
+        ``warps`` caps the throughput of accesses that hit (None: the whole device).
+        """
+        p = self.platform
+        stats = StreamStats()
+        host = processor == HOST_ID
+        if host:
+            local_bw, remote_bw = p.host_memory_bw, p.remote_host_bw
+        else:
+            cap = float("inf") if warps is None else warps * p.warp_bw
+            local_bw, remote_bw = min(p.gpu_memory_bw, cap), min(p.remote_bw, cap)
+        writes = None if isinstance(write, (bool, np.bool_)) else iter(write)
+        kind = AccessType.WRITE if access_type is None else access_type
+        start = log.t
+        for pages in chunks:
+            wr = bool(write) if writes is None else next(writes)
+            self._run_chunk(np.asarray(pages, dtype=np.int64), wr, processor, log, stats, in_flight=max(1, in_flight),
+                            local=bytes_per_access / local_bw, remote=bytes_per_access / remote_bw,
+                            bytes_per_access=bytes_per_access, kind=kind, stream=stream)
+        stats.seconds = (log.t - start) / 1e9
+        return stats
+
+    def _usable(self, pages: np.ndarray, processor: int, wr: bool | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(local, remote)``: accesses that proceed without a fault, on a local copy or through a mapping."""
+        t = self.table
+        g = 1 if processor == HOST_ID else 1 << (processor + 1)
+        st = t.state[pages]
+        local = (st & g) != 0
+        if wr is not False:
+            dup = local & (st != g)          # a write to a read-only duplicate faults
+            local &= ~(dup & wr)
+        mapped = ((t.accessed_by[pages] | t.remote[pages]) & g) != 0
+        if processor == HOST_ID:
+            reach = (st > 1) if self.platform.cpu_maps_gpu_memory else np.zeros(len(pages), dtype=bool)
+        else:
+            reach = (st & 1) != 0
+        remote = ~local & mapped & reach & ((st & g) == 0)
+        return local, remote
+
+    def _run_chunk(self, pages: np.ndarray, wr: bool | np.ndarray, processor: int, log: EventLog, stats: StreamStats,
+                   *, in_flight: int, local: float, remote: float, bytes_per_access: int, kind: AccessType,
+                   stream: int) -> None:
+        n = len(pages)
+        stats.accesses += n
+        batch_size = 1 if processor == HOST_ID else self.platform.fault_batch_size
+        scalar_wr = not isinstance(wr, np.ndarray)
+        counters = self.platform.access_counter_migration and processor != HOST_ID
+        pos = 0
+        scan = max(in_flight, 1024)      # short after a fault, doubling while everything hits
+        while pos < n:
+            end = min(n, pos + scan)
+            span = pages[pos:end]
+            w = wr if scalar_wr else wr[pos:end]
+            ok_local, ok_remote = self._usable(span, processor, w)
+            good = ok_local | ok_remote
+            first_bad = len(span) if good.all() else int(np.argmin(good))
+            if first_bad:
+                n_remote = int(np.count_nonzero(ok_remote[:first_bad]))
+                self._hits(span[:first_bad], first_bad - n_remote, n_remote, local, remote, bytes_per_access, log,
+                           stats, processor)
+                if counters and n_remote:
+                    self._count_remote(span[:first_bad][ok_remote[:first_bad]], processor, log, stats, stream)
+            pos += first_bad
+            if first_bad == len(span):
+                scan = min(2 * scan, _SCAN)
+                continue
+            scan = max(in_flight, 1024)
+            # The batch: distinct faulting pages among the next ``in_flight`` accesses.
+            win = pages[pos:pos + in_flight]
+            ww = wr if scalar_wr else wr[pos:pos + in_flight]
+            l2, r2 = (ok_local[first_bad:first_bad + in_flight], ok_remote[first_bad:first_bad + in_flight]) \
+                if pos + len(win) <= end else self._usable(win, processor, ww)
+            bad = np.flatnonzero(~(l2 | r2))
+            fp = win[bad]
+            uniq, first = np.unique(fp, return_index=True)
+            if len(uniq) > batch_size:
+                order = np.argsort(first, kind="stable")
+                cut = int(bad[first[order[batch_size]]])
+                uniq = np.sort(uniq[order[:batch_size]])
+            else:
+                cut = len(win)
+            if scalar_wr:
+                wpages = np.full(len(uniq), bool(ww))
+            else:
+                wsel = bad[bad < cut]
+                written = np.unique(win[wsel][ww[wsel]])
+                wpages = np.isin(uniq, written, assume_unique=True)
+            n_remote = int(np.count_nonzero(r2[:cut]))
+            self._service(uniq, wpages, processor, log, stats, kind, stream)
+            # Faulted accesses proceed after the replay, some of them through a new remote mapping.
+            served = win[bad[bad < cut]]
+            if len(served):
+                n_remote += int(np.count_nonzero(self._usable(served, processor, False)[1]))
+            self._hits(win[:cut], cut - n_remote, n_remote, local, remote, bytes_per_access, log, stats, processor)
+            pos += cut
+
+    def _hits(self, pages: np.ndarray, n_local: int, n_remote: int, local: float, remote: float,
+              bytes_per_access: int, log: EventLog, stats: StreamStats, processor: int) -> None:
+        log.t += (n_local * local + n_remote * remote) * 1e9
+        stats.bytes_remote += n_remote * bytes_per_access
+        if processor != HOST_ID and self.memory.policy != "fifo":
+            self.memory.accessed(np.unique(pages >> BLOCK_SHIFT))
+
+    def _count_remote(self, pages: np.ndarray, processor: int, log: EventLog, stats: StreamStats, stream: int) -> None:
+        """Access counters (R9): remote accesses per 2 MiB region; past the threshold the region migrates."""
+        t = self.table
+        blocks, counts = np.unique(pages >> BLOCK_SHIFT, return_counts=True)
+        t.counters[blocks] += counts.astype(np.int32)
+        hot = blocks[t.counters[blocks] >= self.platform.access_counter_threshold]
+        for b in hot.tolist():
+            t.counters[b] = 0
+            lo = b * PAGES_PER_BLOCK
+            pg = np.arange(lo, lo + int(t.block_pages[b]), dtype=np.int64)
+            st = t.state[pg]
+            g = 1 << (processor + 1)
+            # Serviced as a prefetch-type access: a preferred location elsewhere keeps the data there.
+            move = pg[((st & g) == 0) & (st != 0) & (t.preferred[pg] != HOST_ID)]
+            if not len(move) or not self.memory.claim(np.array([b]), {b}, log)[0]:
+                continue
+            dup = t.read_mostly[move]
+            self._copy(move, HOST_ID, processor, MigrationCause.ACCESS_COUNTERS, self.platform.fault_htod_bw, log,
+                       stats, stream)
+            t.state[move[dup]] |= np.uint8(g)
+            t.state[move[~dup]] = g
+            t.remote[move] &= np.uint8(~g & 0xFF)
+            self.memory.migrated_into(np.array([b]))
+
+    # -- one batch -----------------------------------------------------------------------------------------------
+    def _service(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
+                 kind: AccessType, stream: int) -> None:
+        t, p, mem = self.table, self.platform, self.memory
+        host = processor == HOST_ID
+        g = 1 if host else 1 << (processor + 1)
+        st = t.state[pages]
+        pref = t.preferred[pages]
+        nowhere = st == 0
+        now = int(log.t)
+        stats.batches += 1
+        stats.faults += len(pages)
+        # -- R7: throttling and pins -----------------------------------------------------------------------
+        pin = None
+        if self.thrashing.blocks:
+            reach_all = (pref == HOST_ID) | ((pref >= 0) & p.cpu_maps_gpu_memory)
+            throttle, pin = self.thrashing.hints(pages, processor, now, pref, reach_all)
+            if throttle.any():
+                starts, lengths = page_runs(pages[throttle])
+                log.add_many(EventKind.THROTTLING, flags=0, src=processor, dst=processor,
+                             address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
+                             alloc_id=t.block_alloc[starts >> BLOCK_SHIFT], seconds=self.thrashing.c.nap / 1e9,
+                             advance=False)
+                log.t += self.thrashing.c.nap          # the faults are dropped and replayed after the nap
+                stats.throttles += int(throttle.sum())
+            if not (pin != NO_LOCATION).any():
+                pin = None
+        # -- R3: the destination of each faulting page ---------------------------------------------------------
+        out = self._destinations(pages, st, pref, nowhere, wr, processor, g, pin)
+        to_here = (out == _MIGRATE) | (out == _DUP) | (out == _POPULATE)
+        # -- R5: the density prefetcher grows what comes here ----------------------------------------------------
+        extra = pages[:0]
+        if to_here.any():
+            extra = self._prefetch_pages(pages, to_here, processor, g)
+        # -- R1/R6: chunks for the blocks that receive pages on a GPU ---------------------------------------
+        lost = None
+        if not host:
+            keep = to_here | (out == _COLLAPSE)
+            blocks = np.unique(np.concatenate((pages[keep], extra)) >> BLOCK_SHIFT)
+            if len(blocks):
+                before = mem.evicted_blocks
+                got = mem.claim(blocks, set(blocks.tolist()), log)
+                stats.evictions += mem.evicted_blocks - before
+                if not got.all():
+                    # No GPU memory can be freed (it is all cudaMalloc): map the host copy remotely instead.
+                    lost = blocks[~got]
+                    fail = np.isin(pages >> BLOCK_SHIFT, lost) & keep
+                    out[fail & nowhere] = _NONE      # left untouched: nothing can hold it on the GPU
+                    out[fail & ~nowhere] = _REMOTE
+                    extra = extra[~np.isin(extra >> BLOCK_SHIFT, lost)]
+                    to_here = (out == _MIGRATE) | (out == _DUP) | (out == _POPULATE)
+        # -- the changes, and their records ------------------------------------------------------------------
+        src_bw = p.fault_dtoh_bw if host else p.fault_htod_bw
+        moved = pages[(out == _MIGRATE) | (out == _DUP)]
+        ex_st = t.state[extra]
+        ex_dup = t.read_mostly[extra] & (ex_st != 0)
+        ex_moved = extra[ex_st != 0]
+        ex_pop = extra[ex_st == 0]
+        source = HOST_ID if not host else self._gpu_of(np.concatenate((st[(out == _MIGRATE) | (out == _DUP)], ex_st)))
+        moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
+        moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
+        stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
+        collapse = pages[out == _COLLAPSE]
+        if len(collapse):      # a write to a read-duplicated page: the other copies go
+            others = t.state[collapse] & np.uint8(~g & 0xFF)
+            for q in (HOST_ID, *range(mem.device, mem.device + 1)):
+                qb = 1 if q == HOST_ID else 1 << (q + 1)
+                mem.invalidate(collapse[(others & qb) != 0], log, src=q)
+        remote_pages = pages[(out == _REMOTE) | (out == _POP_REMOTE)]
+        if len(remote_pages):
+            cause = RemoteMapCause.OUT_OF_MEMORY if lost is not None else (
+                RemoteMapCause.THRASHING if pin is not None else RemoteMapCause.POLICY)
+            starts, lengths = page_runs(remote_pages)
+            log.add_many(EventKind.REMOTE_MAP, flags=cause, src=HOST_ID if not host else mem.device, dst=processor,
+                         address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
+                         alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+        # Fault records: one per run of faulted or first-touched pages, reads and writes apart.
+        populated = np.concatenate((pages[(out == _POPULATE) | (out == _POP_REMOTE)], ex_pop))
+        served = out != _NONE
+        reads, writes = pages[~wr & served], pages[wr & served]
+        if len(ex_pop):   # first-touched neighbours ride in the batch's records (a write batch's if any)
+            if len(writes):
+                writes = np.union1d(writes, ex_pop)
+            else:
+                reads = np.union1d(reads, ex_pop)
+        fault_kind = EventKind.CPU_PAGE_FAULT if host else EventKind.GPU_PAGE_FAULT
+        service = (p.cpu_fault_latency if host else
+                   p.fault_batch_latency + p.fault_block_latency * len(np.unique(pages >> BLOCK_SHIFT)))
+        populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
+        service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency
+        self._fault_records(reads, pages, AccessType.READ, fault_kind, processor, log, stream)
+        self._fault_records(writes, pages, kind, fault_kind, processor, log, stream)
+        log.t += service * 1e9
+        # State.
+        t.state[pages[(out == _MIGRATE) | (out == _POPULATE) | (out == _COLLAPSE)]] = g
+        t.state[pages[out == _DUP]] |= np.uint8(g)
+        t.state[ex_moved[~ex_dup[ex_st != 0]]] = g
+        t.state[ex_moved[ex_dup[ex_st != 0]]] |= np.uint8(g)
+        t.state[ex_pop] = g
+        pop_remote = pages[out == _POP_REMOTE]
+        if len(pop_remote):
+            where = pref[out == _POP_REMOTE]
+            t.state[pop_remote] = np.where(where >= 0, np.left_shift(1, where.astype(np.int16) + 1), 1).astype(
+                np.uint8)
+        if len(remote_pages):
+            t.remote[remote_pages] |= np.uint8(g)
+        arrived = np.concatenate((pages[to_here], extra))
+        if len(arrived):
+            t.remote[arrived] &= np.uint8(~g & 0xFF)
+        if not host:
+            mem.migrated_into(np.unique(arrived >> BLOCK_SHIFT))
+        else:
+            mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved, collapse)) >> BLOCK_SHIFT))
+        # R7: migrations caused by faults and the prefetcher feed the detector.
+        migrated = np.union1d(moved, ex_moved) if len(ex_moved) else moved
+        if self.thrashing.enabled and len(migrated):
+            hot = self.thrashing.on_migration(migrated, processor, int(log.t))
+            if len(hot):
+                starts, lengths = page_runs(np.sort(hot))
+                log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
+                             address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
+                             alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+
+    def _destinations(self, pages: np.ndarray, st: np.ndarray, pref: np.ndarray, nowhere: np.ndarray, wr: np.ndarray,
+                      processor: int, g: int, pin: np.ndarray | None) -> np.ndarray:
+        """R3's ordered rules, first match wins, per page."""
+        t, p = self.table, self.platform
+        host = processor == HOST_ID
+        has = (st & g) != 0
+        pinned = np.zeros(len(pages), dtype=bool) if pin is None else pin != NO_LOCATION
+        # Can the faulting processor map memory at the preferred location? (x86: the CPU cannot map vidmem.)
+        reach_pref = (pref == processor) | (pref == HOST_ID) if not host else (
+            (pref == HOST_ID) | ((pref >= 0) & p.cpu_maps_gpu_memory))
+        out = np.full(len(pages), _NONE, dtype=np.int8)
+        undecided = np.ones(len(pages), dtype=bool)
+
+        def decide(mask: np.ndarray, outcome: int | np.ndarray) -> None:
+            m = mask & undecided
+            out[m] = outcome if np.isscalar(outcome) else outcome[m]
+            undecided[m] = False
+
+        duplicated = (st & (st - 1)) != 0
+        # (a) ReadMostly, or already duplicated and not pinned: a read copies, a write collapses to the writer.
+        a = (t.read_mostly[pages] | (duplicated & ~pinned)) & ~nowhere
+        decide(a & ~wr, _DUP)
+        decide(a & wr, np.where(has, _COLLAPSE, _MIGRATE))
+        # (b) the faulting processor is the preferred location.
+        decide(pref == processor, np.where(nowhere, _POPULATE, np.where(has, _COLLAPSE, _MIGRATE)))
+        # (c) a thrashing pin: use the pinned location.
+        if pin is not None:
+            here = pin == processor
+            decide(pinned & here, np.where(nowhere, _POPULATE, _MIGRATE))
+            decide(pinned & ~here, np.where(nowhere, _POP_REMOTE, _REMOTE))
+        # (d) resident nowhere: the preferred location if the faulter can reach it, else the faulter (R2).
+        decide(nowhere & (pref != NO_LOCATION) & reach_pref & (pref != processor), _POP_REMOTE)
+        decide(nowhere, _POPULATE)
+        # (e) AccessedBy the faulter, which can reach the current location: map remotely.
+        reach_now = ((st & 1) != 0) if not host else ((st > 1) & p.cpu_maps_gpu_memory)
+        decide(((t.accessed_by[pages] & g) != 0) & reach_now, _REMOTE)
+        # (f) a preferred location the faulter can reach: the data goes (or stays) there, mapped remotely.
+        # With one GPU the page is already at the preferred location whenever this rule applies.
+        decide((pref != NO_LOCATION) & reach_pref, _REMOTE)
+        # (g) otherwise: migrate to the faulting processor (a write to its own duplicate collapses).
+        decide(undecided, np.where(has, _COLLAPSE, _MIGRATE))
+        return out
+
+    def _prefetch_pages(self, pages: np.ndarray, to_here: np.ndarray, processor: int, g: int) -> np.ndarray:
+        """R5: the pages the density prefetcher adds for the blocks whose faults come to ``processor``."""
+        t = self.table
+        target = pages[to_here]
+        blocks = np.unique(target >> BLOCK_SHIFT)
+        if not self.prefetch:
+            return pages[:0]
+        rows = len(blocks)
+        base = blocks * PAGES_PER_BLOCK
+        idx = (base[:, None] + np.arange(PAGES_PER_BLOCK)[None, :]).reshape(-1)
+        idx = np.minimum(idx, len(t.state) - 1)
+        npages = t.block_pages[blocks].astype(np.int64)
+        valid = (np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]).reshape(-1)
+        st = t.state[idx]
+        resident = ((st & g) != 0) & valid
+        faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
+        row = np.searchsorted(blocks, target >> BLOCK_SHIFT)
+        faulted[row * PAGES_PER_BLOCK + (target & (PAGES_PER_BLOCK - 1))] = True
+        thrash = None
+        if self.thrashing.blocks:
+            thrash = self.thrashing.thrashing(idx) & valid
+            if not thrash.any():
+                thrash = None
+        region = density_region(resident.reshape(rows, -1), faulted.reshape(rows, -1), npages,
+                                thrashing=None if thrash is None else thrash.reshape(rows, -1),
+                                threshold=self.threshold).reshape(-1)
+        pref = t.preferred[idx]
+        # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
+        eligible = valid & ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[idx] & g) == 0)
+        eligible &= ~(((t.accessed_by[idx] & g) != 0) & (st != 0))
+        if thrash is not None:
+            eligible &= ~thrash
+        cand = region & ~resident & ~faulted & eligible
+        # A block with nothing resident anywhere, faulting towards its preferred location, is populated whole.
+        empty = ~(st.reshape(rows, -1) != 0).any(axis=1)
+        whole = empty & (pref.reshape(rows, -1) == processor).any(axis=1)
+        if whole.any():
+            cand |= (np.repeat(whole, PAGES_PER_BLOCK) & valid & (pref == processor) & ~faulted)
+        return idx[cand]
+
+    # -- records ----------------------------------------------------------------------------------------------
+    def _copy(self, pages: np.ndarray, src: int, dst: int, cause: MigrationCause, bw: float, log: EventLog,
+              stats: StreamStats, stream: int) -> int:
+        """Emit the copies of ``pages`` (sorted) from ``src`` to ``dst``, one per run; returns bytes."""
+        if not len(pages):
+            return 0
+        t = self.table
+        starts, lengths = page_runs(pages)
+        nbytes = lengths.astype(np.uint64) * PAGE_SIZE
+        log.add_many(EventKind.DTOH if dst == HOST_ID else EventKind.HTOD, flags=cause, src=src, dst=dst,
+                     address=t.addresses(starts), nbytes=nbytes, alloc_id=t.block_alloc[starts >> BLOCK_SHIFT],
+                     stream=stream, seconds=link_seconds(nbytes, bw, self.platform.link_k))
+        total = len(pages) * PAGE_SIZE
+        if dst == HOST_ID:
+            stats.bytes_dtoh += total
+        else:
+            stats.bytes_htod += total
+        return total
+
+    def _fault_records(self, pages: np.ndarray, faulted: np.ndarray, access: AccessType, kind: EventKind,
+                       processor: int, log: EventLog, stream: int) -> None:
+        """One fault record per run; ``value`` is the number of faults in it (first-touch neighbours add none)."""
+        if not len(pages):
+            return
+        t = self.table
+        starts, lengths = page_runs(pages)
+        is_fault = np.isin(pages, faulted, assume_unique=True)
+        per_run = np.add.reduceat(is_fault.astype(np.int64), np.concatenate(([0], np.cumsum(lengths)[:-1])))
+        log.add_many(kind, flags=access, src=processor, dst=processor, address=t.addresses(starts),
+                     nbytes=lengths.astype(np.uint64) * PAGE_SIZE, value=per_run,
+                     alloc_id=t.block_alloc[starts >> BLOCK_SHIFT], stream=stream)
+
+    @staticmethod
+    def _gpu_of(states: np.ndarray) -> int:
+        """The device holding pages being migrated to the host (the lowest GPU bit present)."""
+        gpus = int(np.bitwise_or.reduce(states)) >> 1 if len(states) else 1
+        return (gpus & -gpus).bit_length() - 1 if gpus else 0

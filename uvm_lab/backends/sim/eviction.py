@@ -1,0 +1,208 @@
+"""GPU memory: 2 MiB root chunks, and which one goes when a chunk allocation fails (research R6).
+
+The driver evicts only when a chunk allocation fails, synchronously, one whole 2 MiB root chunk at a
+time, copying every page it backs to the host with cause EVICTION. Its victim is the head of the
+``USED`` list, which is kept in allocation order and moved to the tail when a VA block allocates or
+unpins a chunk in it, that is, when data migrates into it, **not when it is accessed**: in effect FIFO
+by last migration. Chunks with no resident page (``UNUSED``) go before any used chunk.
+
+Two "what if" policies sit beside it:
+
+- ``"lru"``: least recently *accessed* root chunk (what the driver's TODO says it would like);
+- ``"tree"``: LRU, plus the ISCA'19 tree-based neighbourhood pre-eviction: after evicting a chunk, its
+  buddy under each aligned power-of-two group of chunks (4, 8 ... 32 MiB) of the same allocation is
+  evicted too once less than half of the group is still on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ...errors import InvalidArgumentError
+from ...events.schema import EventKind, MigrationCause
+from ...location import HOST_ID
+from .model import BLOCK_SHIFT, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
+from .platform import Platform, link_seconds
+
+__all__ = ["EVICTION_POLICIES", "GpuMemory"]
+
+#: Policy names: the driver's, and the what-if ones.
+EVICTION_POLICIES = ("fifo", "lru", "tree")
+_TREE_LEVELS = 5   # groups of 2 .. 32 root chunks
+
+
+class GpuMemory:
+    """One device's memory: capacity in root chunks, who holds them, and eviction.
+
+    Parameters
+    ----------
+    table
+        The page table whose blocks hold chunks.
+    capacity_blocks
+        Root chunks the device has.
+    platform
+        Costs of the eviction copies.
+    policy
+        One of :data:`EVICTION_POLICIES`.
+    device
+        The device ordinal.
+    """
+
+    def __init__(self, table: PageTable, capacity_blocks: int, platform: Platform, policy: str = "fifo",
+                 device: int = 0) -> None:
+        if policy not in EVICTION_POLICIES:
+            raise InvalidArgumentError(f"eviction must be one of {', '.join(EVICTION_POLICIES)}, got {policy!r}",
+                                       value=policy, expected=", ".join(EVICTION_POLICIES))
+        self.table = table
+        self.capacity = capacity_blocks
+        self.platform = platform
+        self.policy = policy
+        self.device = device
+        self.bit = 1 << (device + 1)
+        self.used = 0            # managed root chunks held
+        self.pinned = 0          # cudaMalloc memory: never evicted
+        self.evicted_blocks = 0
+        #: On the prefetch path evictions overlap the refill: their records do not advance the clock,
+        #: and their seconds add up here for the caller to weigh against the copies they overlap.
+        self.overlap = False
+        self.overlapped_seconds = 0.0
+        self._order: OrderedDict[int, int] = OrderedDict()   # block -> stamp when (re)queued
+        self._tick = 0
+
+    @property
+    def free_blocks(self) -> int:
+        return self.capacity - self.used - self.pinned
+
+    # -- bookkeeping the policies need ------------------------------------------------------------------
+    def migrated_into(self, blocks: np.ndarray) -> None:
+        """Data migrated into these blocks' chunks: the driver requeues them at the tail (FIFO by migration)."""
+        self._tick += 1
+        order = self._order
+        for b in blocks.tolist():
+            if b in order:
+                order.move_to_end(b)
+                order[b] = self._tick
+
+    def accessed(self, blocks: np.ndarray) -> None:
+        """Blocks touched by resident accesses: only the LRU-like policies care."""
+        if self.policy != "fifo" and len(blocks):
+            self._tick += 1
+            self.table.last_use[blocks] = self._tick
+
+    # -- allocation and eviction -------------------------------------------------------------------------
+    def claim(self, blocks: np.ndarray, protect: set[int], log: EventLog) -> np.ndarray:
+        """Give each block a root chunk, evicting as needed; returns a mask of the blocks that got one.
+
+        Blocks in ``protect`` (those being serviced) are never chosen as victims.
+        """
+        table = self.table
+        got = table.chunk[blocks].copy()
+        for i in np.flatnonzero(~got).tolist():
+            if self.free_blocks <= 0 and not self.make_room(1, protect, log):
+                continue
+            b = int(blocks[i])
+            table.chunk[b] = True
+            self.used += 1
+            self._tick += 1
+            self._order[b] = self._tick
+            table.last_use[b] = self._tick
+            got[i] = True
+        return got
+
+    def make_room(self, nblocks: int, protect: set[int], log: EventLog) -> bool:
+        """Evict until ``nblocks`` chunks are free; False if only protected or pinned chunks are left."""
+        while self.free_blocks < nblocks:
+            victim = self._victim(protect)
+            if victim is None:
+                return False
+            self.evict(victim, log)
+            if self.policy == "tree":
+                self._pre_evict(victim, protect, log)
+        return True
+
+    def _victim(self, protect: set[int]) -> int | None:
+        order, table = self._order, self.table
+        # Chunks with no page left here are given back at once (release_if_empty), so the UNUSED list is
+        # empty and the victim is the head of USED.
+        rounds = 0
+        while order:
+            for b, stamp in order.items():
+                if b in protect:
+                    continue
+                if self.policy != "fifo" and table.last_use[b] > stamp:
+                    # Touched since it was queued: LRU gives it another round (lazy requeue).
+                    order.move_to_end(b)
+                    order[b] = int(table.last_use[b])
+                    break
+                return b
+            else:
+                return None
+            rounds += 1
+            if rounds > 4 * len(order):   # every chunk keeps being touched: take the oldest stamp
+                return min((b for b in order if b not in protect), key=lambda k: order[k], default=None)
+        return None
+
+    def _pre_evict(self, victim: int, protect: set[int], log: EventLog) -> None:
+        table = self.table
+        alloc = table.block_alloc[victim]
+        for level in range(1, _TREE_LEVELS + 1):
+            size = 1 << level
+            lo = victim >> level << level
+            group = np.arange(lo, min(lo + size, table.nblocks))
+            group = group[table.block_alloc[group] == alloc]
+            held = group[table.chunk[group]]
+            if len(held) * 2 >= len(group):
+                break
+            for b in held.tolist():
+                if b not in protect:
+                    self.evict(b, log)
+
+    def evict(self, b: int, log: EventLog) -> None:
+        """Copy every page that only this chunk holds back to the host; drop duplicated copies."""
+        table, g = self.table, self.bit
+        lo = b * PAGES_PER_BLOCK
+        st = table.state[lo:lo + int(table.block_pages[b])]
+        only_here = np.flatnonzero(st == g) + lo
+        copies = np.flatnonzero(((st & g) != 0) & (st != g)) + lo
+        starts, lengths = page_runs(only_here)
+        if len(starts):
+            nbytes = lengths.astype(np.uint64) * 4096
+            seconds = link_seconds(nbytes, self.platform.eviction_bw, self.platform.link_k)
+            log.add_many(EventKind.DTOH, flags=MigrationCause.EVICTION, src=self.device, dst=HOST_ID,
+                         address=table.addresses(starts), nbytes=nbytes, alloc_id=table.block_alloc[b],
+                         seconds=seconds, advance=not self.overlap)
+            if self.overlap:
+                self.overlapped_seconds += float(np.sum(seconds))
+        self.invalidate(copies, log)
+        table.state[only_here] = 1
+        table.state[copies] &= np.uint8(~g & 0xFF)
+        # The GPU's mappings of these pages go with the chunk; AccessedBy mappings follow the data to the host.
+        self.drop(b)
+        self.evicted_blocks += 1
+
+    def invalidate(self, pages: np.ndarray, log: EventLog, src: int | None = None) -> None:
+        """Record that the copies of ``pages`` on ``src`` (this device by default) were dropped."""
+        starts, lengths = page_runs(pages)
+        if len(starts):
+            p = self.device if src is None else src
+            log.add_many(EventKind.INVALIDATE, flags=0, src=p, dst=p, address=self.table.addresses(starts),
+                         nbytes=lengths.astype(np.uint64) * 4096,
+                         alloc_id=self.table.block_alloc[starts >> BLOCK_SHIFT])
+
+    def drop(self, b: int) -> None:
+        """Give block ``b``'s chunk back (its pages have left the GPU, or its segment is freed)."""
+        if self.table.chunk[b]:
+            self.table.chunk[b] = False
+            self.used -= 1
+            self._order.pop(b, None)
+
+    def release_if_empty(self, blocks: np.ndarray) -> None:
+        """Blocks whose pages all left the GPU give their chunks back."""
+        table = self.table
+        for b in blocks.tolist():
+            if table.chunk[b]:
+                lo = b * PAGES_PER_BLOCK
+                if not (table.state[lo:lo + PAGES_PER_BLOCK] & self.bit).any():
+                    self.drop(b)

@@ -1,0 +1,175 @@
+"""Thrashing detection, throttling and pinning (research R7, ``uvm_perf_thrashing.c``), with its constants.
+
+The detector targets ping-pong between processors, not capacity thrash: per-page state exists only for
+a block that two different processors migrated data into within ``lapse`` (500 us). Then every
+migration of a page caused by a fault or by the prefetcher (not by eviction) counts; a page that
+migrates ``threshold`` (3) times, each within ``lapse`` of the last, is thrashing. Faults on a thrashing
+page from any processor but the period's "do-not-throttle" one (alternating) are throttled: not serviced
+for ``nap`` (500 us). After ``pin_threshold`` (10) throttles the page is pinned for ``pin`` (150 ms): to
+its preferred location if every processor can reach it, else to the host, which every processor can
+map; the others map it remotely. An explicit prefetch resets the pages it moves; a block with no
+thrashing for ``epoch`` (1 s) forgets its state, at most ``max_resets`` (4) times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...location import HOST_ID
+from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK
+
+__all__ = ["ThrashingConstants", "ThrashingDetector"]
+
+
+@dataclass(frozen=True)
+class ThrashingConstants:
+    """The driver's module parameters (``uvm_perf_thrashing_*``), times in nanoseconds."""
+
+    lapse: int = 500_000
+    threshold: int = 3
+    pin_threshold: int = 10
+    nap: int = 500_000          # 1 x lapse
+    pin: int = 150_000_000      # 300 x lapse
+    epoch: int = 1_000_000_000  # 2000 x lapse
+    max_resets: int = 4
+
+
+@dataclass
+class _Block:
+    count: np.ndarray = field(default_factory=lambda: np.zeros(PAGES_PER_BLOCK, dtype=np.uint8))
+    last_t: np.ndarray = field(default_factory=lambda: np.full(PAGES_PER_BLOCK, -(1 << 62), dtype=np.int64))
+    last_proc: np.ndarray = field(default_factory=lambda: np.full(PAGES_PER_BLOCK, NO_LOCATION, dtype=np.int8))
+    thrashing: np.ndarray = field(default_factory=lambda: np.zeros(PAGES_PER_BLOCK, dtype=bool))
+    throttles: np.ndarray = field(default_factory=lambda: np.zeros(PAGES_PER_BLOCK, dtype=np.uint8))
+    pin_loc: np.ndarray = field(default_factory=lambda: np.full(PAGES_PER_BLOCK, NO_LOCATION, dtype=np.int8))
+    pin_until: np.ndarray = field(default_factory=lambda: np.zeros(PAGES_PER_BLOCK, dtype=np.int64))
+    dnt: int = NO_LOCATION       # the period's do-not-throttle processor
+    period_end: int = 0
+    last_thrash: int = 0
+    resets: int = 0
+
+
+class ThrashingDetector:
+    """Per-block thrashing state for one simulated address space.
+
+    Parameters
+    ----------
+    enabled
+        ``uvm_perf_thrashing_enable``; off, nothing is detected, throttled or pinned.
+    constants
+        The module parameters.
+    """
+
+    def __init__(self, enabled: bool = True, constants: ThrashingConstants | None = None) -> None:
+        self.enabled = enabled
+        self.c = constants or ThrashingConstants()
+        self.blocks: dict[int, _Block] = {}
+        self._touch: dict[int, tuple[int, int]] = {}     # block -> (processor, time) of its last migration in
+        self._resets: dict[int, int] = {}
+
+    def forget(self, first_block: int, nblocks: int) -> None:
+        """A segment was freed: drop the state of its blocks."""
+        for b in range(first_block, first_block + nblocks):
+            self.blocks.pop(b, None)
+            self._touch.pop(b, None)
+            self._resets.pop(b, None)
+
+    def reset(self, pages: np.ndarray) -> None:
+        """User migrations (cudaMemPrefetchAsync) reset the pages' state."""
+        if not self.blocks or not len(pages):
+            return
+        for b in np.unique(pages >> BLOCK_SHIFT).tolist():
+            s = self.blocks.get(b)
+            if s is not None:
+                i = pages[(pages >> BLOCK_SHIFT) == b] & (PAGES_PER_BLOCK - 1)
+                s.count[i] = 0
+                s.thrashing[i] = False
+                s.throttles[i] = 0
+                s.pin_loc[i] = NO_LOCATION
+
+    def on_migration(self, pages: np.ndarray, dest: int, now: int) -> np.ndarray:
+        """Note fault- or prefetch-caused migrations of sorted ``pages`` to ``dest``; returns those now thrashing."""
+        if not self.enabled or not len(pages):
+            return pages[:0]
+        c = self.c
+        blocks = pages >> BLOCK_SHIFT
+        found = []
+        for b in np.unique(blocks).tolist():
+            s = self.blocks.get(b)
+            if s is None:
+                last = self._touch.get(b)
+                self._touch[b] = (dest, now)
+                if last is None or last[0] == dest or now - last[1] > c.lapse:
+                    continue
+                s = self.blocks[b] = _Block(last_thrash=now)
+            elif now - s.last_thrash > c.epoch and self._resets.get(b, 0) < c.max_resets:
+                self._resets[b] = self._resets.get(b, 0) + 1
+                s = self.blocks[b] = _Block(last_thrash=now)
+            i = pages[blocks == b] & (PAGES_PER_BLOCK - 1)
+            recent = (now - s.last_t[i] <= c.lapse) & (s.last_proc[i] != dest)
+            s.count[i] = np.where(recent, np.minimum(s.count[i].astype(np.int32) + 1, 255), 1)
+            s.last_t[i] = now
+            s.last_proc[i] = dest
+            new = (s.count[i] >= c.threshold) & ~s.thrashing[i]
+            if new.any():
+                s.thrashing[i[new]] = True
+                s.last_thrash = now
+                found.append(i[new] + b * PAGES_PER_BLOCK)
+        return np.concatenate(found) if found else pages[:0]
+
+    def thrashing(self, pages: np.ndarray) -> np.ndarray:
+        """Which of ``pages`` are flagged as thrashing."""
+        out = np.zeros(len(pages), dtype=bool)
+        if self.blocks:
+            for j, b in enumerate((pages >> BLOCK_SHIFT).tolist()):
+                s = self.blocks.get(b)
+                if s is not None:
+                    out[j] = s.thrashing[pages[j] & (PAGES_PER_BLOCK - 1)]
+        return out
+
+    def hints(self, pages: np.ndarray, processor: int, now: int, preferred: np.ndarray,
+              reach_all: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For faults by ``processor`` on ``pages``: ``(throttle, pin_location)``.
+
+        ``pin_location`` is NO_LOCATION where no pin is in force. Throttling counts towards pinning;
+        ``preferred`` and ``reach_all`` (every processor can map the preferred location) decide where a
+        new pin goes.
+        """
+        throttle = np.zeros(len(pages), dtype=bool)
+        pin = np.full(len(pages), NO_LOCATION, dtype=np.int8)
+        if not self.blocks:
+            return throttle, pin
+        c = self.c
+        blocks = pages >> BLOCK_SHIFT
+        for b in np.unique(blocks).tolist():
+            s = self.blocks.get(b)
+            if s is None:
+                continue
+            j = np.flatnonzero(blocks == b)
+            i = pages[j] & (PAGES_PER_BLOCK - 1)
+            pinned = (s.pin_loc[i] != NO_LOCATION) & (s.pin_until[i] > now)
+            pin[j[pinned]] = s.pin_loc[i[pinned]]
+            hot = s.thrashing[i] & ~pinned
+            if not hot.any():
+                continue
+            if now >= s.period_end:   # a new period: the other processor may go unthrottled
+                s.dnt = processor if s.dnt != processor else NO_LOCATION
+                s.period_end = now + c.nap
+            if processor == s.dnt:
+                continue
+            throttle[j[hot]] = True
+            k = i[hot]
+            s.throttles[k] += 1
+            to_pin = s.throttles[k] >= c.pin_threshold
+            if to_pin.any():
+                kk = k[to_pin]
+                jj = j[hot][to_pin]
+                loc = np.where(reach_all[jj] & (preferred[jj] != NO_LOCATION), preferred[jj], HOST_ID)
+                s.pin_loc[kk] = loc
+                s.pin_until[kk] = now + c.pin
+                s.throttles[kk] = 0
+                pin[jj] = loc
+                throttle[jj] = False
+        return throttle, pin
