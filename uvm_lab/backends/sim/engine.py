@@ -35,6 +35,12 @@ from .thrashing import ThrashingDetector
 
 __all__ = ["FaultEngine", "StreamStats"]
 
+
+def _blocks_of(pages: np.ndarray) -> np.ndarray:
+    """The distinct blocks of sorted pages."""
+    b = pages >> BLOCK_SHIFT
+    return b[np.concatenate(([True], b[1:] != b[:-1]))] if len(b) > 1 else b
+
 _SCAN = 1 << 16   # accesses checked at once while looking for the next fault
 # Outcomes of R3 per faulting page.
 _MIGRATE, _DUP, _POPULATE, _REMOTE, _POP_REMOTE, _COLLAPSE, _NONE = range(7)
@@ -158,7 +164,10 @@ class FaultEngine:
                 if pos + len(win) <= end else self._usable(win, processor, ww)
             bad = np.flatnonzero(~(l2 | r2))
             fp = win[bad]
-            uniq, first = np.unique(fp, return_index=True)
+            if len(fp) < 2 or (fp[1:] > fp[:-1]).all():   # in order and distinct: a sweep (the common case)
+                uniq, first = fp, np.arange(len(fp))
+            else:
+                uniq, first = np.unique(fp, return_index=True)
             if len(uniq) > batch_size:
                 order = np.argsort(first, kind="stable")
                 cut = int(bad[first[order[batch_size]]])
@@ -298,11 +307,12 @@ class FaultEngine:
                 reads = np.union1d(reads, ex_pop)
         fault_kind = EventKind.CPU_PAGE_FAULT if host else EventKind.GPU_PAGE_FAULT
         service = (p.cpu_fault_latency if host else
-                   p.fault_batch_latency + p.fault_block_latency * len(np.unique(pages >> BLOCK_SHIFT)))
+                   p.fault_batch_latency + p.fault_block_latency * len(_blocks_of(pages)))
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
         service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency
-        self._fault_records(reads, pages, AccessType.READ, fault_kind, processor, log, stream)
-        self._fault_records(writes, pages, kind, fault_kind, processor, log, stream)
+        faulted = pages if len(ex_pop) else None
+        self._fault_records(reads, faulted, AccessType.READ, fault_kind, processor, log, stream)
+        self._fault_records(writes, faulted, kind, fault_kind, processor, log, stream)
         log.t += service * 1e9
         # State.
         t.state[pages[(out == _MIGRATE) | (out == _POPULATE) | (out == _COLLAPSE)]] = g
@@ -340,6 +350,10 @@ class FaultEngine:
         t, p = self.table, self.platform
         host = processor == HOST_ID
         has = (st & g) != 0
+        if pin is None and not (pref != NO_LOCATION).any() and not t.read_mostly[pages].any() \
+                and not (t.accessed_by[pages] | t.remote[pages]).any() and not ((st & (st - 1)) != 0).any():
+            # No advice and no duplicates: every rule but (d) and (g) is moot.
+            return np.where(nowhere, _POPULATE, np.where(has, _COLLAPSE, _MIGRATE)).astype(np.int8)
         pinned = np.zeros(len(pages), dtype=bool) if pin is None else pin != NO_LOCATION
         # Can the faulting processor map memory at the preferred location? (x86: the CPU cannot map vidmem.)
         reach_pref = (pref == processor) | (pref == HOST_ID) if not host else (
@@ -381,7 +395,7 @@ class FaultEngine:
         """R5: the pages the density prefetcher adds for the blocks whose faults come to ``processor``."""
         t = self.table
         target = pages[to_here]
-        blocks = np.unique(target >> BLOCK_SHIFT)
+        blocks = _blocks_of(target)
         if not self.prefetch:
             return pages[:0]
         rows = len(blocks)
@@ -436,15 +450,18 @@ class FaultEngine:
             stats.bytes_htod += total
         return total
 
-    def _fault_records(self, pages: np.ndarray, faulted: np.ndarray, access: AccessType, kind: EventKind,
+    def _fault_records(self, pages: np.ndarray, faulted: np.ndarray | None, access: AccessType, kind: EventKind,
                        processor: int, log: EventLog, stream: int) -> None:
         """One fault record per run; ``value`` is the number of faults in it (first-touch neighbours add none)."""
         if not len(pages):
             return
         t = self.table
         starts, lengths = page_runs(pages)
-        is_fault = np.isin(pages, faulted, assume_unique=True)
-        per_run = np.add.reduceat(is_fault.astype(np.int64), np.concatenate(([0], np.cumsum(lengths)[:-1])))
+        if faulted is None:        # every page of these records faulted
+            per_run = lengths
+        else:
+            is_fault = np.isin(pages, faulted, assume_unique=True)
+            per_run = np.add.reduceat(is_fault.astype(np.int64), np.concatenate(([0], np.cumsum(lengths)[:-1])))
         log.add_many(kind, flags=access, src=processor, dst=processor, address=t.addresses(starts),
                      nbytes=lengths.astype(np.uint64) * PAGE_SIZE, value=per_run,
                      alloc_id=t.block_alloc[starts >> BLOCK_SHIFT], stream=stream)

@@ -55,6 +55,13 @@ def page_runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return pages[starts], ends - starts
 
 
+def _column(value: object, n: int) -> list:
+    """``n`` plain Python values: the elements of an array, or a scalar repeated."""
+    if isinstance(value, np.ndarray):
+        return value.tolist() if value.ndim else [value.item()] * n
+    return [value] * n
+
+
 class PageTable:
     """Per-page and per-block arrays for every segment of one simulated device, grown on demand.
 
@@ -237,6 +244,19 @@ class EventLog:
         """
         n = len(address)
         if not n:
+            return
+        if n <= 4:   # a handful of records: tuples are cheaper than a structured array
+            secs = _column(seconds, n)
+            cols = [_column(v, n) for v in (flags, src, dst, address, nbytes, nbytes if value is None else value,
+                                            alloc_id)]
+            t0 = self.t
+            for i in range(n):
+                start = self.t if advance else t0
+                end = start + secs[i] * 1e9
+                self.rows.append((kind, cols[0][i], cols[1][i], cols[2][i], int(start), int(end), cols[3][i],
+                                  cols[4][i], cols[5][i], cols[6][i], stream))
+                if advance:
+                    self.t = end
             return
         self._flush_rows()
         out = np.empty(n, dtype=EVENT_DTYPE)
