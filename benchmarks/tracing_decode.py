@@ -60,12 +60,12 @@ def best_and_median(fn, repeats: int) -> tuple[float, float]:
 def per_record_peer(raw: np.ndarray, count: int) -> float:
     """Seconds per record for the one-object-per-record path, on ``count`` records."""
     buf = np.ascontiguousarray(raw[:count])
-    base = buf.ctypes.data
     try:
         from cupti import cupti
 
-        make = lambda i: cupti.ActivityUnifiedMemoryCounter3.from_ptr(base + i * 104, readonly=True)  # noqa: E731
-        how = "cupti-python from_ptr objects"
+        typed = buf.view(cupti.activity_unified_memory_counter3_dtype)
+        make = lambda i: cupti.ActivityUnifiedMemoryCounter3.from_data(typed[i:i + 1])  # noqa: E731
+        how = "cupti-python ActivityUnifiedMemoryCounter3 objects"
     except Exception:
         class Rec:
             __slots__ = ("address", "counter_kind", "dst_id", "end", "flags_", "kind", "src_id", "start", "value")

@@ -52,6 +52,15 @@ def test_migrations_keep_direction_bytes_and_cause():
     assert (ev["alloc_id"] == 0).all() and (ev["stream"] == 0).all()
 
 
+def test_the_direction_of_a_migration_comes_from_its_kind():
+    # CUPTI 13 (H100, driver 580) gives srcId = dstId = the GPU for both directions; older CUPTI gave the
+    # host as 0xFFFFFFFF. Both must decode to host -> gpu:1 and gpu:1 -> host.
+    new = decode_buffer(record(1, value=4096, src=1, dst=1) + record(2, value=4096, src=1, dst=1))
+    old = decode_buffer(record(1, value=4096, src=CPU, dst=1) + record(2, value=4096, src=1, dst=CPU))
+    assert new.tobytes() == old.tobytes()
+    assert new["src"].tolist() == [-1, 1] and new["dst"].tolist() == [1, -1]
+
+
 def test_gpu_faults_name_the_faulting_gpu_and_access_but_no_range():
     ev = decode_buffer(record(4, value=3, start=50, end=80, address=0x7F0000003000, src=2, dst=CPU,
                               flags=AccessType.WRITE))
@@ -157,7 +166,7 @@ def test_a_million_records_decode_to_the_same_totals():
 
 migration = st.tuples(
     st.sampled_from([EventKind.HTOD, EventKind.DTOH, EventKind.DTOD]),
-    st.integers(0, 5), st.integers(-1, 7), st.integers(-1, 7),
+    st.integers(0, 5), st.integers(0, 7), st.integers(0, 7),
     st.integers(0, 2**50), st.integers(0, 2**20), st.integers(0, 2**48), st.integers(1, 2**31))
 
 
@@ -165,6 +174,8 @@ migration = st.tuples(
 def test_migrations_survive_encoding_and_decoding(rows, offset):
     events = np.zeros(len(rows), dtype=EVENT_DTYPE)
     for i, (kind, cause, src, dst, start, dur, address, nbytes) in enumerate(rows):
+        src = -1 if kind == EventKind.HTOD else src       # HtoD leaves the host, DtoH arrives there
+        dst = -1 if kind == EventKind.DTOH else dst
         events[i] = (kind, cause, src, dst, start + 2**41, start + 2**41 + dur, address, nbytes, nbytes, 0, 0)
     back = decode_records(encode_records(events, clock_offset=offset), clock_offset=offset)
     assert back.tobytes() == events.tobytes()

@@ -10,7 +10,8 @@ What each CUPTI field becomes (CUPTI's documentation says which fields to ignore
 ============== ============================================================================
 counter kind   event
 ============== ============================================================================
-HtoD/DtoH/DtoD ``src``/``dst`` from srcId/dstId, ``bytes`` = ``value`` = bytes moved, ``flags`` = cause
+HtoD/DtoH/DtoD ``bytes`` = ``value`` = bytes moved, ``flags`` = cause; ``src``/``dst`` from srcId/dstId,
+               the host side of HtoD/DtoH from the kind (CUPTI 13 gives both ids as the GPU's)
 GPU fault      ``src`` = ``dst`` = the faulting GPU (srcId), ``value`` = fault groups, ``flags`` = access
 CPU fault      ``src`` = ``dst`` = host, ``value`` = 1 (CUPTI's value is the faulting instruction's
                program counter, which is dropped), ``flags`` = 0 (CUPTI gives no access type), no end
@@ -127,6 +128,13 @@ def decode_records(records: np.ndarray, *, clock_offset: int = 0) -> np.ndarray:
     value = records["value"]
     src = _processor(records["src_id"])
     dst = _processor(records["dst_id"])
+    # The direction is the counter kind's: CUPTI 13 reports srcId = dstId = the GPU for both HtoD and
+    # DtoH (seen on an H100, driver 580), older releases the host as 0xFFFFFFFF. Both decode alike.
+    htod, dtoh = kind == EventKind.HTOD, kind == EventKind.DTOH
+    dst[htod] = np.where(dst[htod] == HOST_ID, src[htod], dst[htod])
+    src[htod] = HOST_ID
+    src[dtoh] = np.where(src[dtoh] == HOST_ID, dst[dtoh], src[dtoh])
+    dst[dtoh] = HOST_ID
     gpu_fault = kind == EventKind.GPU_PAGE_FAULT
     cpu_fault = kind == EventKind.CPU_PAGE_FAULT
     maskless = gpu_fault | (kind == EventKind.THROTTLING)          # only srcId means anything
