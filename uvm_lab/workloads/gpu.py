@@ -1,0 +1,187 @@
+"""Run a workload as real CuPy kernels on managed memory (needs CuPy and an NVIDIA GPU).
+
+Each phase pattern has one kernel, reading (or writing) exactly the bytes the simulator's access stream
+says it touches, in the same order as far as a GPU has an order (grid-stride for sweeps, one warp per
+128 B read for gathers, whose offsets come from the same seeded stream as the simulator's). Passes are
+timed with CUDA events. Managed allocations that would not fit in free device memory are refused: this
+side never oversubscribes a real GPU (the simulator is the place for that).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, InvalidArgumentError, OutOfMemoryError
+from ..units import PAGE_SIZE, format_bytes
+from .patterns import phase_stream
+from .sim import POLICIES, PhaseResult, _passes
+from .spec import Phase, Workload
+
+__all__ = ["gpu_available", "run_gpu"]
+
+_KERNELS = r"""
+extern "C" __global__ void stream_read(const unsigned int* a, unsigned long long n, unsigned int* sink) {
+    unsigned int s = 0;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) s += a[i];
+    if (s == 0x9E3779B9u) sink[0] = s;      // keeps the loads without writing in practice
+}
+extern "C" __global__ void strided_read(const unsigned int* a, unsigned long long count, unsigned long long step,
+                                        unsigned int* sink) {
+    unsigned int s = 0;
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < count;
+         i += (unsigned long long)gridDim.x * blockDim.x) s += a[i * step];
+    if (s == 0x9E3779B9u) sink[0] = s;
+}
+extern "C" __global__ void gather_read(const unsigned int* a, const long long* offsets, unsigned long long count,
+                                       unsigned int* sink) {
+    unsigned long long warp = (blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x) / 32;
+    unsigned int lane = threadIdx.x % 32, s = 0;
+    unsigned long long warps = (unsigned long long)gridDim.x * blockDim.x / 32;
+    for (unsigned long long w = warp; w < count; w += warps) s += a[offsets[w] / 4 + lane];
+    if (s == 0x9E3779B9u) sink[0] = s;
+}
+extern "C" __global__ void stencil3(const unsigned int* in, unsigned int* out, unsigned long long rows,
+                                    unsigned long long width) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < rows * width;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        unsigned long long r = i / width, c = i % width;
+        unsigned long long up = r ? r - 1 : r, down = r + 1 < rows ? r + 1 : r;
+        out[i] = in[up * width + c] + in[i] + in[down * width + c];
+    }
+}
+extern "C" __global__ void tile_fma(const unsigned int* a, const unsigned int* b, unsigned int* c,
+                                    unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) c[i] += a[i] * b[i];
+}
+"""
+
+
+def gpu_available() -> bool:
+    """True when CuPy imports and sees at least one GPU."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:   # no CuPy, no driver, no device: all mean "not here"
+        return False
+
+
+def _host_view(ptr: int, size: int) -> np.ndarray:
+    return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
+
+
+def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int = 256 << 20,
+            max_fraction_of_free: float = 0.9) -> list[PhaseResult]:
+    """Run ``workload`` on GPU 0 with CuPy and return one result per pass of each phase.
+
+    Buffers start host-written, as :func:`~uvm_lab.workloads.run_sim` starts them by default.
+
+    Raises
+    ------
+    BackendError
+        Without CuPy or a GPU.
+    OutOfMemoryError
+        When the workload needs more than ``max_fraction_of_free`` of free device memory.
+    InvalidArgumentError
+        For an unknown policy or a fraction outside (0, 1].
+    """
+    if policy not in POLICIES:
+        raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", value=policy,
+                                   expected=", ".join(POLICIES))
+    if not 0 < max_fraction_of_free <= 1:
+        raise InvalidArgumentError(f"max_fraction_of_free must be in (0, 1], got {max_fraction_of_free!r}",
+                                   value=max_fraction_of_free, expected="0 < f <= 1")
+    if not gpu_available():
+        raise BackendError("run_gpu needs CuPy and an NVIDIA GPU; run_sim runs the same workload on the simulator")
+    import cupy
+
+    free, _ = cupy.cuda.runtime.memGetInfo()
+    if workload.total_bytes > max_fraction_of_free * free:
+        raise OutOfMemoryError(f"{workload.name} needs {format_bytes(workload.total_bytes)} of managed memory, more "
+                               f"than {max_fraction_of_free:.0%} of the {format_bytes(free)} free: real GPUs are "
+                               f"never oversubscribed here", size=workload.total_bytes, free=free, limit=free)
+    module = cupy.RawModule(code=_KERNELS)
+    mems = {name: cupy.cuda.malloc_managed(size) for name, size in workload.buffers.items()}
+    ptrs = {name: int(m.ptr) for name, m in mems.items()}
+    sink = cupy.zeros(1, dtype=cupy.uint32)
+    dev = cupy.cuda.Device().id
+    try:
+        for name, ptr in ptrs.items():
+            _host_view(ptr, workload.buffers[name])[::PAGE_SIZE] = 1     # host-written, page by page
+            if policy == "remote":
+                rt = cupy.cuda.runtime
+                rt.memAdvise(ptr, workload.buffers[name], rt.cudaMemAdviseSetPreferredLocation, rt.cudaCpuDeviceId)
+                rt.memAdvise(ptr, workload.buffers[name], rt.cudaMemAdviseSetAccessedBy, dev)
+        cupy.cuda.runtime.deviceSynchronize()
+        results = []
+        for phase in workload.phases:
+            for i, one in enumerate(_passes(phase)):
+                results.append(_run_pass(cupy, module, workload, one, i, ptrs, sink, policy, prefetch_chunk, dev))
+        return results
+    finally:
+        cupy.cuda.runtime.deviceSynchronize()
+        mems.clear()
+
+
+def _array(cupy: Any, ptr: int, size: int, owner: Any = None) -> Any:
+    mem = cupy.cuda.UnownedMemory(ptr, size, owner)
+    return cupy.ndarray((size // 4,), dtype=cupy.uint32, memptr=cupy.cuda.MemoryPointer(mem, 0))
+
+
+def _run_pass(cupy: Any, module: Any, workload: Workload, phase: Phase, index: int, ptrs: dict[str, int], sink: Any,
+              policy: str, chunk: int, dev: int) -> PhaseResult:
+    sizes = workload.buffers
+    grid, block = 132 * 8, 256
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    first = phase.buffers[0]
+    a = _array(cupy, ptrs[first], sizes[first])
+    if phase.pattern in ("host_write", "host_read"):
+        view = _host_view(ptrs[first], sizes[first])
+        if phase.pattern == "host_write":
+            view[::PAGE_SIZE] = 2
+        else:
+            int(view[::PAGE_SIZE].sum())
+    elif phase.pattern == "stream":
+        if policy == "prefetch":
+            for lo in range(0, sizes[first], chunk):
+                n = min(chunk, sizes[first] - lo)
+                cupy.cuda.runtime.memPrefetchAsync(ptrs[first] + lo, n, dev, 0)
+                module.get_function("stream_read")((grid,), (block,), (a[lo // 4:], np.uint64(n // 4), sink))
+        else:
+            module.get_function("stream_read")((grid,), (block,), (a, np.uint64(a.size), sink))
+    elif phase.pattern == "strided":
+        step = int(phase.param("stride", 64 << 10)) // 4
+        module.get_function("strided_read")((grid,), (block,), (a, np.uint64(-(-a.size // step)), np.uint64(step),
+                                                                 sink))
+    elif phase.pattern == "gather":
+        offsets = cupy.asarray(np.concatenate([c.offsets for c in phase_stream(workload, phase)]))
+        module.get_function("gather_read")((grid,), (block,), (a, offsets, np.uint64(len(offsets)), sink))
+    elif phase.pattern == "stencil":
+        out = _array(cupy, ptrs[phase.buffers[-1]], sizes[phase.buffers[-1]])
+        width = int(phase.param("row_bytes", 1 << 20)) // 4
+        rows = min(a.size, out.size) // width
+        module.get_function("stencil3")((grid,), (block,), (a, out, np.uint64(rows), np.uint64(width)))
+    elif phase.pattern == "matmul":
+        n = int(phase.param("tiles", 4))
+        bufs = [_array(cupy, ptrs[b], sizes[b]) for b in (phase.buffers + phase.buffers[-1:] * 3)[:3]]
+        tile = min(x.size for x in bufs) // (n * n) // (PAGE_SIZE // 4) * (PAGE_SIZE // 4)
+        for i in range(n):
+            for j in range(n):
+                for k in range(n):
+                    args = (bufs[0][(i * n + k) * tile:], bufs[1][(k * n + j) * tile:], bufs[2][(i * n + j) * tile:],
+                            np.uint64(tile))
+                    module.get_function("tile_fma")((grid,), (block,), args)
+    end.record()
+    end.synchronize()
+    seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3
+    swept = sum(sizes[b] for b in dict.fromkeys(phase.buffers))
+    if phase.pattern == "gather":
+        swept = int(phase.param("count", sizes[first] // PAGE_SIZE)) * int(phase.param("bytes_per_access", 128))
+    # Counts need CUPTI (uvm_lab.tracing); without it only time is known.
+    return PhaseResult(phase.pattern, index, seconds, swept, None, None, None, None)

@@ -1,0 +1,157 @@
+"""Run a workload on the simulated device, under a memory policy, and say what each phase cost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..backends.sim import SimBackend
+from ..errors import InvalidArgumentError
+from ..events.schema import Advice, MemoryKind
+from ..location import Location
+from ..units import PAGE_SIZE, parse_size
+from .patterns import CHUNK, Chunk, phase_stream, stream_shape
+from .spec import Phase, Workload
+
+__all__ = ["POLICIES", "PhaseResult", "run_sim"]
+
+#: How data reaches the GPU: fault it in; prefetch it chunk by chunk ahead of the kernel; or leave it on
+#: the host (PreferredLocation=host) with the GPU mapped to it (AccessedBy=GPU), read over the link.
+POLICIES = ("faults", "prefetch", "remote")
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    """What one pass of one phase cost on the simulator (or the GPU)."""
+
+    phase: str
+    pass_index: int
+    seconds: float
+    bytes: int               #: bytes of the buffers the pass sweeps (its working set)
+    faults: int | None
+    bytes_htod: int | None
+    bytes_dtoh: int | None
+    bytes_remote: int | None
+
+    @property
+    def gb_per_s(self) -> float:
+        """Working-set bytes per second, as the H200 measurements report a pass."""
+        return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
+
+
+def _passes(phase: Phase) -> list[Phase]:
+    """A multi-pass phase as one phase per pass, so that each pass is timed on its own."""
+    n = int(phase.param("passes", 1))
+    return [replace(phase, params={**phase.params, "passes": 1}) for _ in range(n)]
+
+
+def _batched(chunks: Iterator[Chunk], ptrs: dict[str, int]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Chunks of (possibly several) buffers as address arrays of up to ``CHUNK`` accesses, with write flags."""
+    addrs: list[np.ndarray] = []
+    writes: list[np.ndarray] = []
+    n = 0
+    for c in chunks:
+        addrs.append(c.offsets.astype(np.uint64) + np.uint64(ptrs[c.buffer]))
+        writes.append(np.broadcast_to(np.asarray(c.write, dtype=bool), c.offsets.shape))
+        n += len(c.offsets)
+        if n >= CHUNK:
+            yield np.concatenate(addrs), np.concatenate(writes)
+            addrs, writes, n = [], [], 0
+    if addrs:
+        yield np.concatenate(addrs), np.concatenate(writes)
+
+
+def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: str = "faults",
+            prefetch_chunk: int | str = "256MiB", device_memory: int | str | None = None,
+            platform: str = "x86-pcie5", initial: str = "host") -> list[PhaseResult]:
+    """Run ``workload`` on a simulated device and return one result per pass of each phase.
+
+    Parameters
+    ----------
+    workload
+        What to run.
+    backend
+        A :class:`SimBackend` to run on; by default a new one with ``device_memory`` on ``platform``
+        publishing to a private bus (so that long runs do not fill the process's history).
+    policy
+        One of :data:`POLICIES`.
+    prefetch_chunk
+        The chunk the ``"prefetch"`` policy moves ahead of each part of a kernel.
+    initial
+        Where the buffers' pages start: ``"host"`` (written by the host, as the published measurements
+        start) or ``"nowhere"`` (never touched).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For an unknown policy or initial placement, or a non-simulated backend.
+    """
+    from ..events.bus import EventBus
+
+    if policy not in POLICIES:
+        raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", value=policy,
+                                   expected=", ".join(POLICIES))
+    if initial not in ("host", "nowhere"):
+        raise InvalidArgumentError(f"initial must be 'host' or 'nowhere', got {initial!r}", value=initial,
+                                   expected="host, nowhere")
+    chunk = parse_size(prefetch_chunk, name="prefetch_chunk", allow_zero=False)
+    if backend is None:
+        backend = SimBackend(device_memory=device_memory if device_memory is not None else "16GiB",
+                             platform=platform, bus=EventBus())
+    elif not isinstance(backend, SimBackend):
+        raise InvalidArgumentError(f"run_sim needs a SimBackend, got {type(backend).__name__}", value=backend,
+                                   expected="uvm_lab.backends.sim.SimBackend")
+    gpu, host = Location.device(0), Location.host()
+    ptrs = {name: backend.allocate(size, MemoryKind.MANAGED) for name, size in workload.buffers.items()}
+    try:
+        for name, ptr in ptrs.items():
+            if initial == "host":
+                backend.prefetch(ptr, workload.buffers[name], host)
+            if policy == "remote":
+                backend.advise(ptr, workload.buffers[name], Advice.SET_PREFERRED_LOCATION, host)
+                backend.advise(ptr, workload.buffers[name], Advice.SET_ACCESSED_BY, gpu)
+        results = []
+        for phase in workload.phases:
+            for i, one in enumerate(_passes(phase)):
+                results.append(_run_pass(backend, workload, one, i, ptrs, policy, chunk))
+        return results
+    finally:
+        for ptr in ptrs.values():
+            backend.free(ptr)
+
+
+def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int, ptrs: dict[str, int],
+              policy: str, chunk: int) -> PhaseResult:
+    where = Location.host() if phase.processor == "host" else Location.device(0)
+    shape = stream_shape(phase)
+    start = backend.now_ns()
+    faults = htod = dtoh = remote = 0
+    sizes = workload.buffers
+    prefetched: set[tuple[str, int]] = set()
+    step = max(1, chunk // PAGE_SIZE) if policy == "prefetch" and phase.processor == "gpu" else CHUNK
+    for batch, batch_writes in _batched(phase_stream(workload, phase), ptrs):
+        for lo in range(0, len(batch), step):
+            addrs, writes = batch[lo:lo + step], batch_writes[lo:lo + step]
+            if step != CHUNK:
+                # Prefetch, a chunk at a time, what the next part of the kernel touches, then run that part.
+                for name, ptr in ptrs.items():
+                    inside = addrs[(addrs >= ptr) & (addrs < ptr + sizes[name])]
+                    if not len(inside):
+                        continue
+                    first, last = (int(inside.min()) - ptr) // chunk, (int(inside.max()) - ptr) // chunk
+                    for c in range(first, last + 1):
+                        if (name, c) not in prefetched:
+                            prefetched.add((name, c))
+                            backend.prefetch(ptr + c * chunk, min(chunk, sizes[name] - c * chunk), where)
+            r = backend.access_stream(addrs, where, writes, **shape)
+            faults += r.faults or 0
+            htod += r.bytes_htod or 0
+            dtoh += r.bytes_dtoh or 0
+            remote += r.bytes_remote or 0
+    swept = sum(sizes[b] for b in dict.fromkeys(phase.buffers))
+    if phase.pattern == "gather":
+        swept = int(phase.param("count", sizes[phase.buffers[0]] // PAGE_SIZE)) * int(
+            phase.param("bytes_per_access", 128))
+    return PhaseResult(phase.pattern, index, (backend.now_ns() - start) / 1e9, swept, faults, htod, dtoh, remote)
