@@ -11,7 +11,8 @@ Two "what if" policies sit beside it:
 - ``"lru"``: least recently *accessed* root chunk (what the driver's TODO says it would like);
 - ``"tree"``: LRU, plus the ISCA'19 tree-based neighbourhood pre-eviction: after evicting a chunk, its
   buddy under each aligned power-of-two group of chunks (4, 8 ... 32 MiB) of the same allocation is
-  evicted too once less than half of the group is still on the GPU.
+  evicted too once no more than half of the group is still on the GPU (the mirror image of the
+  prefetcher's "more than half"), so a sweep's old neighbourhood leaves at once.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class GpuMemory:
             group = np.arange(lo, min(lo + size, table.nblocks))
             group = group[table.block_alloc[group] == alloc]
             held = group[table.chunk[group]]
-            if len(held) * 2 >= len(group):
+            if len(held) * 2 > len(group):    # the mirror of the prefetcher's "more than half": keep it
                 break
             for b in held.tolist():
                 if b not in protect:

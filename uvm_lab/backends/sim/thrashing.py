@@ -159,17 +159,16 @@ class ThrashingDetector:
                 s.period_end = now + c.nap
             if processor == s.dnt:
                 continue
-            throttle[j[hot]] = True
-            k = i[hot]
-            s.throttles[k] += 1
+            k, jj = i[hot], j[hot]
+            # After pin_threshold throttles, the next fault pins the page instead.
             to_pin = s.throttles[k] >= c.pin_threshold
+            throttle[jj[~to_pin]] = True
+            s.throttles[k[~to_pin]] += 1
             if to_pin.any():
-                kk = k[to_pin]
-                jj = j[hot][to_pin]
-                loc = np.where(reach_all[jj] & (preferred[jj] != NO_LOCATION), preferred[jj], HOST_ID)
+                kk, jp = k[to_pin], jj[to_pin]
+                loc = np.where(reach_all[jp] & (preferred[jp] != NO_LOCATION), preferred[jp], HOST_ID)
                 s.pin_loc[kk] = loc
                 s.pin_until[kk] = now + c.pin
                 s.throttles[kk] = 0
-                pin[jj] = loc
-                throttle[jj] = False
+                pin[jp] = loc
         return throttle, pin

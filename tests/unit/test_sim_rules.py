@@ -1,0 +1,390 @@
+"""The simulator against the UVM driver's documented rules (research/uvm-semantics.md, R1-R11)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uvm_lab.backends.sim import PLATFORMS, SimBackend
+from uvm_lab.backends.sim.platform import link_seconds
+from uvm_lab.backends.sim.prefetcher import density_region
+from uvm_lab.errors import InvalidArgumentError
+from uvm_lab.events import EventBus, EventKind, MigrationCause, RemoteMapCause
+from uvm_lab.events.schema import Advice, MemoryKind
+from uvm_lab.location import Location
+from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
+
+KiB, MiB = 1 << 10, 1 << 20
+GPU, HOST = Location.device(0), Location.host()
+
+
+class Recorder:
+    def __init__(self, bus: EventBus) -> None:
+        self.chunks: list[np.ndarray] = []
+        bus.subscribe(self.chunks.append)
+
+    def take(self) -> np.ndarray:
+        out = np.concatenate(self.chunks) if self.chunks else np.zeros(0)
+        self.chunks.clear()
+        return out
+
+
+def backend(memory: str = "64MiB", **kw: object) -> tuple[SimBackend, Recorder]:
+    bus = EventBus()
+    return SimBackend(memory, bus=bus, **kw), Recorder(bus)
+
+
+def of(ev: np.ndarray, kind: EventKind, cause: int | None = None) -> np.ndarray:
+    sel = ev[ev["kind"] == kind]
+    return sel if cause is None else sel[sel["flags"] == cause]
+
+
+# -- R5: the density prefetcher ---------------------------------------------------------------------------
+def test_r5_one_thread_in_order_moves_64k_64k_128k_256k_512k_1m():
+    """R5, observed on hardware: sequential faults at 0, 64K, 128K, 256K, 512K, 1M of a host-resident block."""
+    b, rec = backend()
+    ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(ptr, BLOCK_SIZE, HOST)
+    rec.take()
+    moved = []
+    for off in (0, 64 * KiB, 128 * KiB, 256 * KiB, 512 * KiB, 1 * MiB):
+        r = b.access_stream(np.array([ptr + off], dtype=np.uint64), GPU, "read", in_flight=1)
+        assert r.faults == 1
+        moved.append(r.bytes_htod // KiB)
+    assert moved == [64, 64, 128, 256, 512, 1024]
+    ev = rec.take()
+    # The faulted 4 KiB page comes with cause COHERENCE, the rest of each region as the driver's PREFETCH.
+    assert int(of(ev, EventKind.HTOD, MigrationCause.COHERENCE)["bytes"].sum()) == 6 * PAGE_SIZE
+    assert int(of(ev, EventKind.HTOD, MigrationCause.PREFETCH)["bytes"].sum()) == BLOCK_SIZE - 6 * PAGE_SIZE
+
+
+def test_r5_threshold_is_strictly_more_than_51_percent():
+    """count*100 > 51*size: half a subtree (50%) is not enough, 53% is."""
+    resident = np.zeros(512, dtype=bool)
+    resident[:240] = True
+    faulted = np.zeros(512, dtype=bool)
+    faulted[240] = True                      # 256 of 512 set after big-page growth: exactly 50%
+    assert not density_region(resident, faulted)[256:].any()
+    faulted[256] = True                      # 272 of 512: the whole block
+    assert density_region(resident, faulted).all()
+
+
+def test_r5_region_never_crosses_the_2mib_block():
+    resident = np.zeros((2, 512), dtype=bool)
+    faulted = np.zeros((2, 512), dtype=bool)
+    resident[0, :500] = True
+    faulted[0, 511] = True
+    region = density_region(resident, faulted)
+    assert region[0].all() and not region[1].any()
+
+
+def test_r5_thrashing_pages_do_not_grow_to_big_pages():
+    faulted = np.zeros(512, dtype=bool)
+    faulted[0] = True
+    thrash = np.zeros(512, dtype=bool)
+    thrash[5] = True
+    region = density_region(np.zeros(512, dtype=bool), faulted, thrashing=thrash)
+    assert region[0] and region.sum() == 1
+
+
+def test_r5_partial_last_block_counts_only_its_pages():
+    """The last block of a 2 MiB + 64 KiB allocation has 16 pages: one fault there fills it (16/16)."""
+    b, _ = backend()
+    size = BLOCK_SIZE + 64 * KiB
+    ptr = b.allocate(size, MemoryKind.MANAGED)
+    b.prefetch(ptr, size, HOST)
+    r = b.access_stream(np.array([ptr + BLOCK_SIZE], dtype=np.uint64), GPU, "read", in_flight=1)
+    assert r.bytes_htod == 64 * KiB
+
+
+def test_prefetcher_off_moves_only_the_faulted_page():
+    b, _ = backend(prefetcher=False)
+    ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(ptr, BLOCK_SIZE, HOST)
+    r = b.access_stream(np.array([ptr], dtype=np.uint64), GPU, "read", in_flight=1)
+    assert r.bytes_htod == PAGE_SIZE
+
+
+# -- R4: fault batching ---------------------------------------------------------------------------------------
+def test_r4_batches_hold_at_most_256_distinct_faults_and_duplicates_merge():
+    b, rec = backend()
+    ptr = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    b.prefetch(ptr, 8 * MiB, HOST)
+    rec.take()
+    pages = np.arange(600, dtype=np.uint64)
+    addrs = ptr + np.repeat(pages, 3) * PAGE_SIZE          # every page three times: merged in the batch
+    r = b.access_stream(addrs, GPU, "read", in_flight=3 * 600, warps=None)
+    assert r.faults <= 600
+    # The first batch took exactly 256 pages (1 MiB) and the prefetcher stopped at 50% of the block.
+    first_batch = rec.take()
+    faults = of(first_batch, EventKind.GPU_PAGE_FAULT)
+    assert int(faults["value"][0]) == 256
+
+
+def test_r4_one_round_trip_per_batch_not_per_fault():
+    """512 touches on distinct blocks at once cost far less than 512 serial round trips (H200: 9.0 ms vs 20 us each)."""
+    b, _ = backend("2GiB")
+    ptr = b.allocate(1 << 30, MemoryKind.MANAGED)
+    addrs = ptr + np.arange(512, dtype=np.uint64) * BLOCK_SIZE
+    together = b.access_stream(addrs, GPU, "write", in_flight=512)
+    b2, _ = backend("2GiB")
+    ptr2 = b2.allocate(1 << 30, MemoryKind.MANAGED)
+    alone = b2.access_stream(ptr2 + np.arange(512, dtype=np.uint64) * BLOCK_SIZE, GPU, "write", in_flight=1)
+    assert together.faults == alone.faults == 512
+    assert together.seconds < alone.seconds
+
+
+# -- R1/R2: granularities, first touch ------------------------------------------------------------------------
+def test_r1_one_touched_page_allocates_a_whole_2mib_chunk():
+    b, _ = backend()
+    ptr = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    free0, _ = b.mem_info()
+    b.access_stream(np.array([ptr + 5 * PAGE_SIZE], dtype=np.uint64), GPU, "read")
+    assert free0 - b.mem_info()[0] == BLOCK_SIZE
+
+
+def test_r2_first_touch_zero_fills_at_the_preferred_location_without_transfer():
+    b, rec = backend()
+    ptr = b.allocate(2 * MiB, MemoryKind.MANAGED)
+    b.advise(ptr, 2 * MiB, Advice.SET_PREFERRED_LOCATION, HOST)
+    rec.take()
+    r = b.access(ptr, 2 * MiB, GPU, "read")
+    assert r.bytes_htod == 0 and r.bytes_dtoh == 0
+    assert (b.page_states(ptr, 2 * MiB) == 1).all()                 # populated on the host, mapped remotely
+    assert len(of(rec.take(), EventKind.REMOTE_MAP, RemoteMapCause.POLICY))
+
+
+# -- R3: the truth table -----------------------------------------------------------------------------------
+# (advice, where the page is, who faults, read/write) -> where the page ends up, what moved, remote or not.
+R3_TABLE = [
+    # (a) ReadMostly: a read copies, a write collapses to the writer.
+    ("read_mostly", "host", "gpu", "read", 3, "htod", False),
+    ("read_mostly", "host", "gpu", "write", 2, "htod", False),
+    ("read_mostly", "gpu", "host", "read", 3, "dtoh", False),
+    # (b) the faulting processor is the preferred location: migrate to it.
+    ("prefer_gpu", "host", "gpu", "read", 2, "htod", False),
+    ("prefer_host", "gpu", "host", "read", 1, "dtoh", False),
+    # (d) resident nowhere: the preferred location if reachable, else the faulter (R2).
+    ("prefer_host", "nowhere", "gpu", "read", 1, None, True),
+    ("prefer_gpu", "nowhere", "host", "write", 1, None, False),     # x86: the CPU cannot reach vidmem
+    ("none", "nowhere", "gpu", "write", 2, None, False),
+    # (e) AccessedBy the faulter: map remotely, no migration (the GPU does not even fault on host pages).
+    ("accessed_by_gpu", "host", "gpu", "read", 1, None, True),
+    ("accessed_by_host", "gpu", "host", "read", 1, "dtoh", False),  # x86: the CPU cannot map GPU memory
+    # (f) preferred location elsewhere but reachable: map remotely.
+    ("prefer_host", "host", "gpu", "read", 1, None, True),
+    # (f) does not apply to the CPU on x86: a host access always migrates, even to GPU-preferred data.
+    ("prefer_gpu", "gpu", "host", "read", 1, "dtoh", False),
+    # (g) otherwise migrate to the faulter.
+    ("none", "host", "gpu", "read", 2, "htod", False),
+    ("none", "gpu", "host", "write", 1, "dtoh", False),
+]
+
+
+@pytest.mark.parametrize("advice,start,who,mode,final,moved,remote", R3_TABLE)
+def test_r3_truth_table(advice, start, who, mode, final, moved, remote):
+    b, rec = backend()
+    ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    if start != "nowhere":
+        b.prefetch(ptr, BLOCK_SIZE, GPU if start == "gpu" else HOST)
+    settings = {"read_mostly": (Advice.SET_READ_MOSTLY, None), "prefer_gpu": (Advice.SET_PREFERRED_LOCATION, GPU),
+                "prefer_host": (Advice.SET_PREFERRED_LOCATION, HOST),
+                "accessed_by_gpu": (Advice.SET_ACCESSED_BY, GPU), "accessed_by_host": (Advice.SET_ACCESSED_BY, HOST)}
+    if advice in settings:
+        b.advise(ptr, BLOCK_SIZE, *settings[advice])
+    rec.take()
+    processor = GPU if who == "gpu" else HOST
+    r = b.access_stream(np.array([ptr], dtype=np.uint64), processor, mode, in_flight=1)
+    assert b.page_states(ptr, PAGE_SIZE)[0] == final
+    assert (r.bytes_htod > 0) == (moved == "htod") and (r.bytes_dtoh > 0) == (moved == "dtoh")
+    assert (r.bytes_remote > 0) == remote
+
+
+def test_r3c_a_gpu_preferred_page_hammered_by_the_cpu_keeps_migrating():
+    """PreferredLocation overrides thrash pinning for the preferred processor: the ping-pong continues."""
+    b, _rec = backend()
+    ptr = b.allocate(64 * KiB, MemoryKind.MANAGED)
+    b.advise(ptr, 64 * KiB, Advice.SET_PREFERRED_LOCATION, GPU)
+    a = np.array([ptr], dtype=np.uint64)
+    for _ in range(30):
+        assert b.access_stream(a, GPU, "write", in_flight=1).bytes_htod + b.access_stream(
+            a, HOST, "write").bytes_dtoh > 0
+    assert b.page_states(ptr, PAGE_SIZE)[0] == 1
+
+
+# -- R6: eviction -----------------------------------------------------------------------------------------------
+def _fill(b: SimBackend, n: int) -> list[int]:
+    ptrs = [b.allocate(BLOCK_SIZE, MemoryKind.MANAGED) for _ in range(n)]
+    for p in ptrs:
+        b.prefetch(p, BLOCK_SIZE, GPU)
+    return ptrs
+
+
+def _evicted(ev: np.ndarray) -> list[int]:
+    return of(ev, EventKind.DTOH, MigrationCause.EVICTION)["address"].tolist()
+
+
+def test_r6_fifo_evicts_by_last_migration_not_by_access():
+    b, rec = backend("8MiB")
+    a, _c, _d, _e = _fill(b, 4)
+    b.access(a, BLOCK_SIZE, GPU, "read")           # an access does not requeue the chunk
+    rec.take()
+    f = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(f, BLOCK_SIZE, GPU)
+    assert _evicted(rec.take()) == [a]
+
+
+def test_r6_a_migration_into_a_chunk_moves_it_to_the_tail():
+    b, rec = backend("8MiB")
+    a, c, _d, _e = _fill(b, 4)
+    b.prefetch(a, PAGE_SIZE, HOST)                  # a page leaves, then comes back: a migrates in again
+    b.prefetch(a, PAGE_SIZE, GPU)
+    rec.take()
+    f = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(f, BLOCK_SIZE, GPU)
+    assert _evicted(rec.take()) == [c]
+
+
+def test_r6_lru_what_if_keeps_the_recently_accessed_chunk():
+    b, rec = backend("8MiB", eviction="lru")
+    a, c, _d, _e = _fill(b, 4)
+    b.access(a, BLOCK_SIZE, GPU, "read")
+    rec.take()
+    f = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(f, BLOCK_SIZE, GPU)
+    assert _evicted(rec.take()) == [c]
+
+
+def test_r6_eviction_moves_whole_chunks_and_never_touches_cudamalloc_memory():
+    b, rec = backend("8MiB")
+    dev = b.allocate(4 * MiB, MemoryKind.DEVICE)
+    a, _c = _fill(b, 2)
+    rec.take()
+    f = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(f, BLOCK_SIZE, GPU)
+    ev = of(rec.take(), EventKind.DTOH, MigrationCause.EVICTION)
+    assert int(ev["bytes"].sum()) == BLOCK_SIZE and ev["address"].tolist() == [a]
+    assert (b.page_states(dev, 4 * MiB) == 2).all()
+
+
+def test_r6_tree_what_if_pre_evicts_the_buddy():
+    b, rec = backend("8MiB", eviction="tree")
+    big = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    b.prefetch(big, 8 * MiB, GPU)
+    rec.take()
+    f = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(f, BLOCK_SIZE, GPU)
+    # Evicting the oldest chunk leaves half of its 4 MiB pair, so the buddy goes; then half of the 8 MiB group.
+    assert sorted(_evicted(rec.take())) == [big + i * BLOCK_SIZE for i in range(4)]
+    assert b.mem_info()[0] == 3 * BLOCK_SIZE
+
+
+def test_r8_prefetch_is_a_source_of_eviction_and_skips_resident_pages():
+    b, rec = backend("4MiB")
+    a, _c = _fill(b, 2)
+    rec.take()
+    b.prefetch(a, BLOCK_SIZE, GPU)                  # already there: nothing moves
+    assert not len(of(rec.take(), EventKind.HTOD))
+    f = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(f, BLOCK_SIZE, GPU)
+    assert _evicted(rec.take()) == [a]
+
+
+def test_r6_capacity_thrash_gets_no_mitigation():
+    """R7 ignores evictions: a cyclic sweep larger than the GPU refaults everything, with no throttling."""
+    b, rec = backend("8MiB")
+    ptr = b.allocate(12 * MiB, MemoryKind.MANAGED)
+    b.prefetch(ptr, 12 * MiB, HOST)
+    for _ in range(3):
+        r = b.access(ptr, 12 * MiB, GPU, "read")
+        assert r.bytes_htod == 12 * MiB
+    ev = rec.take()
+    assert not len(of(ev, EventKind.THROTTLING)) and not len(of(ev, EventKind.THRASHING))
+
+
+# -- R7: thrashing between processors -------------------------------------------------------------------------
+def test_r7_ping_pong_is_detected_throttled_then_pinned_with_remote_mapping():
+    b, rec = backend()
+    ptr = b.allocate(64 * KiB, MemoryKind.MANAGED)
+    a = np.array([ptr], dtype=np.uint64)
+    for _ in range(40):
+        b.access_stream(a, GPU, "write", in_flight=1)
+        b.access_stream(a, HOST, "write")
+    ev = rec.take()
+    assert len(of(ev, EventKind.THRASHING)) >= 1
+    throttles = of(ev, EventKind.THROTTLING)
+    assert len(throttles) >= 10
+    assert int((throttles["end"] - throttles["start"])[0]) == 500_000       # nap = lapse = 500 us
+    assert len(of(ev, EventKind.REMOTE_MAP, RemoteMapCause.THRASHING))     # pinned: the GPU maps the host copy
+    # Once pinned the page stops moving: the last round trips migrate nothing.
+    r = b.access_stream(a, GPU, "write", in_flight=1)
+    assert r.bytes_htod == 0 and r.bytes_remote > 0
+
+
+def test_r7_off_means_no_detection():
+    b, rec = backend(thrashing=False)
+    ptr = b.allocate(64 * KiB, MemoryKind.MANAGED)
+    a = np.array([ptr], dtype=np.uint64)
+    for _ in range(20):
+        b.access_stream(a, GPU, "write", in_flight=1)
+        b.access_stream(a, HOST, "write")
+    assert not len(of(rec.take(), EventKind.THRASHING))
+
+
+# -- R9: access counters on ATS -----------------------------------------------------------------------------
+def test_r9_counters_migrate_hot_remote_data_on_ats_only():
+    for platform, migrates in (("gh200-ats", True), ("x86-pcie5", False)):
+        b, rec = backend(platform=platform)
+        ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, BLOCK_SIZE, HOST)
+        b.advise(ptr, BLOCK_SIZE, Advice.SET_ACCESSED_BY, GPU)
+        addrs = ptr + np.tile(np.arange(512, dtype=np.uint64) * PAGE_SIZE, 2)
+        b.access_stream(addrs, GPU, "read")
+        moved = of(rec.take(), EventKind.HTOD, MigrationCause.ACCESS_COUNTERS)
+        assert bool(len(moved)) == migrates
+
+
+# -- platforms and the link --------------------------------------------------------------------------------------
+def test_platform_profiles_are_data_and_calibration_is_marked():
+    assert {"x86-pcie5", "x86-pcie4", "x86-pcie3", "gh200-ats"} <= set(PLATFORMS)
+    assert PLATFORMS["x86-pcie5"].calibrated and not PLATFORMS["gh200-ats"].calibrated
+    assert PLATFORMS["gh200-ats"].cpu_maps_gpu_memory and not PLATFORMS["x86-pcie5"].cpu_maps_gpu_memory
+    with pytest.raises(InvalidArgumentError, match="no field"):
+        PLATFORMS["x86-pcie5"].with_(warp_speed=9)
+    with pytest.raises(InvalidArgumentError, match="positive"):
+        PLATFORMS["x86-pcie5"].with_(remote_bw=-1.0)
+
+
+def test_link_model_is_size_dependent():
+    """Small copies get a fraction of the link (UVMSmart's atan fit); big ones approach the asymptote."""
+    bw = 50e9
+    small = 4 * KiB / link_seconds(4 * KiB, bw, 0.07292)
+    big = 2 * MiB / link_seconds(2 * MiB, bw, 0.07292)
+    assert small < 0.25 * bw and big > 0.99 * bw
+
+
+def test_constructor_validates_its_options():
+    with pytest.raises(InvalidArgumentError, match="fifo, lru, tree"):
+        SimBackend("64MiB", eviction="random")
+    with pytest.raises(InvalidArgumentError, match=r"1\.\.100"):
+        SimBackend("64MiB", prefetch_threshold=0)
+    b, _ = backend()
+    with pytest.raises(InvalidArgumentError, match="not inside a live managed allocation"):
+        b.access_stream(np.array([12345], dtype=np.uint64), GPU)
+    with pytest.raises(InvalidArgumentError, match="in_flight"):
+        b.access_stream(np.zeros(0, dtype=np.uint64), GPU, in_flight=0)
+
+
+# -- determinism ---------------------------------------------------------------------------------------------
+def test_the_same_calls_give_the_same_trace():
+    def run() -> np.ndarray:
+        b, rec = backend("8MiB")
+        ptr = b.allocate(12 * MiB, MemoryKind.MANAGED)
+        rng = np.random.default_rng(7)
+        b.access_stream(ptr + rng.integers(0, 12 * MiB, 5000).astype(np.uint64), GPU, "read", in_flight=512)
+        b.access(ptr, 12 * MiB, HOST, "write")
+        ev = rec.take()
+        ev["address"] -= np.uint64(ptr)        # addresses differ between backends; nothing else may
+        ev["alloc_id"] = 0
+        return ev
+    np.testing.assert_array_equal(run(), run())

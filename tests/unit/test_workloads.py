@@ -1,0 +1,90 @@
+"""Workloads: one description, run on the simulator; the GPU side runs only where CuPy and a GPU exist."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uvm_lab import workloads as W
+from uvm_lab.errors import InvalidArgumentError, InvalidSizeError
+
+MiB = 1 << 20
+SIZE = 64 * MiB
+
+
+def gib_fraction(ratio: float) -> int:
+    """Device memory that makes SIZE a given oversubscription ratio, in whole 2 MiB chunks."""
+    return int(SIZE / ratio) // (2 * MiB) * (2 * MiB)
+
+
+@pytest.mark.parametrize("name", sorted(W.WORKLOADS))
+@pytest.mark.parametrize("policy", W.POLICIES)
+def test_every_workload_runs_under_every_policy(name, policy):
+    results = W.run_sim(W.make(name, size="16MiB"), device_memory="64MiB", policy=policy)
+    assert results and all(r.seconds > 0 and r.bytes > 0 for r in results)
+
+
+def test_the_same_description_gives_the_same_results():
+    w = W.random_gather("32MiB", count=20000, seed=3)
+    a = W.run_sim(w, device_memory="16MiB")
+    b = W.run_sim(w, device_memory="16MiB")
+    assert a == b
+    c = W.run_sim(W.random_gather("32MiB", count=20000, seed=4), device_memory="16MiB")
+    assert c != a
+
+
+def test_streams_are_deterministic_and_cover_what_they_say():
+    w = W.stencil("8MiB", row_bytes=1 << 20)
+    offsets = [c.offsets for c in W.phase_stream(w, w.phases[0])]
+    again = [c.offsets for c in W.phase_stream(w, w.phases[0])]
+    assert all(np.array_equal(x, y) for x, y in zip(offsets, again, strict=True))
+    writes = [c for c in W.phase_stream(w, w.phases[0]) if c.buffer == "output"]
+    assert sum(len(c.offsets) for c in writes) == 8 * MiB // 4096       # every output page written once
+
+
+def test_oversubscription_cliff_past_one():
+    """Re-reads hit in HBM below 1.0x; past it FIFO eviction makes every pass fault again (research section 3)."""
+    fits = W.run_sim(W.multi_pass_stream(SIZE, passes=3), device_memory=gib_fraction(0.9))
+    over = W.run_sim(W.multi_pass_stream(SIZE, passes=3), device_memory=gib_fraction(1.1))
+    assert fits[1].faults == 0 and over[1].faults == SIZE // 4096
+    assert fits[1].gb_per_s > 100 * over[1].gb_per_s
+
+
+def test_policy_ordering_when_oversubscribed():
+    """Faults < chunked prefetch < PreferredLocation=host with AccessedBy=GPU, at 1.5x (the H200's order)."""
+    w = W.multi_pass_stream(SIZE, passes=2)
+    rate = {p: W.run_sim(w, device_memory=gib_fraction(1.5), policy=p, prefetch_chunk="8MiB")[1].gb_per_s
+            for p in W.POLICIES}
+    assert rate["faults"] < rate["prefetch"] < rate["remote"]
+
+
+def test_descriptions_are_validated():
+    with pytest.raises(InvalidArgumentError, match="unknown workload"):
+        W.make("bogosort")
+    with pytest.raises(InvalidArgumentError, match="unknown pattern"):
+        W.Workload("x", {"a": 4096}, (W.Phase("spin", ("a",)),))
+    with pytest.raises(InvalidArgumentError, match="does not have"):
+        W.Workload("x", {"a": 4096}, (W.Phase("stream", ("b",)),))
+    with pytest.raises(InvalidArgumentError, match="positive integer"):
+        W.multi_pass_stream("4MiB", passes=0)
+    with pytest.raises(InvalidArgumentError, match="multiple of 4"):
+        W.strided("4MiB", stride=6)
+    with pytest.raises(InvalidSizeError):
+        W.sequential_stream("lots")
+    with pytest.raises(InvalidArgumentError, match="policy"):
+        W.run_sim(W.sequential_stream("4MiB"), policy="hope")
+
+
+def test_gpu_side_refuses_cleanly_without_a_gpu():
+    if W.gpu_available():
+        pytest.skip("a GPU is present: the gpu suite runs the CuPy side")
+    with pytest.raises(Exception, match="CuPy and an NVIDIA GPU"):
+        W.run_gpu(W.sequential_stream("4MiB"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not W.gpu_available(), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize("name", sorted(W.WORKLOADS))
+def test_gpu_side_runs_every_workload(name):
+    results = W.run_gpu(W.make(name, size="64MiB"))
+    assert len(results) == len(W.run_sim(W.make(name, size="64MiB")))
