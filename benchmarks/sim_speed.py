@@ -1,0 +1,65 @@
+"""How fast the simulator runs: simulated page accesses per second of wall time, on one core.
+
+    python benchmarks/sim_speed.py                 # resident sweeps, fault sweeps, 1.5x oversubscribed sweeps
+    python benchmarks/sim_speed.py --size 64GiB    # the issue's case: 64 GiB, 3 passes at 1.5x
+
+Prints one line per case and, with --json PATH, writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+
+from uvm_lab.backends.sim import SimBackend
+from uvm_lab.events import EventBus
+from uvm_lab.events.schema import MemoryKind
+from uvm_lab.location import Location
+from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
+
+
+def sweep(size: int, ratio: float, passes: int) -> dict[str, float]:
+    """``passes`` grid-stride reads of a host-written buffer on a GPU ``ratio`` times too small (or big)."""
+    device = max(BLOCK_SIZE, int(size / ratio) // BLOCK_SIZE * BLOCK_SIZE)
+    b = SimBackend(device_memory=device, bus=EventBus())
+    ptr = b.allocate(size, MemoryKind.MANAGED)
+    b.prefetch(ptr, size, Location.host())
+    npages = size // PAGE_SIZE
+    chunks = [ptr + np.arange(lo, min(npages, lo + (1 << 20)), dtype=np.uint64) * PAGE_SIZE
+              for lo in range(0, npages, 1 << 20)]
+    start = time.perf_counter()
+    rates = []
+    for _ in range(passes):
+        r = b.access_stream(chunks, Location.device(0), "read")
+        rates.append(size / r.seconds / 1e9)
+    wall = time.perf_counter() - start
+    return {"size": size, "ratio": ratio, "passes": passes, "wall_s": wall,
+            "accesses_per_s": passes * npages / wall, "simulated_gb_per_s": rates}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default=None, help="one case: this buffer size, 3 passes at 1.5x")
+    ap.add_argument("--json", default=None, help="write the results here")
+    args = ap.parse_args()
+    if args.size:
+        cases = [(parse_size(args.size), 1.5, 3)]
+    else:
+        cases = [(4 << 30, 0.5, 3), (4 << 30, 1.5, 3), (16 << 30, 0.5, 10)]
+    out = []
+    for size, ratio, passes in cases:
+        res = sweep(size, ratio, passes)
+        out.append(res)
+        print(f"{format_bytes(size):>8} x{passes} at {ratio}x: {res['wall_s']:7.2f} s wall, "
+              f"{res['accesses_per_s'] / 1e6:6.2f} M page accesses/s; simulated GB/s per pass "
+              + ", ".join(f"{g:.1f}" for g in res["simulated_gb_per_s"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
