@@ -275,13 +275,18 @@ class FaultEngine:
         src_bw = p.fault_dtoh_bw if host else p.fault_htod_bw
         moved = pages[(out == _MIGRATE) | (out == _DUP)]
         ex_st = t.state[extra]
-        ex_dup = t.read_mostly[extra] & (ex_st != 0)
+        # Prefetched neighbours take the batch's access type: a write batch moves ReadMostly pages instead of
+        # duplicating them (otherwise every following write would fault again on a read-only copy).
+        ex_dup = t.read_mostly[extra] & (ex_st != 0) & (not wr.any())
+        ex_rm_moved = extra[t.read_mostly[extra] & (ex_st != 0) & ~ex_dup]
         ex_moved = extra[ex_st != 0]
         ex_pop = extra[ex_st == 0]
         source = HOST_ID if not host else self._gpu_of(np.concatenate((st[(out == _MIGRATE) | (out == _DUP)], ex_st)))
         moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
         moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
+        if len(ex_rm_moved):   # moved, not copied: the source's copy goes (the map would keep a duplicate)
+            mem.invalidate(ex_rm_moved, log, src=source)
         collapse = pages[out == _COLLAPSE]
         if len(collapse):      # a write to a read-duplicated page: the other copies go
             others = t.state[collapse] & np.uint8(~g & 0xFF)
