@@ -128,13 +128,16 @@ def test_step_6_advice_is_read_back_and_moves_nothing(welcome):
 
 def test_step_7_host_write_faults_and_migrates(welcome):
     table = welcome["trace"].outputs[0].data["text/html"]
-    for word in ("cpu_page_fault", "dtoh", "coherence"):
+    for word in ("cpu_page_fault", "dtoh", "coherence", "prefetch", "invalidate"):
         assert word in table
     totals = ast.literal_eval(result(welcome["trace-summary"]))
-    blocks = 512 * MiB // (2 * MiB)                     # "repeated for each 2 MiB block"
-    assert totals["counts"] == {"cpu_page_fault": blocks, "dtoh": blocks}
+    blocks = 512 * MiB // (2 * MiB)                     # "the same few rows for each 2 MiB block"
+    # "Six faults move a whole block": one coherence and one prefetch migration each (the H200 showed 6
+    # CPU-fault and 12 DtoH records per block for the same host access, research/device-probe.md).
+    assert totals["counts"]["cpu_page_fault"] == 6 * blocks
+    assert totals["counts"]["dtoh"] == 12 * blocks
     assert totals["bytes_dtoh"] == 512 * MiB and totals["bytes_htod"] == 0
-    assert totals["cpu_faults"] == 512 * MiB // 4096
+    assert totals["cpu_faults"] == 6 * blocks
     assert summary(welcome["after-write"])["host"] == 1.0
 
 
