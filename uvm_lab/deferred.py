@@ -24,6 +24,9 @@ log = logging.getLogger("uvm_lab")
 _queue: deque[tuple[Callable[..., Any], tuple[Any, ...]]] = deque()   # append/popleft are atomic
 _worker: threading.Thread | None = None
 _start = threading.Lock()
+# Held while queued work runs, so that run() returns only once work the worker had already taken is
+# done too (a caller freeing memory before it allocates must find that memory back).
+_running = threading.RLock()
 
 
 def defer(fn: Callable[..., Any], *args: Any) -> None:
@@ -38,16 +41,17 @@ def defer(fn: Callable[..., Any], *args: Any) -> None:
 
 
 def run() -> None:
-    """Run what is queued, here and now (the caller must hold no uvm_lab lock)."""
-    while True:
-        try:
-            fn, args = _queue.popleft()
-        except IndexError:
-            return
-        try:
-            fn(*args)
-        except Exception:
-            log.exception("deferred %r failed", fn)
+    """Run what is queued, here and now, and wait for what is already running (hold no uvm_lab lock)."""
+    with _running:
+        while True:
+            try:
+                fn, args = _queue.popleft()
+            except IndexError:
+                return
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("deferred %r failed", fn)
 
 
 def _start_worker() -> None:
