@@ -84,7 +84,10 @@ def test_gpu_side_refuses_cleanly_without_a_gpu():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not W.gpu_available(), reason="needs CuPy and a GPU")
+@pytest.mark.parametrize("policy", W.POLICIES)
 @pytest.mark.parametrize("name", sorted(W.WORKLOADS))
-def test_gpu_side_runs_every_workload(name):
-    results = W.run_gpu(W.make(name, size="64MiB"))
-    assert len(results) == len(W.run_sim(W.make(name, size="64MiB")))
+def test_gpu_side_runs_every_workload(name, policy):
+    w = W.make(name, size="64MiB")
+    real, sim = W.run_gpu(w, policy=policy), W.run_sim(w, policy=policy)
+    assert [(r.phase, r.pass_index) for r in real] == [(r.phase, r.pass_index) for r in sim]
+    assert all(r.seconds > 0 and r.bytes == s.bytes for r, s in zip(real, sim, strict=True))

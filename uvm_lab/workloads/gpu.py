@@ -2,22 +2,25 @@
 
 Each phase pattern has one kernel, reading (or writing) exactly the bytes the simulator's access stream
 says it touches, in the same order as far as a GPU has an order (grid-stride for sweeps, one warp per
-128 B read for gathers, whose offsets come from the same seeded stream as the simulator's). Passes are
-timed with CUDA events. Managed allocations that would not fit in free device memory are refused: this
-side never oversubscribes a real GPU (the simulator is the place for that).
+128 B read for gathers, whose offsets come from the same seeded stream as the simulator's). A pass is
+timed as wall time between two device synchronizations. Managed allocations that would not fit in free
+device memory are refused: this side never oversubscribes a real GPU (the simulator is the place for that).
 """
 
 from __future__ import annotations
 
 import ctypes
+import time
 from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError, OutOfMemoryError
+from ..events.schema import MemoryKind
+from ..location import Location
 from ..units import PAGE_SIZE, format_bytes
 from .patterns import phase_stream
-from .sim import POLICIES, PhaseResult, _passes
+from .sim import POLICIES, MigrationCounter, PhaseResult, _advise, _passes, swept_bytes
 from .spec import Phase, Workload
 
 __all__ = ["gpu_available", "run_gpu"]
@@ -75,11 +78,33 @@ def _host_view(ptr: int, size: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(ptr))
 
 
+def _cuda_backend(device: int = 0) -> Any:
+    from ..backends import _cuda_backend_class
+    from ..events.bus import EventBus
+
+    cls = _cuda_backend_class()
+    if cls is None:
+        raise BackendError("run_gpu needs uvm_lab's CUDA backend (cuda-python and a GPU)")
+    return cls(device, bus=EventBus())
+
+
 def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int = 256 << 20,
-            max_fraction_of_free: float = 0.9) -> list[PhaseResult]:
+            max_fraction_of_free: float = 0.9, backend: Any = None, collector: Any = None) -> list[PhaseResult]:
     """Run ``workload`` on GPU 0 with CuPy and return one result per pass of each phase.
 
-    Buffers start host-written, as :func:`~uvm_lab.workloads.run_sim` starts them by default.
+    Buffers start host-written, as :func:`~uvm_lab.workloads.run_sim` starts them by default. Managed
+    memory, prefetches and advice go through uvm_lab's CUDA backend (the same calls ``run_sim`` makes on
+    the simulator); the kernels are CuPy's. A pass's time is wall time from a synchronized device to a
+    synchronized device.
+
+    Parameters
+    ----------
+    backend
+        A CUDA backend; by default a new one publishing to a private bus.
+    collector
+        A started :class:`~uvm_lab.tracing.CuptiCollector` publishing to ``backend.bus``: each result then
+        carries the bytes CUPTI saw migrate in that pass (flushed after every pass). Without one the
+        byte fields are None.
 
     Raises
     ------
@@ -100,32 +125,39 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
         raise BackendError("run_gpu needs CuPy and an NVIDIA GPU; run_sim runs the same workload on the simulator")
     import cupy
 
-    free, _ = cupy.cuda.runtime.memGetInfo()
+    if backend is None:
+        backend = _cuda_backend(cupy.cuda.Device().id)
+    dev = backend.current_device()
+    free, _ = backend.mem_info(dev)
     if workload.total_bytes > max_fraction_of_free * free:
         raise OutOfMemoryError(f"{workload.name} needs {format_bytes(workload.total_bytes)} of managed memory, more "
                                f"than {max_fraction_of_free:.0%} of the {format_bytes(free)} free: real GPUs are "
                                f"never oversubscribed here", size=workload.total_bytes, free=free, limit=free)
     module = cupy.RawModule(code=_KERNELS)
-    mems = {name: cupy.cuda.malloc_managed(size) for name, size in workload.buffers.items()}
-    ptrs = {name: int(m.ptr) for name, m in mems.items()}
     sink = cupy.zeros(1, dtype=cupy.uint32)
-    dev = cupy.cuda.Device().id
+    ptrs: dict[str, int] = {}
+    counter = None
     try:
-        for name, ptr in ptrs.items():
-            _host_view(ptr, workload.buffers[name])[::PAGE_SIZE] = 1     # host-written, page by page
-            if policy == "remote":
-                rt = cupy.cuda.runtime
-                rt.memAdvise(ptr, workload.buffers[name], rt.cudaMemAdviseSetPreferredLocation, rt.cudaCpuDeviceId)
-                rt.memAdvise(ptr, workload.buffers[name], rt.cudaMemAdviseSetAccessedBy, dev)
+        for name, size in workload.buffers.items():
+            ptrs[name] = backend.allocate(size, MemoryKind.MANAGED)
+            _host_view(ptrs[name], size)[::PAGE_SIZE] = 1     # host-written, page by page
+            _advise(backend, ptrs[name], size, policy, Location.device(dev))
         cupy.cuda.runtime.deviceSynchronize()
+        if collector is not None:
+            collector.flush()
+            counter = MigrationCounter(backend.bus)
         results = []
         for phase in workload.phases:
             for i, one in enumerate(_passes(phase)):
-                results.append(_run_pass(cupy, module, workload, one, i, ptrs, sink, policy, prefetch_chunk, dev))
+                results.append(_run_pass(cupy, module, backend, workload, one, i, ptrs, sink, policy, prefetch_chunk,
+                                         dev, collector, counter))
         return results
     finally:
         cupy.cuda.runtime.deviceSynchronize()
-        mems.clear()
+        if counter is not None:
+            counter.close()
+        for ptr in ptrs.values():
+            backend.free(ptr)
 
 
 def _array(cupy: Any, ptr: int, size: int, owner: Any = None) -> Any:
@@ -133,14 +165,26 @@ def _array(cupy: Any, ptr: int, size: int, owner: Any = None) -> Any:
     return cupy.ndarray((size // 4,), dtype=cupy.uint32, memptr=cupy.cuda.MemoryPointer(mem, 0))
 
 
-def _run_pass(cupy: Any, module: Any, workload: Workload, phase: Phase, index: int, ptrs: dict[str, int], sink: Any,
-              policy: str, chunk: int, dev: int) -> PhaseResult:
+def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: Phase, index: int,
+              ptrs: dict[str, int], sink: Any, policy: str, chunk: int, dev: int, collector: Any,
+              counter: MigrationCounter | None) -> PhaseResult:
     sizes = workload.buffers
     grid, block = 132 * 8, 256
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    start.record()
     first = phase.buffers[0]
     a = _array(cupy, ptrs[first], sizes[first])
+    gpu = Location.device(dev)
+    offsets = None
+    if phase.pattern == "gather":   # the offsets are made before the clock starts (on the device, not managed)
+        offsets = cupy.asarray(np.concatenate([c.offsets for c in phase_stream(workload, phase)]))
+    cupy.cuda.runtime.deviceSynchronize()
+    start = time.perf_counter()
+
+    def prefetch(name: str) -> None:
+        # The simulator's prefetch policy: each chunk of what the kernel touches goes ahead of it.
+        if policy == "prefetch":
+            for lo in range(0, sizes[name], chunk):
+                backend.prefetch(ptrs[name] + lo, min(chunk, sizes[name] - lo), gpu)
+
     if phase.pattern in ("host_write", "host_read"):
         view = _host_view(ptrs[first], sizes[first])
         if phase.pattern == "host_write":
@@ -151,37 +195,42 @@ def _run_pass(cupy: Any, module: Any, workload: Workload, phase: Phase, index: i
         if policy == "prefetch":
             for lo in range(0, sizes[first], chunk):
                 n = min(chunk, sizes[first] - lo)
-                cupy.cuda.runtime.memPrefetchAsync(ptrs[first] + lo, n, dev, 0)
+                backend.prefetch(ptrs[first] + lo, n, gpu)
                 module.get_function("stream_read")((grid,), (block,), (a[lo // 4:], np.uint64(n // 4), sink))
         else:
             module.get_function("stream_read")((grid,), (block,), (a, np.uint64(a.size), sink))
     elif phase.pattern == "strided":
+        prefetch(first)
         step = int(phase.param("stride", 64 << 10)) // 4
         module.get_function("strided_read")((grid,), (block,), (a, np.uint64(-(-a.size // step)), np.uint64(step),
                                                                  sink))
     elif phase.pattern == "gather":
-        offsets = cupy.asarray(np.concatenate([c.offsets for c in phase_stream(workload, phase)]))
+        prefetch(first)
         module.get_function("gather_read")((grid,), (block,), (a, offsets, np.uint64(len(offsets)), sink))
     elif phase.pattern == "stencil":
+        for name in dict.fromkeys(phase.buffers):
+            prefetch(name)
         out = _array(cupy, ptrs[phase.buffers[-1]], sizes[phase.buffers[-1]])
         width = int(phase.param("row_bytes", 1 << 20)) // 4
         rows = min(a.size, out.size) // width
         module.get_function("stencil3")((grid,), (block,), (a, out, np.uint64(rows), np.uint64(width)))
     elif phase.pattern == "matmul":
+        names = (phase.buffers + phase.buffers[-1:] * 3)[:3]
+        for name in dict.fromkeys(names):
+            prefetch(name)
         n = int(phase.param("tiles", 4))
-        bufs = [_array(cupy, ptrs[b], sizes[b]) for b in (phase.buffers + phase.buffers[-1:] * 3)[:3]]
+        bufs = [_array(cupy, ptrs[b], sizes[b]) for b in names]
         tile = min(x.size for x in bufs) // (n * n) // (PAGE_SIZE // 4) * (PAGE_SIZE // 4)
+        fma = module.get_function("tile_fma")
         for i in range(n):
             for j in range(n):
                 for k in range(n):
-                    args = (bufs[0][(i * n + k) * tile:], bufs[1][(k * n + j) * tile:], bufs[2][(i * n + j) * tile:],
-                            np.uint64(tile))
-                    module.get_function("tile_fma")((grid,), (block,), args)
-    end.record()
-    end.synchronize()
-    seconds = cupy.cuda.get_elapsed_time(start, end) / 1e3
-    swept = sum(sizes[b] for b in dict.fromkeys(phase.buffers))
-    if phase.pattern == "gather":
-        swept = int(phase.param("count", sizes[first] // PAGE_SIZE)) * int(phase.param("bytes_per_access", 128))
-    # Counts need CUPTI (uvm_lab.tracing); without it only time is known.
-    return PhaseResult(phase.pattern, index, seconds, swept, None, None, None, None)
+                    fma((grid,), (block,), (bufs[0][(i * n + k) * tile:], bufs[1][(k * n + j) * tile:],
+                                            bufs[2][(i * n + j) * tile:], np.uint64(tile)))
+    cupy.cuda.runtime.deviceSynchronize()
+    seconds = time.perf_counter() - start
+    htod = dtoh = None
+    if counter is not None:
+        collector.flush()
+        htod, dtoh = counter.take()
+    return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, htod, dtoh, None)

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
 from ..backends.sim import SimBackend
 from ..errors import InvalidArgumentError
-from ..events.schema import Advice, MemoryKind
+from ..events.bus import EventBus
+from ..events.schema import Advice, EventKind, MemoryKind
 from ..location import Location
 from ..units import PAGE_SIZE, parse_size
 from .patterns import CHUNK, Chunk, phase_stream, stream_shape
 from .spec import Phase, Workload
 
-__all__ = ["POLICIES", "PhaseResult", "run_sim"]
+__all__ = ["POLICIES", "MigrationCounter", "PhaseResult", "run_sim", "swept_bytes"]
 
-#: How data reaches the GPU: fault it in; prefetch it chunk by chunk ahead of the kernel; or leave it on
-#: the host (PreferredLocation=host) with the GPU mapped to it (AccessedBy=GPU), read over the link.
-POLICIES = ("faults", "prefetch", "remote")
+#: How data reaches the GPU: fault it in (no advice); prefetch it chunk by chunk ahead of the kernel;
+#: ReadMostly (reads duplicate, writes collapse); or leave it on the host (PreferredLocation=host) with the
+#: GPU mapped to it (AccessedBy=GPU), read over the link.
+POLICIES = ("faults", "prefetch", "read_mostly", "remote")
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,8 @@ class PhaseResult:
     seconds: float
     bytes: int               #: bytes of the buffers the pass sweeps (its working set)
     faults: int | None
-    bytes_htod: int | None
-    bytes_dtoh: int | None
+    bytes_htod: int | None   #: bytes migrated to the GPU in the pass, prefetches included
+    bytes_dtoh: int | None   #: bytes migrated to the host in the pass, evictions included
     bytes_remote: int | None
 
     @property
@@ -45,6 +48,34 @@ def _passes(phase: Phase) -> list[Phase]:
     """A multi-pass phase as one phase per pass, so that each pass is timed on its own."""
     n = int(phase.param("passes", 1))
     return [replace(phase, params={**phase.params, "passes": 1}) for _ in range(n)]
+
+
+class MigrationCounter:
+    """Bytes of the HtoD and DtoH records published on a bus, counted as they arrive.
+
+    Both sides count the same way: the simulator's records, or CUPTI's on a GPU.
+    """
+
+    def __init__(self, bus: EventBus) -> None:
+        self.htod = self.dtoh = 0
+        self.bus = bus
+        self._sub = bus.subscribe(self._add, kinds=(EventKind.HTOD, EventKind.DTOH))
+
+    def _add(self, records: np.ndarray) -> None:
+        nbytes = records["bytes"].astype(np.int64)
+        htod = records["kind"] == EventKind.HTOD
+        self.htod += int(nbytes[htod].sum())
+        self.dtoh += int(nbytes[~htod].sum())
+
+    def take(self) -> tuple[int, int]:
+        """``(htod, dtoh)`` bytes since the last call."""
+        self.bus.flush()
+        out = (self.htod, self.dtoh)
+        self.htod = self.dtoh = 0
+        return out
+
+    def close(self) -> None:
+        self.bus.unsubscribe(self._sub)
 
 
 def _batched(chunks: Iterator[Chunk], ptrs: dict[str, int]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -88,8 +119,6 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
     InvalidArgumentError
         For an unknown policy or initial placement, or a non-simulated backend.
     """
-    from ..events.bus import EventBus
-
     if policy not in POLICIES:
         raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", value=policy,
                                    expected=", ".join(POLICIES))
@@ -105,29 +134,50 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
                                    expected="uvm_lab.backends.sim.SimBackend")
     gpu, host = Location.device(0), Location.host()
     ptrs = {name: backend.allocate(size, MemoryKind.MANAGED) for name, size in workload.buffers.items()}
+    counter = None
     try:
         for name, ptr in ptrs.items():
             if initial == "host":
                 backend.prefetch(ptr, workload.buffers[name], host)
-            if policy == "remote":
-                backend.advise(ptr, workload.buffers[name], Advice.SET_PREFERRED_LOCATION, host)
-                backend.advise(ptr, workload.buffers[name], Advice.SET_ACCESSED_BY, gpu)
+            _advise(backend, ptr, workload.buffers[name], policy, gpu)
+        counter = MigrationCounter(backend.bus)
         results = []
         for phase in workload.phases:
             for i, one in enumerate(_passes(phase)):
-                results.append(_run_pass(backend, workload, one, i, ptrs, policy, chunk))
+                counter.take()
+                results.append(_run_pass(backend, workload, one, i, ptrs, policy, chunk, counter))
         return results
     finally:
+        if counter is not None:
+            counter.close()
         for ptr in ptrs.values():
             backend.free(ptr)
 
 
+def _advise(backend: Any, ptr: int, size: int, policy: str, gpu: Location) -> None:
+    """The advice a policy sets on a buffer (the same calls on either backend)."""
+    if policy == "read_mostly":
+        backend.advise(ptr, size, Advice.SET_READ_MOSTLY, None)
+    elif policy == "remote":
+        backend.advise(ptr, size, Advice.SET_PREFERRED_LOCATION, Location.host())
+        backend.advise(ptr, size, Advice.SET_ACCESSED_BY, gpu)
+
+
+def swept_bytes(workload: Workload, phase: Phase) -> int:
+    """The bytes a pass of ``phase`` sweeps: its buffers, or for a gather the bytes its warps read."""
+    sizes = workload.buffers
+    if phase.pattern == "gather":
+        return int(phase.param("count", sizes[phase.buffers[0]] // PAGE_SIZE)) * int(
+            phase.param("bytes_per_access", 128))
+    return sum(sizes[b] for b in dict.fromkeys(phase.buffers))
+
+
 def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int, ptrs: dict[str, int],
-              policy: str, chunk: int) -> PhaseResult:
+              policy: str, chunk: int, counter: MigrationCounter) -> PhaseResult:
     where = Location.host() if phase.processor == "host" else Location.device(0)
     shape = stream_shape(phase)
     start = backend.now_ns()
-    faults = htod = dtoh = remote = 0
+    faults = remote = 0
     sizes = workload.buffers
     prefetched: set[tuple[str, int]] = set()
     step = max(1, chunk // PAGE_SIZE) if policy == "prefetch" and phase.processor == "gpu" else CHUNK
@@ -147,11 +197,7 @@ def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int,
                             backend.prefetch(ptr + c * chunk, min(chunk, sizes[name] - c * chunk), where)
             r = backend.access_stream(addrs, where, writes, **shape)
             faults += r.faults or 0
-            htod += r.bytes_htod or 0
-            dtoh += r.bytes_dtoh or 0
             remote += r.bytes_remote or 0
-    swept = sum(sizes[b] for b in dict.fromkeys(phase.buffers))
-    if phase.pattern == "gather":
-        swept = int(phase.param("count", sizes[phase.buffers[0]] // PAGE_SIZE)) * int(
-            phase.param("bytes_per_access", 128))
-    return PhaseResult(phase.pattern, index, (backend.now_ns() - start) / 1e9, swept, faults, htod, dtoh, remote)
+    htod, dtoh = counter.take()
+    return PhaseResult(phase.pattern, index, (backend.now_ns() - start) / 1e9, swept_bytes(workload, phase), faults,
+                       htod, dtoh, remote)

@@ -1,0 +1,187 @@
+"""The simulator against the real GPU: every workload under every policy, at a size that fits.
+
+    python benchmarks/sim_vs_gpu.py --size 1GiB --json out/sim_vs_gpu.json --markdown out/sim_vs_gpu.md
+    python benchmarks/sim_vs_gpu.py --from-json out/sim_vs_gpu.json --readme benchmarks/README.md
+
+The first form needs CuPy, cuda-python and a GPU (cupti-python for bytes). Each workload of the catalog
+(buffers of ``--size`` each) runs under each policy of ``uvm_lab.workloads.POLICIES`` on GPU 0, twice: once
+untraced for time, once under CUPTI's unified-memory counters for the bytes migrated each way; then the
+same description runs on the simulator (``x86-pcie5``, device memory = the card's free memory, so neither
+side is oversubscribed). Buffers never exceed the card's free memory (checked with cudaMemGetInfo).
+
+Where CUPTI reports dropped records, or the bytes it reports do not add up to the pages the host gained
+or lost (``/proc/self/pagemap``), the row is marked rather than hidden. The second form rebuilds the table
+from a saved run (the simulator side is recomputed) and writes it into the README between the markers.
+
+Targets (issue 5): bytes within 5 %, time within 25 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from uvm_lab import workloads as W
+from uvm_lab.units import BLOCK_SIZE, format_bytes, parse_size
+
+BEGIN = "<!-- sim_vs_gpu:begin -->"
+END = "<!-- sim_vs_gpu:end -->"
+BYTES_TOL, TIME_TOL = 0.05, 0.25
+
+
+def _rows(results: list) -> list[dict]:
+    return [{"phase": r.phase, "pass": r.pass_index, "seconds": r.seconds, "htod": r.bytes_htod, "dtoh": r.bytes_dtoh}
+            for r in results]
+
+
+def run_gpu_side(size: int) -> dict:
+    """Real time (untraced) and real bytes (CUPTI) for every workload x policy."""
+    import cupy
+
+    from uvm_lab.tracing import CuptiCollector, host_resident
+    from uvm_lab.workloads.gpu import _cuda_backend
+
+    backend = _cuda_backend(0)
+    free, total = backend.mem_info(0)
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    out = {"device": props["name"].decode(), "free": free, "total": total, "size": size, "cases": []}
+    cases = [(name, policy) for name in W.WORKLOADS for policy in W.POLICIES]
+    for name, policy in cases:
+        w = W.make(name, size=size)
+        if w.total_bytes > free // 2:
+            raise SystemExit(f"{name} needs {format_bytes(w.total_bytes)}, over half the card's "
+                             f"{format_bytes(free)} free: use a smaller --size")
+        t0 = time.perf_counter()
+        timed = W.run_gpu(w, policy=policy, backend=backend)
+        out["cases"].append({"workload": name, "policy": policy, "time": _rows(timed),
+                             "wall": time.perf_counter() - t0})
+        print(f"gpu {name:18} {policy:12} " + " ".join(f"{r.seconds * 1e3:8.2f}" for r in timed) + " ms", flush=True)
+    collector = CuptiCollector(bus=backend.bus, counters=["htod", "dtoh"], flush_interval=0.005)
+    collector.start()
+    out["cupti"] = collector.reason or collector.receiver
+    try:
+        for case in out["cases"]:
+            w = W.make(case["workload"], size=size)
+            before = collector.status()["dropped"]
+            # Host pages present at free time, against all of them after the host wrote the buffers:
+            # the difference is what left the host, net, which CUPTI's HtoD minus DtoH must equal.
+            real_alloc, real_free = backend.allocate, backend.free
+            seen: dict[int, int] = {}
+            present: dict[int, int] = {}
+
+            def allocate(n, kind, _alloc=real_alloc, _seen=seen, **kw):
+                ptr = _alloc(n, kind, **kw)
+                _seen[ptr] = n
+                return ptr
+
+            def free(ptr, _free=real_free, _seen=seen, _present=present, **kw):
+                _present[ptr] = int(host_resident(ptr, _seen[ptr]).sum())
+                _free(ptr, **kw)
+
+            backend.allocate, backend.free = allocate, free
+            try:
+                traced = W.run_gpu(w, policy=case["policy"], backend=backend, collector=collector)
+            finally:
+                backend.allocate, backend.free = real_alloc, real_free
+            host_loss = sum(n // 4096 - present.get(p, n // 4096) for p, n in seen.items()) * 4096
+            case["bytes"] = _rows(traced)
+            case["dropped"] = collector.status()["dropped"] - before
+            case["host_pages_lost_bytes"] = host_loss
+            print(f"cupti {case['workload']:18} {case['policy']:12} "
+                  + " ".join(f"{r.bytes_htod}/{r.bytes_dtoh}" for r in traced), flush=True)
+    finally:
+        collector.stop()
+        out["cupti_status"] = collector.status()
+    return out
+
+
+def run_sim_side(real: dict) -> None:
+    """The simulator's time and bytes for every case of ``real``, beside the real ones."""
+    device = max(BLOCK_SIZE, int(real["free"]) // BLOCK_SIZE * BLOCK_SIZE)
+    for case in real["cases"]:
+        w = W.make(case["workload"], size=real["size"])
+        t0 = time.perf_counter()
+        case["sim"] = _rows(W.run_sim(w, policy=case["policy"], device_memory=device, platform="x86-pcie5"))
+        case["sim_wall"] = time.perf_counter() - t0
+
+
+def _ratio(sim: float, real: float) -> float | None:
+    return sim / real if real else (1.0 if not sim else None)
+
+
+def _fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return "0" if n == 0 else f"{n / (1 << 20):,.0f} MiB" if n >= 1 << 20 else f"{n / 1024:,.0f} KiB"
+
+
+def table(real: dict) -> str:
+    """The markdown table: one row per pass of each phase, per workload x policy."""
+    lines = [f"Card: **{real['device']}** ({format_bytes(real['free'])} free of {format_bytes(real['total'])}); "
+             f"buffers of {format_bytes(real['size'])} each; simulator profile `x86-pcie5` with device memory = "
+             f"the free memory; CUPTI receiver: {real.get('cupti', '-')}.", "",
+             "| workload | policy | phase | real ms | sim ms | time sim/real | real MiB moved (HtoD+DtoH) "
+             "| sim MiB moved | bytes sim/real | bytes | time | note |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+    passed = {"bytes": 0, "time": 0, "rows": 0}
+    for case in real["cases"]:
+        note = []
+        if case.get("dropped"):
+            note.append(f"CUPTI dropped {case['dropped']} records")
+        moved = sum((r["htod"] or 0) - (r["dtoh"] or 0) for r in case["bytes"])
+        if case["policy"] != "read_mostly" and moved != case["host_pages_lost_bytes"]:
+            note.append(f"incomplete: CUPTI net HtoD {_fmt_bytes(moved)} vs host pages lost "
+                        f"{_fmt_bytes(case['host_pages_lost_bytes'])}")
+        for t, b, s in zip(case["time"], case["bytes"], case["sim"], strict=True):
+            rb = (b["htod"] or 0) + (b["dtoh"] or 0)
+            sb = s["htod"] + s["dtoh"]
+            tr, br = _ratio(s["seconds"], t["seconds"]), _ratio(sb, rb)
+            ok_t = tr is not None and abs(tr - 1) <= TIME_TOL
+            ok_b = br is not None and abs(br - 1) <= BYTES_TOL
+            passed["rows"] += 1
+            passed["time"] += ok_t
+            passed["bytes"] += ok_b
+            phase = t["phase"] + (f" #{t['pass'] + 1}" if t["pass"] or case["workload"] == "multi_pass_stream" else "")
+            lines.append(f"| {case['workload']} | {case['policy']} | {phase} | {t['seconds'] * 1e3:,.2f} | "
+                         f"{s['seconds'] * 1e3:,.2f} | {'-' if tr is None else f'{tr:.2f}'} | {rb / (1 << 20):,.1f} "
+                         f"| {sb / (1 << 20):,.1f} | {'-' if br is None else f'{br:.2f}'} | "
+                         f"{'pass' if ok_b else 'FAIL'} | {'pass' if ok_t else 'FAIL'} | {'; '.join(note)} |")
+    lines += ["", f"Rows within target: bytes {passed['bytes']}/{passed['rows']}, time {passed['time']}/"
+              f"{passed['rows']}."]
+    return "\n".join(lines)
+
+
+def write_readme(path: Path, text: str) -> None:
+    doc = path.read_text()
+    if BEGIN in doc and END in doc:
+        head, rest = doc.split(BEGIN, 1)
+        doc = head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1]
+    else:
+        doc = doc.rstrip("\n") + "\n\n" + BEGIN + "\n" + text + "\n" + END + "\n"
+    path.write_text(doc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="1GiB", help="bytes per buffer (stencil has 2 buffers, matmul 3)")
+    ap.add_argument("--json", default=None, help="write the real and simulated figures here")
+    ap.add_argument("--markdown", default=None, help="write the table here")
+    ap.add_argument("--from-json", default=None, help="rebuild from a saved run (simulator side recomputed)")
+    ap.add_argument("--readme", default=None, help="write the table into this README between the markers")
+    args = ap.parse_args()
+    real = json.loads(Path(args.from_json).read_text()) if args.from_json else run_gpu_side(parse_size(args.size))
+    run_sim_side(real)
+    text = table(real)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(real, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+    if args.readme:
+        write_readme(Path(args.readme), text)
+
+
+if __name__ == "__main__":
+    main()
