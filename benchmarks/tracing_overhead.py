@@ -7,7 +7,10 @@ fault capture; each run is a fresh process (CUPTI cannot be fully switched off o
 interleaved, best and median of ``--repeats``. uvm_lab's residency tracker listens throughout, as it
 does in a notebook, so its cost is in the figures. Needs a GPU and cupti-python.
 
-    python benchmarks/tracing_overhead.py [--size 2GiB] [--repeats 3] [--json out.json]
+The records are checked too: ``htod`` is the fraction of the buffer's bytes the HtoD records account
+for (1.0: nothing lost), ``saturated`` the drains that brought CUPTI's whole queue (records lost).
+
+    python benchmarks/tracing_overhead.py [--size 2GiB] [--repeats 3] [--drain 0.001] [--json out.json]
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ MODES = {
 }
 
 
-def child(mode: str, size_text: str) -> None:
+def child(mode: str, size_text: str, drain: float) -> None:
     import uvm_lab as ul
+    from uvm_lab.events import EventKind
     from uvm_lab.tracing import CuptiCollector
 
     backend = ul.use_backend("cuda")
@@ -40,7 +44,7 @@ def child(mode: str, size_text: str) -> None:
     if size > free // 4:
         raise SystemExit(f"refusing: {ul.format_bytes(size)} is too close to the {ul.format_bytes(free)} free")
     options = MODES[mode]
-    collector = CuptiCollector(required=True, **options).start() if options is not None else None
+    collector = CuptiCollector(required=True, drain_interval=drain, **options).start() if options is not None else None
     buf = ul.DeviceBuffer(size=size, mr=ul.mr.ManagedMemoryResource())
     t0 = time.perf_counter()
     buf.host_view()[:] = 1
@@ -48,6 +52,9 @@ def child(mode: str, size_text: str) -> None:
         collector.flush()
     host_write = time.perf_counter() - t0
     backend.synchronize()
+    htod = [0]
+    counting = ul.events.get_bus().subscribe(lambda r: htod.__setitem__(0, htod[0] + int(r["bytes"].sum())),
+                                             kinds=[EventKind.HTOD])
     t0 = time.perf_counter()
     ul.touch(buf, on="gpu")
     backend.synchronize()
@@ -56,29 +63,34 @@ def child(mode: str, size_text: str) -> None:
         collector.flush()
     delivered = time.perf_counter() - t0
     residency = ul.residency(buf).summary()
+    counting.close()
     status = collector.status() if collector else {}
     buf.close()
     if collector:
         collector.stop()
     print(json.dumps({"mode": mode, "host_write_s": host_write, "kernel_s": kernel, "delivered_s": delivered,
                       "records": status.get("records", 0), "dropped": status.get("dropped", 0),
-                      "receiver": status.get("receiver", ""), "gpu_fraction": residency["gpu"]}))
+                      "receiver": status.get("receiver", ""), "gpu_fraction": residency["gpu"],
+                      "htod": htod[0] / size, "saturated": status.get("saturated", 0),
+                      "max_per_drain": status.get("max_per_drain", 0)}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="2GiB")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--drain", type=float, default=0.001, help="the collector's drain_interval, seconds")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.size)
+        child(args.child, args.size, args.drain)
         return
     runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for _ in range(args.repeats):
         for mode in MODES:
-            out = subprocess.run([sys.executable, __file__, "--child", mode, "--size", args.size], capture_output=True,
+            out = subprocess.run([sys.executable, __file__, "--child", mode, "--size", args.size,
+                                  "--drain", str(args.drain)], capture_output=True,
                                  text=True, timeout=300)
             if out.returncode:
                 print(f"{mode}: failed\n{out.stderr[-2000:]}")
@@ -87,7 +99,7 @@ def main() -> None:
     base = min(r["delivered_s"] for r in runs["off"]) if runs["off"] else float("nan")
     result = {}
     print(f"{'mode':<18}{'best ms':>9}{'median':>9}{'vs off':>8}{'kernel ms':>11}{'records':>9}{'dropped':>9}"
-          f"{'host write ms':>15}  receiver")
+          f"{'htod':>7}{'saturated':>10}{'max/drain':>10}{'host write ms':>15}  receiver")
     for mode, rs in runs.items():
         if not rs:
             continue
@@ -95,6 +107,8 @@ def main() -> None:
         result[mode] = {"best_s": min(d), "median_s": statistics.median(d), "ratio": min(d) / base, "runs": rs}
         print(f"{mode:<18}{min(d) * 1e3:>9.1f}{statistics.median(d) * 1e3:>9.1f}{min(d) / base:>8.3f}"
               f"{min(r['kernel_s'] for r in rs) * 1e3:>11.1f}{rs[0]['records']:>9}{max(r['dropped'] for r in rs):>9}"
+              f"{min(r['htod'] for r in rs):>7.3f}{max(r['saturated'] for r in rs):>10}"
+              f"{max(r['max_per_drain'] for r in rs):>10}"
               f"{min(r['host_write_s'] for r in rs) * 1e3:>15.1f}  {rs[0]['receiver']}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))

@@ -19,6 +19,12 @@ Rules applied per record:
 - Records of a fault or migration whose ``alloc_id`` names another segment are stale (delivered
   after their allocation was freed and its address reused) and are skipped.
 - ADVICE: ReadMostly and PreferredLocation are tracked, since the rules above depend on them.
+
+Runs of fault and migration records (CUPTI delivers them by the ten thousand) are applied in bulk with
+the same result: a migration outside ReadMostly pages leaves one copy at its destination, so a run of
+them paints each page with its last destination; a fault on a page that already holds data changes
+nothing unless it must collapse copies. Records that need the state left by the one before (first
+touches, collapses, ReadMostly duplication) are replayed one by one, in order, between the bulk parts.
 """
 
 from __future__ import annotations
@@ -46,6 +52,11 @@ _WRITES = (AccessType.WRITE, AccessType.ATOMIC)
 _FAULTS = (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT)
 _DRIVER = frozenset(int(k) for k in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD, EventKind.GPU_PAGE_FAULT,
                                      EventKind.CPU_PAGE_FAULT, EventKind.REMOTE_MAP))
+_MOVES = np.zeros(256, dtype=bool)
+_MOVES[[EventKind.HTOD, EventKind.DTOH, EventKind.DTOD]] = True
+_BULK = _MOVES.copy()           # kinds a run of which may be applied in bulk
+_BULK[[EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT]] = True
+_BULK_MIN = 16                  # shorter runs go one by one
 _REPLAYED = (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.HTOD, EventKind.DTOH, EventKind.DTOD,
              EventKind.INVALIDATE, EventKind.PREFETCH, EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT,
              EventKind.ADVICE)
@@ -91,7 +102,7 @@ class ResidencyMap:
 
 
 class _Segment:
-    __slots__ = ("address", "id", "kind", "preferred", "read_mostly", "size", "state")
+    __slots__ = ("address", "any_read_mostly", "id", "kind", "preferred", "read_mostly", "size", "state")
 
     def __init__(self, address: int, size: int, kind: int, device: int, seg_id: int) -> None:
         n = -(-size // PAGE_SIZE)
@@ -99,6 +110,7 @@ class _Segment:
         self.address, self.size, self.kind, self.id = address, size, kind, seg_id
         self.state = np.full(n, initial, dtype=np.uint8)
         self.read_mostly = np.zeros(n, dtype=bool)
+        self.any_read_mostly = False
         self.preferred = np.full(n, _NO_PREFERENCE, dtype=np.int16)
 
     def pages(self, address: int, nbytes: int) -> slice:
@@ -113,6 +125,7 @@ class ResidencyTracker:
     def __init__(self, bus: EventBus | None = None) -> None:
         self._segments: dict[int, _Segment] = {}
         self._starts: list[int] = []
+        self._table: tuple[np.ndarray, np.ndarray, np.ndarray, list[_Segment]] | None = None   # for bulk lookups
         self._lock = threading.Lock()
         self.bus = bus or get_bus()
         self.subscription = self.bus.subscribe(self.apply, kinds=_REPLAYED)
@@ -123,19 +136,123 @@ class ResidencyTracker:
     def apply(self, records: np.ndarray) -> None:
         """Replay ``records`` (in order) onto the page states."""
         with self._lock:
-            for rec in records.tolist():
-                self._apply_one(*rec)
+            n = len(records)
+            bulk = _BULK[records["kind"]]
+            if n < _BULK_MIN or not bulk.any():
+                for rec in records.tolist():
+                    self._apply_one(*rec)
+                return
+            # Runs of fault and migration records in bulk; everything else one by one.
+            edges = np.flatnonzero(np.diff(bulk.view(np.int8))) + 1
+            for a, b in zip(np.r_[0, edges].tolist(), np.r_[edges, n].tolist(), strict=True):
+                if bulk[a] and b - a >= _BULK_MIN:
+                    self._apply_run(records[a:b])
+                else:
+                    for rec in records[a:b].tolist():
+                        self._apply_one(*rec)
+
+    def _lookup_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[_Segment]]:
+        if self._table is None:
+            segs = [self._segments[a] for a in self._starts]
+            self._table = (np.array([s.address for s in segs], dtype=np.uint64),
+                           np.array([s.address + s.size for s in segs], dtype=np.uint64),
+                           np.array([s.id for s in segs], dtype=np.uint64), segs)
+        return self._table
+
+    def _apply_run(self, records: np.ndarray) -> None:
+        """Apply a run of fault and migration records: bulk where the rules allow, else one by one.
+
+        Chunks grow while they apply whole and shrink when a record needs the one-by-one rules, so a
+        run of first touches costs little more than replaying it record by record.
+        """
+        n, pos, chunk, streak = len(records), 0, 256, 0
+        while pos < n:
+            if chunk <= 1:
+                self._apply_one(*records[pos].tolist())
+                pos += 1
+                streak += 1
+                if streak >= 16:
+                    chunk, streak = 16, 0
+                continue
+            part = records[pos:pos + chunk]
+            k = self._apply_bulk(part)
+            if k < len(part):
+                self._apply_one(*part[k].tolist())
+                pos += k + 1
+                chunk = chunk if k >= chunk // 2 else chunk // 2
+            else:
+                pos += len(part)
+                chunk = min(chunk * 2, 1 << 16)
+
+    def _apply_bulk(self, part: np.ndarray) -> int:
+        """Apply the longest prefix of ``part`` whose records the bulk rule covers; its length.
+
+        Valid because what the prefix's migrations do cannot change which records qualify: each leaves
+        a page with exactly one copy, so a page that held data still does and no copies are created.
+        """
+        starts, ends, ids, segs = self._lookup_table()
+        n = len(part)
+        address = part["address"]
+        which = np.searchsorted(starts, address, side="right").astype(np.int64) - 1
+        live = which >= 0
+        live[live] = address[live] < ends[which[live]]
+        alloc = part["alloc_id"]
+        live[live] = (alloc[live] == 0) | (alloc[live] == ids[which[live]])   # else stale: skipped
+        kind = part["kind"]
+        nbytes = part["bytes"]
+        ok = np.ones(n, dtype=bool)          # records the bulk rule covers (dead ones are no-ops)
+        lo = np.zeros(n, dtype=np.int64)
+        hi = np.zeros(n, dtype=np.int64)
+        value = np.zeros(n, dtype=np.uint8)
+        moves = _MOVES[kind] & live
+        for si in np.unique(which[live]).tolist():
+            seg = segs[si]
+            mine = live & (which == si)
+            offset = (address[mine] - np.uint64(seg.address)).astype(np.int64)
+            m = moves[mine]
+            if seg.any_read_mostly:
+                ok[np.flatnonzero(mine)[m]] = False      # duplication depends on each page's copies
+            npages = len(seg.state)
+            first = np.maximum(offset // PAGE_SIZE, 0)
+            last = np.minimum(-(-(offset + nbytes[mine].astype(np.int64)) // PAGE_SIZE), npages)
+            lo[mine], hi[mine] = first, last
+            dst = part["dst"][mine].astype(np.int64)
+            value[mine] = np.where(dst == HOST_ID, 1, np.left_shift(1, np.maximum(dst, 0) + 1)).astype(np.uint8)
+            # Faults: a no-op on a page that already holds data, unless copies must collapse.
+            f = ~m
+            if f.any():
+                st = seg.state[np.minimum(first[f], npages - 1)]
+                flags = part["flags"][mine][f]
+                multi = (st & (st - 1)) != 0
+                write = (flags == AccessType.WRITE) | (flags == AccessType.ATOMIC)
+                cpu = kind[mine][f] == EventKind.CPU_PAGE_FAULT
+                unknown_cpu = cpu & (flags == AccessType.UNKNOWN)
+                host_and_gpu = ((st & 1) != 0) & ((st & ~np.uint8(1)) != 0)
+                fine = (nbytes[mine][f] == 0) & (st != 0) & ~(write & multi) & ~(unknown_cpu & host_and_gpu)
+                idx = np.flatnonzero(mine)[f]
+                ok[idx] = fine
+                moves[idx] = False
+        bad = np.flatnonzero(~ok)
+        k = int(bad[0]) if len(bad) else n
+        paint = np.flatnonzero(moves[:k])
+        if len(paint):
+            for si in np.unique(which[paint]).tolist():
+                sel = paint[which[paint] == si]
+                _paint(segs[si].state, lo[sel], hi[sel], value[sel])
+        return k
 
     def _apply_one(self, kind: int, flags: int, src: int, dst: int, _start: int, _end: int, address: int,
                    nbytes: int, _value: int, alloc_id: int, _stream: int) -> None:
         if kind == EventKind.SEGMENT_ALLOC:
             if address not in self._segments:
                 bisect.insort(self._starts, address)
+            self._table = None
             self._segments[address] = _Segment(address, nbytes, flags, dst, alloc_id)
             return
         if kind == EventKind.SEGMENT_FREE:
             if self._segments.pop(address, None) is not None:
                 self._starts.remove(address)
+                self._table = None
             return
         seg = self._segment_at(address)
         if seg is None or (alloc_id and alloc_id != seg.id and kind in _DRIVER):
@@ -172,6 +289,7 @@ class ResidencyTracker:
         elif kind == EventKind.ADVICE:
             if flags in (Advice.SET_READ_MOSTLY, Advice.UNSET_READ_MOSTLY):
                 seg.read_mostly[sl] = flags == Advice.SET_READ_MOSTLY
+                seg.any_read_mostly = bool(seg.read_mostly.any())
             elif flags == Advice.SET_PREFERRED_LOCATION:
                 seg.preferred[sl] = dst
             elif flags == Advice.UNSET_PREFERRED_LOCATION:
@@ -213,6 +331,22 @@ class ResidencyTracker:
         with self._lock:
             return [{"id": s.id, "address": s.address, "size": s.size, "kind": MemoryKind(s.kind).name.lower()}
                     for s in self._segments.values()]
+
+
+def _paint(state: np.ndarray, lo: np.ndarray, hi: np.ndarray, value: np.ndarray) -> None:
+    """``state[lo[i]:hi[i]] = value[i]`` for each i in order: where ranges overlap, the last one wins."""
+    lens = hi - lo
+    keep = lens > 0
+    lo, hi, value, lens = lo[keep], hi[keep], value[keep], lens[keep]
+    if not len(lo):
+        return
+    order = np.argsort(lo, kind="stable")
+    if (hi[order][:-1] > lo[order][1:]).any():   # overlapping ranges: in order, slice by slice
+        for first, last, v in zip(lo.tolist(), hi.tolist(), value.tolist(), strict=True):
+            state[first:last] = v
+        return
+    total = int(lens.sum())
+    state[np.repeat(lo - (np.cumsum(lens) - lens), lens) + np.arange(total)] = np.repeat(value, lens)
 
 
 _tracker: ResidencyTracker | None = None

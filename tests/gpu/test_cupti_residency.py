@@ -109,8 +109,10 @@ def test_scripted_sequence_map_agrees_with_the_host_and_bytes_add_up(cuda, cupti
         agreement = oracle_agreement(ul.residency(buf))
         summary = trace.summary()
         um = trace.of_kind(*UM_KINDS)
+        status = cupti.status()
         report.append(f"{name}: agree {agreement.fraction:.5f}, HtoD {summary['bytes_htod']} B, "
-                      f"DtoH {summary['bytes_dtoh']} B, host -{lost}/+{gained} pages, {dict(summary['counts'])}")
+                      f"DtoH {summary['bytes_dtoh']} B, host -{lost}/+{gained} pages, {dict(summary['counts'])}, "
+                      f"most records in one drain {status['max_per_drain']}, saturated drains {status['saturated']}")
         if keep:
             Path(keep).mkdir(parents=True, exist_ok=True)
             trace.save(Path(keep) / f"step{len(report)}.npy")
@@ -122,6 +124,7 @@ def test_scripted_sequence_map_agrees_with_the_host_and_bytes_add_up(cuda, cupti
             "DtoH bytes = pages the migration brought": summary["bytes_dtoh"] == PAGE * dtoh_pages(lost, gained),
             "every record belongs to the buffer's segment": bool((um["alloc_id"] != 0).all()),
             "and to the buffer": set(buffers.lookup(um["address"]).tolist()) <= {buf.id},
+            "the collector knows of no lost records": status["complete"],
         }
         failures += [f"{name}: {what}" for what, ok in checks.items() if not ok]
         before = after

@@ -165,3 +165,38 @@ def test_queued_allocator_records_become_full_records():
     bus.emit((EventKind.FREE, 2, 4, 1 << 47, 5, 7, 1 << 40))
     assert bus.history().tolist() == [(EventKind.ALLOC, 0, 0, -1, 3, 3, 1 << 47, 5, 5, 7, 8),
                                       (EventKind.FREE, 0, 0, 2, 4, 4, 1 << 47, 5, 5, 7, 1 << 40)]
+
+
+def test_flush_hooks_hand_over_their_records_before_a_reader_reads(caplog):
+    bus = EventBus()
+    held = [make_events(2, kind=EventKind.HTOD, address=[1, 2])]   # a producer's records not yet published
+    calls = []
+
+    def hand_over():
+        calls.append("hook")
+        bus.history()                        # a hook that reads the bus does not run the hooks again
+        while held:
+            bus.publish(held.pop(0))
+
+    bus.add_flush_hook(hand_over)
+    bus.add_flush_hook(hand_over)            # once, however often added
+    assert bus.history()["address"].tolist() == [1, 2] and calls == ["hook"]
+    bus.remove_flush_hook(hand_over)
+    held.append(make_events(1, address=[3]))
+    assert bus.history()["address"].tolist() == [1, 2] and calls == ["hook"]
+    bus.remove_flush_hook(hand_over)         # removing twice is harmless
+
+
+def test_a_flush_hook_that_raises_is_logged_and_the_reader_still_gets_the_bus(caplog):
+    bus = EventBus()
+    bus.publish(make_events(1, address=[7]))
+
+    def broken():
+        raise RuntimeError("device gone")
+
+    bus.add_flush_hook(broken)
+    with caplog.at_level(logging.ERROR, logger="uvm_lab.events"):
+        assert bus.history()["address"].tolist() == [7]
+    assert "flush hook" in caplog.text
+    with pytest.raises(TypeError, match="callable"):
+        bus.add_flush_hook("not a function")

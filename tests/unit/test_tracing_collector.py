@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import sys
+import threading
 import time
 import types
 import warnings
@@ -57,6 +58,8 @@ class FakeCupti(types.ModuleType):
         self.enable_error: int | None = None
         self.dropped = 0
         self.contiguous = True
+        self.flushes = 0
+        self.lock = threading.Lock()          # CUPTI delivers one flush at a time
 
     def activity_register_callbacks(self, requested, completed):
         self.callbacks = (requested, completed)
@@ -81,12 +84,14 @@ class FakeCupti(types.ModuleType):
         requested, completed = self.callbacks
         size, _ = requested()
         assert size > 0
-        while self.pending:
-            buf = self.pending.pop(0)
-            objects = [Record(buf, i) for i in range(len(buf))]
-            if not self.contiguous:
-                objects.reverse()
-            completed(objects)
+        with self.lock:
+            self.flushes += 1
+            while self.pending:
+                buf = self.pending.pop(0)
+                objects = [Record(buf, i) for i in range(len(buf))]
+                if not self.contiguous:
+                    objects.reverse()
+                completed(objects)
 
     def activity_get_num_dropped_records(self, context, stream, ptr):
         ctypes.c_uint64.from_address(ptr).value, self.dropped = self.dropped, 0
@@ -98,7 +103,8 @@ class FakeCupti(types.ModuleType):
         buf = np.zeros(len(rows), dtype=CUPTI_UM_COUNTER3_DTYPE)
         for i, (kind, value, start, address, src, dst, flags) in enumerate(rows):
             buf[i] = (25, kind, value, start, start + 1000, address, src, dst, 0xFFFFFFFF, 1, flags, 0, (0,) * 5)
-        self.pending.append(buf)
+        with self.lock:
+            self.pending.append(buf)
 
 
 @pytest.fixture
@@ -164,6 +170,32 @@ def test_dropped_records_are_counted_and_shown(fake, bus):
         fake.dropped = 17
         cupti.flush()
         assert cupti.dropped == 17 and "17 dropped" in repr(cupti)
+        assert not cupti.status()["complete"] and "17" in cupti.status()["warning"]
+
+
+def test_reading_the_bus_drains_cupti_while_the_collector_runs(fake, bus):
+    with CuptiCollector(bus=bus, drain_interval=10) as cupti, record(bus) as trace:
+        t = fake.get_timestamp()
+        fake.deliver([(1, 8192, t, BASE, 0xFFFFFFFF, 0, 2)])
+        assert trace.summary()["bytes_htod"] == 8192          # no cupti.flush(): the trace's read drained it
+        assert cupti.status()["complete"] and cupti.status()["warning"] == ""
+    before = fake.flushes
+    bus.flush()                                              # stopped: no longer the bus's hook
+    assert fake.flushes == before
+
+
+def test_a_drain_that_brings_cuptis_whole_queue_marks_the_record_incomplete(fake, bus):
+    limit = collector_module.CUPTI_UM_QUEUE_RECORDS
+    with CuptiCollector(bus=bus, drain_interval=10) as cupti:
+        t = fake.get_timestamp()
+        fake.deliver([(1, 4096, t + i, BASE + 4096 * (i % 1024), 0xFFFFFFFF, 0, 2) for i in range(limit - 1)])
+        cupti.flush()
+        assert cupti.status()["complete"]                    # one short of the queue: nothing says loss
+        fake.deliver([(1, 4096, t + i, BASE + 4096 * (i % 1024), 0xFFFFFFFF, 0, 2) for i in range(limit)])
+        cupti.flush()
+        status = cupti.status()
+    assert not status["complete"] and status["saturated"] == 1 and status["max_per_drain"] == limit
+    assert "probably lost" in status["warning"] and "incomplete" in repr(cupti)
 
 
 def test_one_collector_at_a_time(fake, bus):
@@ -198,7 +230,8 @@ def test_without_cupti_python_the_reason_names_the_extra(monkeypatch, bus):
 
 
 @pytest.mark.parametrize("kwargs", [{"gpu_faults": 1}, {"counters": "htod"}, {"counters": ["pages"]}, {"counters": []},
-                                    {"device": -1}, {"flush_interval": 0}, {"buffer_size": 100}, {"decoder": "fast"},
+                                    {"device": -1}, {"flush_interval": 0}, {"drain_interval": 0},
+                                    {"buffer_size": 100}, {"decoder": "fast"},
                                     {"bus": "bus"}])
 def test_bad_arguments_are_refused(kwargs):
     with pytest.raises(InvalidArgumentError):

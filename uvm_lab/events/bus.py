@@ -11,6 +11,10 @@ order, a little late at worst.
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
 timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
 detached and logged, never allowed to break the producer (a page fault must not fail because a plot did).
+
+Producers that hold records elsewhere (CUPTI keeps them in its own buffers until drained) register a
+flush hook (:meth:`EventBus.add_flush_hook`): :meth:`EventBus.flush`, which every reader calls, runs
+the hooks first, so reading a map or a trace sees what the hardware has already reported.
 """
 
 from __future__ import annotations
@@ -107,6 +111,8 @@ class EventBus:
         self._written = 0          # records ever published
         self._subscribers: tuple[Subscription, ...] = ()
         self._lock = threading.RLock()
+        self._hooks: tuple[Callable[[], None], ...] = ()
+        self._in_hooks = threading.local()   # a hook that reads the bus must not run the hooks again
 
     @property
     def capacity(self) -> int:
@@ -144,11 +150,44 @@ class EventBus:
         self.emit = self._queue.append   # type: ignore[method-assign,assignment]  # a bare append from now on
 
     def flush(self) -> None:
-        """Deliver the queued records now."""
+        """Deliver the queued records now, after asking every flush hook to hand over what it holds."""
+        if self._hooks and not getattr(self._in_hooks, "active", False):
+            self._run_hooks()
+        self._flush_queue()
+
+    def _flush_queue(self) -> None:
         if not self._queue or sys.is_finalizing():   # at exit, module globals may already be gone
             return
         with self._lock:
             self._flush_locked()
+
+    def add_flush_hook(self, hook: Callable[[], None]) -> None:
+        """Call ``hook()`` at the start of every :meth:`flush` (once per hook, however often added).
+
+        A hook publishes what its producer holds (CUPTI's collector drains its buffers). A hook that
+        raises is logged and kept: the reader still gets what the bus has.
+        """
+        if not callable(hook):
+            raise TypeError(f"a flush hook must be callable, got {type(hook).__name__}")
+        with self._lock:
+            if hook not in self._hooks:
+                self._hooks = (*self._hooks, hook)
+
+    def remove_flush_hook(self, hook: Callable[[], None]) -> None:
+        """Stop calling ``hook`` on :meth:`flush` (nothing happens if it was not added)."""
+        with self._lock:
+            self._hooks = tuple(h for h in self._hooks if h != hook)
+
+    def _run_hooks(self) -> None:
+        self._in_hooks.active = True
+        try:
+            for hook in self._hooks:
+                try:
+                    hook()
+                except Exception:
+                    log.exception("flush hook %r raised", hook)
+        finally:
+            self._in_hooks.active = False
 
     def publish(self, records: np.ndarray) -> None:
         """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, after anything queued."""
@@ -191,7 +230,7 @@ class EventBus:
         while not sys.is_finalizing():
             wake.wait(self._flush_interval)
             try:
-                self.flush()
+                self._flush_queue()   # the allocator's queue only: hooks run when someone reads
             except Exception:   # never let the flusher die silently mid-run
                 log.exception("flushing queued events failed")
 

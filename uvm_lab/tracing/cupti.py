@@ -5,6 +5,15 @@ decodes every activity buffer CUPTI completes in bulk (:mod:`uvm_lab.tracing.dec
 record to its allocation (:mod:`uvm_lab.tracing.attribution`), and publishes the records on the event bus,
 where residency maps, statistics and traces pick them up like the simulator's.
 
+Records are lost if they are not drained fast enough: CUPTI holds at most :data:`CUPTI_UM_QUEUE_RECORDS`
+unified-memory records between drains (seen on an H100, CUPTI 13.0) and loses the rest of a fault storm
+without counting them as dropped. So the buffer-completed callback only queues the buffer (it hands
+CUPTI a fresh one from a pool), and a drain thread asks CUPTI for its records every ``drain_interval``
+(``cuptiActivityFlushAll``, called without the GIL), then decodes, attributes and publishes them. The
+collector is also the bus's flush hook, so reading a map or a trace drains CUPTI first. A drain that
+brings the queue's whole capacity means records were probably lost; :meth:`CuptiCollector.status`
+then says the record is incomplete rather than let a map look exact.
+
 Two ways to receive buffers, the first that works is used:
 
 ``"raw"``
@@ -32,6 +41,7 @@ import logging
 import sys
 import threading
 import warnings
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -47,7 +57,7 @@ from .decode import (
     decode_records,
 )
 
-__all__ = ["CuptiCollector", "TracingUnavailableWarning", "cupti_status"]
+__all__ = ["CUPTI_UM_QUEUE_RECORDS", "CuptiCollector", "TracingUnavailableWarning", "cupti_status"]
 
 log = logging.getLogger("uvm_lab.tracing")
 
@@ -55,6 +65,14 @@ _FLUSH_FORCED = 1          # CUPTI_ACTIVITY_FLAG_FLUSH_FORCED
 _CONFIG_DTYPE = np.dtype([("scope", "<i4"), ("kind", "<i4"), ("device_id", "<u4"), ("enable", "<u4")])
 _SCOPE_PROCESS_SINGLE_DEVICE = 1
 _RECORD = CUPTI_UM_COUNTER3_DTYPE.itemsize
+
+#: The most unified-memory records CUPTI delivered between two drains in a fault storm (H100, driver 580,
+#: CUPTI 13.0.85): beyond it records are lost and ``cuptiActivityGetNumDroppedRecords`` still says 0.
+#: A drain that brings this many marks the collector's record as incomplete.
+CUPTI_UM_QUEUE_RECORDS = 8191
+#: Completed buffers waiting for the drain thread, at most; beyond it CUPTI is refused a new buffer
+#: (it then drops records and counts them, which :attr:`CuptiCollector.dropped` reports).
+_MAX_QUEUED_BUFFERS = 64
 
 #: CUPTI result codes worth a sentence of their own.
 _REASONS = {
@@ -141,16 +159,32 @@ _BUFFER_COMPLETED = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint32, cty
 
 
 class _RawBuffers:
-    """CUPTI's buffers, owned by Python: handed out on request, decoded and released on completion."""
+    """CUPTI's buffers, owned by Python: handed out from a pool, queued whole on completion.
+
+    Both callbacks run on CUPTI's threads and must return fast: no decoding, no publishing, no
+    allocation in the common case. A completed buffer goes to the running collector's queue as it
+    is and comes back to the pool once the drain thread has decoded it.
+    """
 
     def __init__(self) -> None:
         self.size = 8 << 20
         self._held: dict[int, np.ndarray] = {}
+        self._pool: list[np.ndarray] = []
         self._lock = threading.Lock()
+        self.declined = 0     #: requests refused because the drain thread was too far behind
 
     def requested(self, buffer: Any, size: Any, max_records: Any) -> None:
         try:
-            block = np.empty(self.size + 8, dtype=np.uint8)
+            collector = _active
+            if collector is not None and len(collector._inbox) >= _MAX_QUEUED_BUFFERS:
+                buffer[0] = None      # CUPTI drops, and counts, rather than memory growing without bound
+                size[0] = 0
+                self.declined += 1
+                return
+            with self._lock:
+                block = self._pool.pop() if self._pool else None
+            if block is None or len(block) != self.size + 8:
+                block = np.empty(self.size + 8, dtype=np.uint8)
             address = block.ctypes.data
             aligned = address + (-address) % 8
             with self._lock:
@@ -168,13 +202,17 @@ class _RawBuffers:
             block = self._held.pop(buffer or 0, None)
         if block is None or sys.is_finalizing():
             return
-        try:
-            offset = (buffer or 0) - block.ctypes.data
-            collector = _active
-            if collector is not None and valid:
-                collector._receive_raw(block[offset:offset + valid], buffer or 0, valid)
-        except BaseException:
-            log.exception("decoding a CUPTI activity buffer failed")
+        collector = _active
+        if collector is not None and valid:
+            collector._inbox.append((block, (buffer or 0) - block.ctypes.data, valid))
+        else:
+            self.release(block)
+
+    def release(self, block: np.ndarray) -> None:
+        """A block whose records have been read, back to the pool (a few are kept)."""
+        with self._lock:
+            if len(self._pool) < 8:
+                self._pool.append(block)
 
 
 _raw_buffers = _RawBuffers()
@@ -197,6 +235,8 @@ def _find_libcupti(cupti: Any) -> ctypes.CDLL | None:
             lib.cuptiActivityGetNextRecord.argtypes = [ctypes.c_void_p, ctypes.c_size_t,
                                                        ctypes.POINTER(ctypes.c_void_p)]
             lib.cuptiActivityGetNextRecord.restype = ctypes.c_int
+            lib.cuptiActivityFlushAll.argtypes = [ctypes.c_uint32]   # ctypes releases the GIL for the call
+            lib.cuptiActivityFlushAll.restype = ctypes.c_int
             _libcupti = lib
         except (OSError, AttributeError, ValueError):
             return None
@@ -228,10 +268,10 @@ def _register(cupti: Any, decoder: str) -> str:
         def completed_objects(activities: list[Any]) -> None:
             collector = _active
             if collector is not None and activities and not sys.is_finalizing():
-                try:
-                    collector._receive_objects(activities)
+                try:   # the objects die with the buffer: take their bytes now, decode on the drain thread
+                    collector._inbox.append((collector._objects_bytes(activities), 0, -1))
                 except BaseException:
-                    log.exception("decoding CUPTI activity records failed")
+                    log.exception("reading CUPTI activity records failed")
 
         cupti.activity_register_callbacks(requested_objects, completed_objects)
         _keepalive.extend((requested_objects, completed_objects))
@@ -258,8 +298,11 @@ class CuptiCollector:
     device
         The device whose counters to configure; the current CUDA backend's by default, else 0.
     flush_interval
-        Seconds between CUPTI's periodic flushes (records are also delivered whenever a buffer
-        fills, and on :meth:`flush`).
+        Seconds between the periodic flushes of CUPTI's own worker thread (it returns full buffers).
+    drain_interval
+        Seconds between the drain thread's requests for every completed record
+        (``cuptiActivityFlushAll(0)``). CUPTI loses unified-memory records beyond
+        :data:`CUPTI_UM_QUEUE_RECORDS` between drains, so a fault storm needs a few milliseconds at most.
     buffer_size
         Bytes per CUPTI activity buffer.
     decoder
@@ -279,7 +322,8 @@ class CuptiCollector:
 
     def __init__(self, *, bus: EventBus | None = None, gpu_faults: bool = False, cpu_faults: bool = True,
                  counters: Any = None, device: int | None = None, flush_interval: float = 0.1,
-                 buffer_size: int = 8 << 20, decoder: str = "auto", required: bool = False) -> None:
+                 drain_interval: float = 0.001, buffer_size: int = 8 << 20, decoder: str = "auto",
+                 required: bool = False) -> None:
         if bus is not None and not isinstance(bus, EventBus):
             raise InvalidArgumentError(f"bus must be an EventBus, got {type(bus).__name__}", value=bus,
                                        expected="uvm_lab.events.EventBus")
@@ -307,6 +351,10 @@ class CuptiCollector:
                 or not 0.001 <= flush_interval <= 3600:
             raise InvalidArgumentError(f"flush_interval must be 0.001..3600 seconds, got {flush_interval!r}",
                                        value=flush_interval, expected="seconds, 0.001..3600")
+        if isinstance(drain_interval, bool) or not isinstance(drain_interval, (int, float)) \
+                or not 0.0001 <= drain_interval <= 10:
+            raise InvalidArgumentError(f"drain_interval must be 0.0001..10 seconds, got {drain_interval!r}",
+                                       value=drain_interval, expected="seconds, 0.0001..10")
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or not 64 << 10 <= buffer_size <= 1 << 30:
             raise InvalidArgumentError(f"buffer_size must be 64 KiB..1 GiB, got {buffer_size!r}", value=buffer_size,
                                        expected="an int number of bytes, 65536..1073741824")
@@ -317,6 +365,7 @@ class CuptiCollector:
         self.counters = tuple(dict.fromkeys(names))
         self.device = device
         self.flush_interval = float(flush_interval)
+        self.drain_interval = float(drain_interval)
         self.buffer_size = buffer_size
         self.decoder = decoder
         self.required = required
@@ -327,7 +376,15 @@ class CuptiCollector:
         self.dropped = 0                 #: records CUPTI dropped for want of buffer space
         self.unknown = 0                 #: records of a counter kind this version does not know
         self.unattributed = 0            #: records at addresses no known allocation held
+        self.drains = 0                  #: times CUPTI was asked for its records
+        self.saturated = 0               #: drains that brought CUPTI's whole queue: records likely lost
+        self.max_per_drain = 0           #: the most unified-memory records one drain brought
         self._cupti: Any = None
+        self._inbox: deque[tuple[Any, int, int]] = deque()   # completed buffers, appended on CUPTI's threads
+        self._draining = False
+        self._since_drain = 0
+        self._drainer: threading.Thread | None = None
+        self._stop_drainer = threading.Event()
         self._offset = 0
         self._running = False
         self._index = AllocationIndex("segment")
@@ -388,6 +445,10 @@ class CuptiCollector:
             log.warning("CUPTI would not take a flush period: %s", exc)
         self._running = True
         self.reason = ""
+        self.bus.add_flush_hook(self._drain_now)
+        self._stop_drainer.clear()
+        self._drainer = threading.Thread(target=self._drain_periodically, name="uvm_lab-cupti-drain", daemon=True)
+        self._drainer.start()
         return self
 
     def _unavailable(self, reason: str) -> CuptiCollector:
@@ -399,10 +460,13 @@ class CuptiCollector:
         return self
 
     def flush(self) -> None:
-        """Deliver every record CUPTI holds now (a forced flush), then the bus's queue."""
+        """Deliver every record CUPTI holds now (a forced flush), then the bus's queue.
+
+        The same happens whenever the bus is flushed (reading a map or a trace does it): the
+        collector is one of the bus's flush hooks while it runs.
+        """
         if self._running:
-            self._cupti.activity_flush_all(_FLUSH_FORCED)
-            self._count_dropped()
+            self._drain_now()
         self.bus.flush()
 
     def stop(self) -> None:
@@ -411,15 +475,25 @@ class CuptiCollector:
         if not self._running:
             return
         cupti = self._cupti
+        self._stop_drainer.set()
+        if self._drainer is not None and self._drainer is not threading.current_thread():
+            self._drainer.join()
+        self._drainer = None
         try:
-            cupti.activity_flush_all(_FLUSH_FORCED)
+            self._flush_cupti(_FLUSH_FORCED)
             cupti.activity_disable(CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER)
-            cupti.activity_flush_all(_FLUSH_FORCED)
+            self._flush_cupti(_FLUSH_FORCED)
             cupti.activity_flush_period(0)
             self._count_dropped()
+            self._drain()
         finally:
             self._running = False
+            self.bus.remove_flush_hook(self._drain_now)
             _active = None
+            while self._inbox:   # nothing should be left; never leave a block out of the pool
+                block, _, valid = self._inbox.popleft()
+                if valid >= 0:
+                    _raw_buffers.release(block)
             self._index.close()
             self.bus.flush()
 
@@ -431,13 +505,23 @@ class CuptiCollector:
 
     def status(self) -> dict[str, Any]:
         """What the collector is doing, for a panel or a log line."""
+        complete = not (self.dropped or self.saturated)
+        warning = ""
+        if self.dropped:
+            warning = f"CUPTI dropped {self.dropped} records for want of buffer space"
+        elif self.saturated:
+            warning = (f"{self.saturated} drains brought {CUPTI_UM_QUEUE_RECORDS} or more records, all CUPTI's "
+                       f"unified-memory queue holds: records were probably lost and maps may be wrong")
         return {"running": self._running, "reason": self.reason, "receiver": self.receiver,
                 "counters": list(self.counters), "records": self.records, "buffers": self.buffers,
-                "dropped": self.dropped, "unknown": self.unknown, "unattributed": self.unattributed}
+                "dropped": self.dropped, "unknown": self.unknown, "unattributed": self.unattributed,
+                "drains": self.drains, "max_per_drain": self.max_per_drain, "saturated": self.saturated,
+                "complete": complete, "warning": warning}
 
     def __repr__(self) -> str:
         state = "running" if self._running else (f"inert: {self.reason}" if self.reason else "stopped")
-        return (f"<CuptiCollector {state}, {self.records} records, {self.dropped} dropped, "
+        lost = "" if not self.saturated else f", {self.saturated} saturated drains (incomplete)"
+        return (f"<CuptiCollector {state}, {self.records} records, {self.dropped} dropped{lost}, "
                 f"counters={','.join(self.counters)}>")
 
     def _count_dropped(self) -> None:
@@ -450,16 +534,84 @@ class CuptiCollector:
             self.dropped += int(dropped[0])
             log.warning("CUPTI dropped %d unified-memory records (buffers full); raise buffer_size", int(dropped[0]))
 
+    # -- draining -------------------------------------------------------------------------------------
+    def _flush_cupti(self, flag: int) -> None:
+        """``cuptiActivityFlushAll(flag)``: completed buffers reach the callbacks before it returns."""
+        lib = _libcupti if self.receiver == "raw" else None
+        if lib is not None:
+            status = lib.cuptiActivityFlushAll(flag)   # no GIL held while CUPTI works
+            if status:
+                log.debug("cuptiActivityFlushAll(%d) returned %d", flag, status)
+        else:
+            self._cupti.activity_flush_all(flag)
+
+    def _drain_periodically(self) -> None:
+        stop = self._stop_drainer
+        while not stop.wait(self.drain_interval) and not sys.is_finalizing():
+            try:
+                self._flush_cupti(0)
+                self._drain(count=True)
+            except Exception:   # the drain thread must not die silently mid-run
+                log.exception("draining CUPTI's records failed")
+
+    def _drain_now(self) -> None:
+        """The bus's flush hook: a forced flush, then publish everything received."""
+        if not self._running:
+            return
+        with self._bus_lock():
+            if self._draining:   # a subscriber read the bus while this thread publishes: nothing to add
+                return
+            self._flush_cupti(_FLUSH_FORCED)
+            self._count_dropped()
+            self._drain(count=True)
+
+    def _drain(self, count: bool = False) -> None:
+        """Decode, attribute and publish the queued buffers, in the order CUPTI completed them."""
+        with self._bus_lock():
+            if self._draining:
+                return
+            self._draining = True
+            try:
+                self._drain_inbox()
+            finally:
+                self._draining = False
+            if count:
+                self.drains += 1
+                got, self._since_drain = self._since_drain, 0
+                self.max_per_drain = max(self.max_per_drain, got)
+                if got >= CUPTI_UM_QUEUE_RECORDS:
+                    self.saturated += 1
+                    log.warning("one drain brought %d unified-memory records, all CUPTI's queue holds: records "
+                                "were probably lost (drain_interval=%g s)", got, self.drain_interval)
+
+    def _bus_lock(self) -> Any:
+        # Draining holds the bus's own (re-entrant) lock: records go out in the order CUPTI completed
+        # them, and a subscriber that reads the bus mid-delivery cannot deadlock against the drain thread.
+        return self.bus._lock
+
+    def _drain_inbox(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            data, offset, valid = inbox.popleft()
+            try:   # valid < 0: cupti-python's objects, already copied out
+                self._publish(data if valid < 0 else self._read_raw(data, offset, valid))
+            except Exception:
+                log.exception("decoding a CUPTI activity buffer failed")
+            finally:
+                if valid >= 0:   # decoded into new arrays: CUPTI may have the block again
+                    _raw_buffers.release(data)
+
     # -- receiving ------------------------------------------------------------------------------------
-    def _receive_raw(self, data: np.ndarray, address: int, valid: int) -> None:
-        """A completed buffer's bytes (``data`` is ``valid`` bytes at ``address``)."""
+    def _read_raw(self, block: np.ndarray, offset: int, valid: int) -> np.ndarray:
+        """The unified-memory records of a completed buffer (``valid`` bytes at ``offset`` in ``block``)."""
+        data = block[offset:offset + valid]
         try:
             records = data.view(CUPTI_UM_COUNTER3_DTYPE) if valid % _RECORD == 0 else None
             if records is None or not (records["kind"] == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER).all():
-                records = self._walk(address, valid)   # other activity kinds share the buffer
+                records = self._walk(data.ctypes.data, valid)   # other activity kinds share the buffer
         except ValueError:
-            records = self._walk(address, valid)
-        self._publish(records)
+            records = self._walk(data.ctypes.data, valid)
+        return records
 
     def _walk(self, address: int, valid: int) -> np.ndarray:
         """CUPTI's own record walk, keeping the unified-memory records (buffers of mixed kinds)."""
@@ -475,27 +627,26 @@ class CuptiCollector:
             out[i] = np.frombuffer((ctypes.c_uint8 * _RECORD).from_address(at), dtype=CUPTI_UM_COUNTER3_DTYPE)[0]
         return out
 
-    def _receive_objects(self, activities: list[Any]) -> None:
-        """cupti-python's record objects: their bytes in one piece where they lie back to back."""
+    @staticmethod
+    def _objects_bytes(activities: list[Any]) -> np.ndarray:
+        """cupti-python's record objects as records: one copy where they lie back to back in the buffer."""
         n = len(activities)
         first, last = activities[0], activities[-1]
-        records = None
         try:
             p0, p1 = int(first.ptr), int(last.ptr)
             if p1 - p0 == (n - 1) * _RECORD:
                 raw = np.frombuffer((ctypes.c_uint8 * (n * _RECORD)).from_address(p0), dtype=np.uint8).copy()
                 view = raw.view(CUPTI_UM_COUNTER3_DTYPE)
                 if (view["kind"] == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER).all():
-                    records = view
+                    return view
         except (AttributeError, TypeError, ValueError):
-            records = None
-        if records is None:
-            mine = [a for a in activities if int(getattr(a, "kind", -1)) == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER]
-            records = np.zeros(len(mine), dtype=CUPTI_UM_COUNTER3_DTYPE)
-            for i, a in enumerate(mine):
-                records[i] = (a.kind, a.counter_kind, a.value, a.start, a.end, a.address, a.src_id, a.dst_id,
-                              a.stream_id, a.process_id, a.flags_, 0, (0, 0, 0, 0, 0))
-        self._publish(records)
+            pass
+        mine = [a for a in activities if int(getattr(a, "kind", -1)) == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER]
+        records = np.zeros(len(mine), dtype=CUPTI_UM_COUNTER3_DTYPE)
+        for i, a in enumerate(mine):
+            records[i] = (a.kind, a.counter_kind, a.value, a.start, a.end, a.address, a.src_id, a.dst_id,
+                          a.stream_id, a.process_id, a.flags_, 0, (0, 0, 0, 0, 0))
+        return records
 
     def _publish(self, records: np.ndarray) -> None:
         events = decode_records(records, clock_offset=self._offset)
@@ -504,6 +655,7 @@ class CuptiCollector:
             self.buffers += 1
             self.unknown += len(records) - len(events)
             self.records += len(events)
+            self._since_drain += len(records)
             self.unattributed += int((events["alloc_id"] == 0).sum())
         self.bus.publish(events)
 
