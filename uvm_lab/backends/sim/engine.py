@@ -15,6 +15,9 @@ Cost of a GPU batch: a round trip, plus a service time per VA block, plus each c
 link, plus a per-page cost for the pages it migrates, plus synchronous evictions. Accesses that hit cost
 their bytes at the GPU's (or, through a remote mapping, the link's) bandwidth, capped by what the warps
 in flight can issue.
+
+A streaming kernel's faults (whole blocks of host-only pages, no advice, FIFO eviction) are serviced many
+blocks at a time by :meth:`FaultEngine._sweep`, with the same records, clock and state as batch by batch.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...events.schema import AccessType, EventKind, MigrationCause, RemoteMapCause
+from ...events.schema import EVENT_DTYPE, AccessType, EventKind, MigrationCause, RemoteMapCause
 from ...location import HOST_ID
 from ...units import PAGE_SIZE
 from .eviction import GpuMemory
@@ -42,6 +45,7 @@ def _blocks_of(pages: np.ndarray) -> np.ndarray:
     return b[np.concatenate(([True], b[1:] != b[:-1]))] if len(b) > 1 else b
 
 _SCAN = 1 << 16   # accesses checked at once while looking for the next fault
+_HALF = PAGES_PER_BLOCK // 2
 # Outcomes of R3 per faulting page.
 _MIGRATE, _DUP, _POPULATE, _REMOTE, _POP_REMOTE, _COLLAPSE, _NONE = range(7)
 
@@ -83,6 +87,9 @@ class FaultEngine:
         self.thrashing = thrashing
         self.prefetch = prefetch
         self.threshold = prefetch_threshold
+        #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
+        #: clock and state are the same either way, so this exists to test that they are.
+        self.fast_sweeps = True
 
     # -- the stream ------------------------------------------------------------------------------------------
     def run(self, chunks: Iterable[np.ndarray], processor: int, write: bool | Iterable[np.ndarray], log: EventLog,
@@ -157,6 +164,12 @@ class FaultEngine:
                 scan = min(2 * scan, _SCAN)
                 continue
             scan = max(in_flight, 1024)
+            if self.fast_sweeps and in_flight == batch_size == _HALF and processor != HOST_ID:
+                done = self._sweep(pages, pos, wr, processor, log, stats, local=local, remote=remote, kind=kind,
+                                   stream=stream)
+                if done:
+                    pos += done
+                    continue
             # The batch: distinct faulting pages among the next ``in_flight`` accesses.
             win = pages[pos:pos + in_flight]
             ww = wr if scalar_wr else wr[pos:pos + in_flight]
@@ -188,6 +201,189 @@ class FaultEngine:
                 n_remote += int(np.count_nonzero(self._usable(served, processor, False)[1]))
             self._hits(win[:cut], cut - n_remote, n_remote, local, remote, bytes_per_access, log, stats, processor)
             pos += cut
+
+    # -- the sweep fast path -----------------------------------------------------------------------------------
+    def _sweep(self, pages: np.ndarray, pos: int, wr: bool | np.ndarray, processor: int, log: EventLog,
+               stats: StreamStats, *, local: float, remote: float, kind: AccessType, stream: int) -> int:
+        """Service, all at once, a run of whole blocks that a sweep faults in half a block per batch.
+
+        The common case of a streaming kernel: from ``pages[pos]`` on, consecutive pages of whole 2 MiB
+        blocks, every page on the host only, no advice, no thrashing state, FIFO eviction, batches of 256
+        distinct faults. Each block is then two batches of 256 pages, the density prefetcher adds nothing
+        (half a block is not above the threshold; the second half completes the block), each batch moves
+        one 1 MiB run with one fault record, and the first batch of a block evicts the head of the FIFO
+        when no chunk is free. This method produces exactly the records, clock, state and counters that
+        :meth:`_service` would, batch by batch, with one pass over arrays instead of one per batch.
+        Returns the accesses consumed (0 where the case does not apply, and the general path runs).
+        """
+        t, p, mem, thr = self.table, self.platform, self.memory, self.thrashing
+        p0 = int(pages[pos])
+        if p0 & (PAGES_PER_BLOCK - 1) or mem.policy != "fifo" or mem.overlap or thr.blocks \
+                or (self.prefetch and self.threshold < 50) or mem.free_blocks < 0:
+            return 0
+        m = (len(pages) - pos) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
+        if m == 0:
+            return 0
+        seq = pages[pos:pos + m]
+        off = np.flatnonzero(seq != p0 + np.arange(m, dtype=np.int64))
+        m = (int(off[0]) if len(off) else m) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
+        if isinstance(wr, np.ndarray):
+            w = wr[pos:pos + m]
+            if m:
+                change = np.flatnonzero(w != w[0])
+                m = (int(change[0]) if len(change) else m) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
+            write = bool(w[0]) if m else False
+        else:
+            write = bool(wr)
+        nb = m // PAGES_PER_BLOCK
+        if nb == 0:
+            return 0
+        b0 = p0 >> BLOCK_SHIFT
+        sl = slice(p0, p0 + m)
+        shape = (nb, PAGES_PER_BLOCK)
+        ok = (t.block_pages[b0:b0 + nb] == PAGES_PER_BLOCK) & ~t.chunk[b0:b0 + nb]
+        ok &= (t.state[sl] == 1).reshape(shape).all(axis=1)
+        ok &= ~t.read_mostly[sl].reshape(shape).any(axis=1)
+        ok &= (t.preferred[sl] == NO_LOCATION).reshape(shape).all(axis=1)
+        ok &= ((t.accessed_by[sl] | t.remote[sl]) == 0).reshape(shape).all(axis=1)
+        nb = int(np.argmin(ok)) if not ok.all() else nb
+        if thr.enabled:
+            for j in range(nb):
+                last = thr._touch.get(b0 + j)
+                if last is not None and last[0] != processor:
+                    nb = j
+                    break
+        free = mem.free_blocks
+        order = mem._order
+        nb = min(nb, free + len(order))
+        g = 1 << (processor + 1)
+        n_evict = max(0, nb - free)
+        victims = np.fromiter(order.keys(), dtype=np.int64, count=n_evict) if n_evict else np.zeros(0, np.int64)
+        if n_evict:
+            vst = t.state[(victims[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :])]
+            valid = np.arange(PAGES_PER_BLOCK)[None, :] < t.block_pages[victims][:, None]
+            vst = np.where(valid, vst, 0)
+            copies = ((vst & g) != 0) & (vst != g)
+            if copies.any():   # duplicates need invalidations: stop before the first such victim
+                first = int(np.argmax(copies.any(axis=1)))
+                nb, n_evict = free + first, first
+                victims, vst = victims[:first], vst[:first]
+        if nb <= 0:
+            return 0
+        blocks = np.arange(b0, b0 + nb, dtype=np.int64)
+        # -- the evictions' records: runs of pages only the chunk holds, per victim (as GpuMemory.evict) ----------
+        if n_evict:
+            flat = np.flatnonzero((vst == g).reshape(-1))
+            only = victims[flat >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (flat & (PAGES_PER_BLOCK - 1))
+            ev_start, ev_len = page_runs(only)
+            # Which victim each run belongs to: runs follow the victims' order.
+            ev_victim = (flat[np.concatenate(([0], np.cumsum(ev_len)[:-1]))] >> BLOCK_SHIFT) if len(ev_start) else \
+                np.zeros(0, np.int64)
+            ev_bytes = ev_len.astype(np.uint64) * PAGE_SIZE
+            ev_secs = link_seconds(ev_bytes, p.eviction_bw, p.link_k)
+            ev_secs_list = np.atleast_1d(ev_secs).tolist()
+            runs_per_victim = np.bincount(ev_victim, minlength=n_evict).tolist()
+        else:
+            ev_start = ev_len = ev_victim = ev_bytes = np.zeros(0, np.int64)
+            ev_secs_list, runs_per_victim = [], []
+        # -- the clock, batch by batch, with the very float operations of the general path ----------------------
+        half_bytes = _HALF * PAGE_SIZE
+        copy_s = float(link_seconds(np.array([half_bytes], dtype=np.uint64), p.fault_htod_bw, p.link_k)[0])
+        service = p.fault_batch_latency + p.fault_block_latency * 1
+        service += 0 * PAGE_SIZE / p.gpu_populate_bw + half_bytes // PAGE_SIZE * p.fault_page_latency
+        hits = (_HALF * local + 0 * remote) * 1e9
+        n_ev = len(ev_start)
+        ev_t = np.empty((n_ev, 2), dtype=np.float64)
+        bt = np.empty((nb, 2, 2), dtype=np.float64)   # per block, per half: copy start, copy end (= fault time)
+        touch = np.empty(nb, dtype=np.int64)
+        now = log.t
+        r = 0
+        for j in range(nb):
+            k = j - free
+            if k >= 0:
+                c = runs_per_victim[k]
+                if c <= 4:
+                    for i in range(r, r + c):
+                        ev_t[i, 0] = now
+                        now = now + ev_secs_list[i] * 1e9
+                        ev_t[i, 1] = now
+                else:   # as EventLog.add_many's array path
+                    ends = now + np.cumsum(np.asarray(ev_secs_list[r:r + c], dtype=np.float64) * 1e9)
+                    ev_t[r:r + c, 0] = np.concatenate(([now], ends[:-1]))
+                    ev_t[r:r + c, 1] = ends
+                    now = float(ends[-1])
+                r += c
+            for h in range(2):
+                bt[j, h, 0] = now
+                now = now + copy_s * 1e9
+                bt[j, h, 1] = now
+                now += service * 1e9
+                if h:
+                    touch[j] = int(now)
+                now += hits
+        log.t = now
+        # -- the records, in the order the general path appends them --------------------------------------------
+        n_rec = n_ev + 4 * nb
+        out = np.zeros(n_rec, dtype=EVENT_DTYPE)
+        # Position of each block's first record: its victim's runs come first.
+        per_block = np.full(nb, 4, dtype=np.int64)
+        if n_evict:
+            per_block[free:free + n_evict] += np.asarray(runs_per_victim, dtype=np.int64)
+        first = np.concatenate(([0], np.cumsum(per_block)[:-1]))
+        ev_pos = (first[free:free + n_evict, None] + np.arange(max(runs_per_victim, default=0))[None, :]) \
+            if n_evict else None
+        if n_ev:
+            within = np.arange(n_ev) - np.repeat(np.concatenate(([0], np.cumsum(runs_per_victim)[:-1])),
+                                                 runs_per_victim)
+            idx = ev_pos[ev_victim, within]
+            e = out[idx]
+            e["kind"], e["flags"], e["src"], e["dst"] = EventKind.DTOH, MigrationCause.EVICTION, mem.device, HOST_ID
+            e["start"], e["end"] = ev_t[:, 0].astype(np.uint64), ev_t[:, 1].astype(np.uint64)
+            e["address"], e["bytes"], e["value"] = t.addresses(ev_start), ev_bytes, ev_bytes
+            e["alloc_id"], e["stream"] = t.block_alloc[victims[ev_victim]], 0
+            out[idx] = e
+        base = first + per_block - 4                       # each block's four records: copy, fault, copy, fault
+        half_pages = (blocks[:, None] * PAGES_PER_BLOCK + np.array([0, _HALF])[None, :]).reshape(-1)
+        addr = t.addresses(half_pages)
+        alloc = np.repeat(t.block_alloc[blocks], 2)
+        starts = bt[:, :, 0].reshape(-1).astype(np.uint64)
+        fault_t = bt[:, :, 1].reshape(-1).astype(np.uint64)
+        pos_copy = (base[:, None] + np.array([0, 2])[None, :]).reshape(-1)
+        c = np.zeros(2 * nb, dtype=EVENT_DTYPE)
+        c["kind"], c["flags"], c["src"], c["dst"] = EventKind.HTOD, MigrationCause.COHERENCE, HOST_ID, processor
+        c["start"], c["end"], c["address"], c["bytes"], c["value"] = starts, fault_t, addr, half_bytes, half_bytes
+        c["alloc_id"], c["stream"] = alloc, stream
+        out[pos_copy] = c
+        f = np.zeros(2 * nb, dtype=EVENT_DTYPE)
+        f["kind"], f["flags"] = EventKind.GPU_PAGE_FAULT, kind if write else AccessType.READ
+        f["src"], f["dst"], f["start"], f["end"] = processor, processor, fault_t, fault_t
+        f["address"], f["bytes"], f["value"], f["alloc_id"], f["stream"] = addr, half_bytes, _HALF, alloc, stream
+        out[pos_copy + 1] = f
+        log._flush_rows()
+        log.chunks.append(out)
+        # -- state, chunks and the FIFO, as the batches leave them ------------------------------------------------
+        if n_evict:
+            t.state[only] = 1
+            for v in victims.tolist():
+                mem.drop(v)
+            mem.evicted_blocks += n_evict
+        t.state[p0:p0 + nb * PAGES_PER_BLOCK] = g
+        t.chunk[b0:b0 + nb] = True
+        mem.used += nb
+        tick = mem._tick
+        for b in blocks.tolist():
+            tick += 3                # claimed (one tick), then requeued by each of its two batches' migrations
+            order[b] = tick
+        t.last_use[b0:b0 + nb] = mem._tick + 1 + 3 * np.arange(nb)
+        mem._tick = tick
+        if thr.enabled:
+            for b, when in zip(blocks.tolist(), touch.tolist(), strict=True):
+                thr._touch[b] = (processor, when)
+        stats.batches += 2 * nb
+        stats.faults += nb * PAGES_PER_BLOCK
+        stats.bytes_htod += nb * 2 * half_bytes
+        stats.evictions += n_evict
+        return nb * PAGES_PER_BLOCK
 
     def _hits(self, pages: np.ndarray, n_local: int, n_remote: int, local: float, remote: float,
               bytes_per_access: int, log: EventLog, stats: StreamStats, processor: int) -> None:

@@ -1,0 +1,75 @@
+"""The sweep fast path is an optimisation only: with it on or off, the same records, clock, state and results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uvm_lab import workloads as W
+from uvm_lab.backends.sim import SimBackend
+from uvm_lab.events import EventBus
+from uvm_lab.events.schema import Advice, MemoryKind
+from uvm_lab.location import Location
+
+MiB = 1 << 20
+GPU, HOST = Location.device(0), Location.host()
+
+
+def _run(fast: bool, script) -> tuple[np.ndarray, list, np.ndarray]:
+    bus = EventBus(capacity=1 << 22)
+    b = SimBackend(device_memory="24MiB", bus=bus)
+    b._engine.fast_sweeps = fast
+    results = script(b)
+    return bus.history(), results, b._table.state.copy()
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal records, but for where each backend placed its segments and how it numbered them."""
+    if len(a) != len(b):
+        return False
+    names = [n for n in a.dtype.names if n not in ("address", "alloc_id")]
+    shift = a["address"].astype(np.int64) - b["address"].astype(np.int64)
+    ids = np.unique(np.stack((a["alloc_id"], b["alloc_id"]), axis=1), axis=0)
+    return all(np.array_equal(a[n], b[n]) for n in names) and len(np.unique(shift)) == 1 \
+        and len(np.unique(ids[:, 0])) == len(ids) == len(np.unique(ids[:, 1]))
+
+
+def _sweeps(b: SimBackend) -> list:
+    """Oversubscribed and fitting sweeps, a partial last block, writes, a host round trip, a resident part."""
+    out = []
+    big = b.allocate(40 * MiB, MemoryKind.MANAGED)
+    odd = b.allocate(5 * MiB + 12288, MemoryKind.MANAGED)
+    b.prefetch(big, 40 * MiB, HOST)
+    b.prefetch(odd, 5 * MiB + 12288, HOST)
+    pages = big + np.arange(40 * MiB // 4096, dtype=np.uint64) * 4096
+    for mode in ("read", "read", "write"):
+        out.append(b.access_stream(pages, GPU, mode))
+    out.append(b.access_stream(odd + np.arange((5 * MiB + 12288) // 4096, dtype=np.uint64) * 4096, GPU, "read"))
+    out.append(b.access_stream(pages[:2048], HOST, "read"))
+    b.prefetch(big + 8 * MiB, 4 * MiB, GPU)
+    out.append(b.access_stream(pages[::-1].copy(), GPU, "read"))
+    writes = np.zeros(len(pages), dtype=bool)
+    writes[3000:7000] = True
+    out.append(b.access_stream([pages], GPU, [writes]))
+    b.advise(big, 4 * MiB, Advice.SET_READ_MOSTLY, None)
+    out.append(b.access_stream(pages, GPU, "read"))
+    return out
+
+
+def test_sweeps_give_the_same_trace_either_way():
+    fast, slow = _run(True, _sweeps), _run(False, _sweeps)
+    assert len(fast[0]) == len(slow[0]) > 300
+    assert _same(fast[0], slow[0])
+    assert fast[1] == slow[1]
+    assert np.array_equal(fast[2], slow[2])
+
+
+@pytest.mark.parametrize("name", ["multi_pass_stream", "stencil", "tiled_matmul", "host_then_device"])
+@pytest.mark.parametrize("policy", W.POLICIES)
+def test_workloads_give_the_same_results_either_way(name, policy):
+    def script(b):
+        return W.run_sim(W.make(name, size="16MiB"), b, policy=policy, prefetch_chunk="4MiB")
+
+    fast, slow = _run(True, script), _run(False, script)
+    assert _same(fast[0], slow[0])
+    assert fast[1] == slow[1]
