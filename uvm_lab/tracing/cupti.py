@@ -5,14 +5,15 @@ decodes every activity buffer CUPTI completes in bulk (:mod:`uvm_lab.tracing.dec
 record to its allocation (:mod:`uvm_lab.tracing.attribution`), and publishes the records on the event bus,
 where residency maps, statistics and traces pick them up like the simulator's.
 
-Records are lost if they are not drained fast enough: CUPTI holds at most :data:`CUPTI_UM_QUEUE_RECORDS`
-unified-memory records between drains (seen on an H100, CUPTI 13.0) and loses the rest of a fault storm
-without counting them as dropped. So the buffer-completed callback only queues the buffer (it hands
-CUPTI a fresh one from a pool), and a drain thread asks CUPTI for its records every ``drain_interval``
-(``cuptiActivityFlushAll``, called without the GIL), then decodes, attributes and publishes them. The
+Records are lost if they are not drained fast enough: in a fault storm CUPTI can hand over a full queue of
+:data:`CUPTI_UM_QUEUE_RECORDS` unified-memory migration records and lose what did not fit, without counting
+them as dropped (seen on an H100 and an H200, CUPTI 13.0). So the buffer-completed callback only queues
+the buffer (it hands CUPTI a fresh one from a pool), and a drain thread asks CUPTI for its records every
+``drain_interval`` (``cuptiActivityFlushAll``, called without the GIL), then decodes, attributes and publishes them. The
 collector is also the bus's flush hook, so reading a map or a trace drains CUPTI first. A drain that
-brings the queue's whole capacity means records were probably lost; :meth:`CuptiCollector.status`
-then says the record is incomplete rather than let a map look exact.
+brings exactly the queue's capacity is the signature of that loss; :meth:`CuptiCollector.status` then
+says the record is incomplete rather than let a map look exact. The signature is empirical: with GPU
+fault capture on, a fault storm can still lose a few tenths of a percent of its migrations unflagged.
 
 Two ways to receive buffers, the first that works is used:
 
@@ -66,9 +67,11 @@ _CONFIG_DTYPE = np.dtype([("scope", "<i4"), ("kind", "<i4"), ("device_id", "<u4"
 _SCOPE_PROCESS_SINGLE_DEVICE = 1
 _RECORD = CUPTI_UM_COUNTER3_DTYPE.itemsize
 
-#: The most unified-memory records CUPTI delivered between two drains in a fault storm (H100, driver 580,
-#: CUPTI 13.0.85): beyond it records are lost and ``cuptiActivityGetNumDroppedRecords`` still says 0.
-#: A drain that brings this many marks the collector's record as incomplete.
+#: The size of CUPTI's unified-memory queue as seen from outside (H100 and H200, driver 580, CUPTI 13.0.85):
+#: every drain that lost migration records in a fault storm brought exactly this many, while
+#: ``cuptiActivityGetNumDroppedRecords`` said 0. Lossless drains bring any number, more too (a host write
+#: of 256 MiB brings 26,791 CPU-fault records in one). A drain of exactly this many marks the record
+#: incomplete.
 CUPTI_UM_QUEUE_RECORDS = 8191
 #: Completed buffers waiting for the drain thread, at most; beyond it CUPTI is refused a new buffer
 #: (it then drops records and counts them, which :attr:`CuptiCollector.dropped` reports).
@@ -377,7 +380,7 @@ class CuptiCollector:
         self.unknown = 0                 #: records of a counter kind this version does not know
         self.unattributed = 0            #: records at addresses no known allocation held
         self.drains = 0                  #: times CUPTI was asked for its records
-        self.saturated = 0               #: drains that brought CUPTI's whole queue: records likely lost
+        self.saturated = 0               #: drains that brought a full CUPTI queue: records likely lost
         self.max_per_drain = 0           #: the most unified-memory records one drain brought
         self._cupti: Any = None
         self._inbox: deque[tuple[Any, int, int]] = deque()   # completed buffers, appended on CUPTI's threads
@@ -510,8 +513,8 @@ class CuptiCollector:
         if self.dropped:
             warning = f"CUPTI dropped {self.dropped} records for want of buffer space"
         elif self.saturated:
-            warning = (f"{self.saturated} drains brought {CUPTI_UM_QUEUE_RECORDS} or more records, all CUPTI's "
-                       f"unified-memory queue holds: records were probably lost and maps may be wrong")
+            warning = (f"{self.saturated} drains brought exactly {CUPTI_UM_QUEUE_RECORDS} records, a full CUPTI "
+                       f"unified-memory queue: records were probably lost and maps may be wrong")
         return {"running": self._running, "reason": self.reason, "receiver": self.receiver,
                 "counters": list(self.counters), "records": self.records, "buffers": self.buffers,
                 "dropped": self.dropped, "unknown": self.unknown, "unattributed": self.unattributed,
@@ -579,10 +582,10 @@ class CuptiCollector:
                 self.drains += 1
                 got, self._since_drain = self._since_drain, 0
                 self.max_per_drain = max(self.max_per_drain, got)
-                if got >= CUPTI_UM_QUEUE_RECORDS:
+                if got == CUPTI_UM_QUEUE_RECORDS:
                     self.saturated += 1
-                    log.warning("one drain brought %d unified-memory records, all CUPTI's queue holds: records "
-                                "were probably lost (drain_interval=%g s)", got, self.drain_interval)
+                    log.warning("one drain brought %d unified-memory records, a full CUPTI queue: records were "
+                                "probably lost (drain_interval=%g s)", got, self.drain_interval)
 
     def _bus_lock(self) -> Any:
         # Draining holds the bus's own (re-entrant) lock: records go out in the order CUPTI completed

@@ -70,13 +70,6 @@ _KNOWN = np.zeros(256, dtype=bool)
 _KNOWN[1:9] = True
 
 
-def _processor(ids: np.ndarray) -> np.ndarray:
-    """CUPTI's uint32 processor ids as ours: the host's 0xFFFFFFFF becomes -1."""
-    out = ids.astype(np.int64)
-    out[ids == CUPTI_HOST_ID] = HOST_ID
-    return out.astype(np.int16)
-
-
 def decode_records(records: np.ndarray, *, clock_offset: int = 0) -> np.ndarray:
     """Decode an array of :data:`CUPTI_UM_COUNTER3_DTYPE` into events.
 
@@ -126,29 +119,30 @@ def decode_records(records: np.ndarray, *, clock_offset: int = 0) -> np.ndarray:
     kind = ck.astype(np.uint8)
     out["kind"] = kind
     value = records["value"]
-    src = _processor(records["src_id"])
-    dst = _processor(records["dst_id"])
+    # Whole columns, no masked assignments (each would be a pass of its own). CUPTI's uint32 ids cast to
+    # int16 wrap 0xFFFFFFFF to -1, the host's id; device ordinals are small.
+    src = records["src_id"].astype(np.int16)
+    dst = records["dst_id"].astype(np.int16)
+    host = np.int16(HOST_ID)
     # The direction is the counter kind's: CUPTI 13 reports srcId = dstId = the GPU for both HtoD and
     # DtoH (seen on an H100, driver 580), older releases the host as 0xFFFFFFFF. Both decode alike.
     htod, dtoh = kind == EventKind.HTOD, kind == EventKind.DTOH
-    dst[htod] = np.where(dst[htod] == HOST_ID, src[htod], dst[htod])
-    src[htod] = HOST_ID
-    src[dtoh] = np.where(src[dtoh] == HOST_ID, dst[dtoh], src[dtoh])
-    dst[dtoh] = HOST_ID
+    gpu_side_in = np.where(dst == host, src, dst)       # HtoD's destination
+    gpu_side_out = np.where(src == host, dst, src)      # DtoH's source
+    src, dst = np.where(htod, host, np.where(dtoh, gpu_side_out, src)), np.where(htod, gpu_side_in,
+                                                                                   np.where(dtoh, host, dst))
     gpu_fault = kind == EventKind.GPU_PAGE_FAULT
     cpu_fault = kind == EventKind.CPU_PAGE_FAULT
     maskless = gpu_fault | (kind == EventKind.THROTTLING)          # only srcId means anything
-    dst[maskless] = src[maskless]
-    src[cpu_fault] = HOST_ID
-    dst[cpu_fault] = HOST_ID
+    dst = np.where(maskless, src, dst)
+    src = np.where(cpu_fault, host, src)
+    dst = np.where(cpu_fault, host, dst)
     thrashing = kind == EventKind.THRASHING
-    src[thrashing] = NO_PROCESSOR
-    dst[thrashing] = NO_PROCESSOR
+    src = np.where(thrashing, np.int16(NO_PROCESSOR), src)
+    dst = np.where(thrashing, np.int16(NO_PROCESSOR), dst)
     out["src"] = src
     out["dst"] = dst
-    flags = records["flags"] & 0xFF
-    flags[cpu_fault] = 0
-    out["flags"] = flags
+    out["flags"] = np.where(cpu_fault, 0, records["flags"] & 0xFF)
     start = records["start"].astype(np.int64) + np.int64(clock_offset)
     end = records["end"].astype(np.int64) + np.int64(clock_offset)
     end = np.where(_NO_END[kind] | (end < start), start, end)
