@@ -46,7 +46,7 @@ def main() -> None:
             sim = [r.gb_per_s for r in res]
             published = {"faults": fmt(H200_FAULTS[ratio]),
                          "prefetch": fmt(H200_PREFETCH[ratio]) if ratio in H200_PREFETCH else "-",
-                         "remote": H200_REMOTE}[policy]
+                         "remote": H200_REMOTE}.get(policy, "-")   # no published ReadMostly figures
             rows.append(f"| {ratio} | {policy} | {fmt(sim)} | {published} | {res[1].faults:,} |")
             print(rows[-1], flush=True)
     head = (f"Simulated: {format_bytes(size)} buffer, platform {args.platform}, 3 passes. "

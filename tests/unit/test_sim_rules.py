@@ -388,3 +388,16 @@ def test_the_same_calls_give_the_same_trace():
         ev["alloc_id"] = 0
         return ev
     np.testing.assert_array_equal(run(), run())
+
+
+def test_r8_prefetch_of_resident_data_moves_nothing_but_walks_every_block():
+    """As on the H200: a prefetch of an already resident range copies nothing and still takes time per block."""
+    b, rec = backend()
+    ptr = b.allocate(32 * MiB, MemoryKind.MANAGED)
+    b.prefetch(ptr, 32 * MiB, GPU)
+    rec.take()
+    start = b.now_ns()
+    b.prefetch(ptr, 32 * MiB, GPU)
+    took = (b.now_ns() - start) / 1e9
+    assert not len(of(rec.take(), EventKind.HTOD))
+    assert took == pytest.approx(16 * b.platform.prefetch_block_latency)

@@ -250,6 +250,7 @@ class SimBackend:
             d = bit(dst)
             for b in range(lo_all >> BLOCK_SHIFT, ((hi_all - 1) >> BLOCK_SHIFT) + 1):
                 lo, hi = max(lo_all, b * PAGES_PER_BLOCK), min(hi_all, (b + 1) * PAGES_PER_BLOCK)
+                log.advance(p.prefetch_block_latency)   # the driver walks every block of the range
                 st = t.state[lo:hi]
                 need = (st & d) == 0
                 if not need.any():
