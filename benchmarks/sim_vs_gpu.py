@@ -2,6 +2,7 @@
 
     python benchmarks/sim_vs_gpu.py --size 1GiB --json out/sim_vs_gpu.json --markdown out/sim_vs_gpu.md
     python benchmarks/sim_vs_gpu.py --from-json out/sim_vs_gpu.json --readme benchmarks/README.md
+    python benchmarks/sim_vs_gpu.py --skip stencil:read_mostly --previous benchmarks/sim_vs_gpu_h200.json ...
 
 The first form needs CuPy, cuda-python and a GPU (cupti-python for bytes). Each workload of the catalog
 (buffers of ``--size`` each) runs under each policy of ``uvm_lab.workloads.POLICIES`` on GPU 0, twice: once
@@ -37,8 +38,12 @@ def _rows(results: list) -> list[dict]:
             for r in results]
 
 
-def run_gpu_side(size: int) -> dict:
-    """Real time (untraced) and real bytes (CUPTI) for every workload x policy."""
+def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None = None) -> dict:
+    """Real time (untraced) and real bytes (CUPTI) for every workload x policy.
+
+    Cases named in ``skip`` (``"workload:policy"``) are not run; their figures come from ``previous``
+    (an earlier run's JSON at the same size), marked as such.
+    """
     import cupy
 
     from uvm_lab.tracing import CuptiCollector, host_resident
@@ -49,7 +54,15 @@ def run_gpu_side(size: int) -> dict:
     props = cupy.cuda.runtime.getDeviceProperties(0)
     out = {"device": props["name"].decode(), "free": free, "total": total, "size": size, "cases": []}
     cases = [(name, policy) for name in W.WORKLOADS for policy in W.POLICIES]
+    earlier = {(c["workload"], c["policy"]): c for c in (previous or {}).get("cases", [])}
+    if previous is not None and previous["size"] != size:
+        raise SystemExit(f"--previous ran at {format_bytes(previous['size'])}, not {format_bytes(size)}")
     for name, policy in cases:
+        if f"{name}:{policy}" in skip:
+            if (name, policy) not in earlier:
+                raise SystemExit(f"{name}:{policy} is skipped but --previous does not have it")
+            out["cases"].append({**earlier[(name, policy)], "earlier_run": True})
+            continue
         w = W.make(name, size=size)
         if w.total_bytes > free // 2:
             raise SystemExit(f"{name} needs {format_bytes(w.total_bytes)}, over half the card's "
@@ -59,11 +72,13 @@ def run_gpu_side(size: int) -> dict:
         out["cases"].append({"workload": name, "policy": policy, "time": _rows(timed),
                              "wall": time.perf_counter() - t0})
         print(f"gpu {name:18} {policy:12} " + " ".join(f"{r.seconds * 1e3:8.2f}" for r in timed) + " ms", flush=True)
-    collector = CuptiCollector(bus=backend.bus, counters=["htod", "dtoh"], flush_interval=0.005)
+    collector = CuptiCollector(bus=backend.bus, counters=["htod", "dtoh"])
     collector.start()
     out["cupti"] = collector.reason or collector.receiver
     try:
         for case in out["cases"]:
+            if case.get("earlier_run"):
+                continue
             w = W.make(case["workload"], size=size)
             before = collector.status()
             # Host pages present at free time, against all of them after the host wrote the buffers:
@@ -131,7 +146,7 @@ def table(real: dict) -> str:
              "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     passed = {"bytes": 0, "time": 0, "rows": 0}
     for case in real["cases"]:
-        note = []
+        note = ["measured in the earlier run"] if case.get("earlier_run") else []
         if case.get("dropped"):
             note.append(f"CUPTI dropped {case['dropped']} records")
         if case.get("saturated"):
@@ -179,8 +194,14 @@ def main() -> None:
     ap.add_argument("--markdown", default=None, help="write the table here")
     ap.add_argument("--from-json", default=None, help="rebuild from a saved run (simulator side recomputed)")
     ap.add_argument("--readme", default=None, help="write the table into this README between the markers")
+    ap.add_argument("--skip", default="", help="workload:policy,... not to run; their figures come from --previous")
+    ap.add_argument("--previous", default=None, help="an earlier run's JSON, for the skipped cases")
     args = ap.parse_args()
-    real = json.loads(Path(args.from_json).read_text()) if args.from_json else run_gpu_side(parse_size(args.size))
+    if args.from_json:
+        real = json.loads(Path(args.from_json).read_text())
+    else:
+        previous = json.loads(Path(args.previous).read_text()) if args.previous else None
+        real = run_gpu_side(parse_size(args.size), set(filter(None, args.skip.split(","))), previous)
     run_sim_side(real)
     text = table(real)
     print(text)
