@@ -147,6 +147,8 @@ def table(real: dict) -> str:
     passed = {"bytes": 0, "time": 0, "rows": 0}
     for case in real["cases"]:
         note = ["measured in the earlier run"] if case.get("earlier_run") else []
+        if case.get("note"):
+            note.append(case["note"])
         if case.get("dropped"):
             note.append(f"CUPTI dropped {case['dropped']} records")
         if case.get("saturated"):
