@@ -401,3 +401,17 @@ def test_r8_prefetch_of_resident_data_moves_nothing_but_walks_every_block():
     took = (b.now_ns() - start) / 1e9
     assert not len(of(rec.take(), EventKind.HTOD))
     assert took == pytest.approx(16 * b.platform.prefetch_block_latency)
+
+
+def test_host_touch_of_one_byte_per_page_costs_a_miss_not_a_page():
+    """The host touching one byte per resident page pays a miss per page; whole pages pay bandwidth."""
+    b, _ = backend()
+    ptr = b.allocate(4 * MiB, MemoryKind.MANAGED)
+    b.prefetch(ptr, 4 * MiB, HOST)
+    pages = ptr + np.arange(4 * MiB // PAGE_SIZE, dtype=np.uint64) * PAGE_SIZE
+    p = b.platform
+    small = b.access_stream(pages, HOST, "write", bytes_per_access=1)
+    whole = b.access_stream(pages, HOST, "write")
+    assert small.faults == whole.faults == 0
+    assert small.seconds == pytest.approx(len(pages) * p.host_access_latency)
+    assert whole.seconds == pytest.approx(4 * MiB / p.host_memory_bw)

@@ -34,7 +34,7 @@ class Chunk:
 def stream_shape(phase: Phase) -> dict[str, int]:
     """How the phase runs: pages in flight and bytes per access (the simulator's concurrency model)."""
     if phase.processor == "host":
-        return {"in_flight": 1, "bytes_per_access": PAGE_SIZE}
+        return {"in_flight": 1, "bytes_per_access": 1}   # one byte of each page, as the GPU side's host loop
     if phase.pattern == "gather":
         # Every warp reads its own random 128 B: as many distinct pages in flight as warps.
         return {"in_flight": int(phase.param("warps_in_flight", 2048)),

@@ -32,7 +32,7 @@ class Phase:
     (accesses), ``bytes_per_access`` (128, a warp's coalesced read), ``seed``. stencil: ``row_bytes``
     (a row of the 2-D grid), ``passes``; reads ``buffers[0]``, writes ``buffers[1]``. matmul: ``tiles``
     (tiles per side); ``buffers`` are A, B, C, each ``tiles**2`` tiles stored tile by tile.
-    host_write / host_read: a host loop over the whole buffer.
+    host_write / host_read: a host loop writing (reading) one byte of every page of the buffer.
     """
 
     pattern: str

@@ -111,11 +111,13 @@ class FaultEngine:
         writes = None if isinstance(write, (bool, np.bool_)) else iter(write)
         kind = AccessType.WRITE if access_type is None else access_type
         start = log.t
+        local, remote = bytes_per_access / local_bw, bytes_per_access / remote_bw
+        if host:   # one thread: a small access still costs a miss
+            local, remote = max(local, p.host_access_latency), max(remote, p.host_access_latency)
         for pages in chunks:
             wr = bool(write) if writes is None else next(writes)
             self._run_chunk(np.asarray(pages, dtype=np.int64), wr, processor, log, stats, in_flight=max(1, in_flight),
-                            local=bytes_per_access / local_bw, remote=bytes_per_access / remote_bw,
-                            bytes_per_access=bytes_per_access, kind=kind, stream=stream)
+                            local=local, remote=remote, bytes_per_access=bytes_per_access, kind=kind, stream=stream)
         stats.seconds = (log.t - start) / 1e9
         return stats
 

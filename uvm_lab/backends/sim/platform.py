@@ -92,6 +92,9 @@ class Platform:
     #: Per 2 MiB block that ``cudaMemPrefetchAsync`` walks, whether or not it moves anything: on the H200 a
     #: prefetch of an already resident 256 MiB range costs about 0.3 ms (128 blocks).
     prefetch_block_latency: float = 2.5e-6
+    #: The least one host access to a resident page costs (a TLB and cache miss): a loop touching one byte
+    #: of every page of 1 GiB took 3.0-4.9 ms on the H200 machine's host, 11-19 ns a page.
+    host_access_latency: float = 15e-9
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.
