@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from uvm_lab import workloads as W
 from uvm_lab.units import BLOCK_SIZE, format_bytes, parse_size

@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from uvm_lab import workloads as W
 from uvm_lab.units import BLOCK_SIZE, format_bytes, parse_size
