@@ -209,3 +209,22 @@ def test_status_needs_no_widgets_or_bokeh():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "backend: sim" in proc.stdout
+
+
+def test_tracing_on_the_simulator_explains_and_starts_nothing(shell, capsys):
+    shell.run_line_magic("uvm", "tracing on")
+    out = capsys.readouterr().out
+    assert "simulated device publishes its faults and migrations itself" in out
+    shell.run_line_magic("uvm", "tracing")
+    assert capsys.readouterr().out.strip() == "CUPTI tracing is off."
+    shell.run_line_magic("uvm", "tracing off")
+    assert capsys.readouterr().out.strip() == "CUPTI tracing is off."
+
+
+@pytest.mark.parametrize("line, message", [
+    ("tracing maybe", "invalid choice: 'maybe'"),
+    ("tracing off --gpu-faults", "--gpu-faults goes with 'on'"),
+])
+def test_tracing_refuses_bad_input(shell, line, message):
+    with pytest.raises(UsageError, match=message):
+        shell.run_line_magic("uvm", line)

@@ -34,11 +34,12 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Close the magics' dashboard and remove ``%uvm`` and ``%%uvm_trace``."""
+    """Close the magics' dashboard, stop their CUPTI tracing, and remove ``%uvm`` and ``%%uvm_trace``."""
     from .magics import UvmMagics
 
     magics = ipython.magics_manager.registry.pop(UvmMagics.__name__, None)
     if isinstance(magics, UvmMagics):
         magics.close_dashboard()
+        magics.stop_tracing()
     ipython.magics_manager.magics["line"].pop("uvm", None)
     ipython.magics_manager.magics["cell"].pop("uvm_trace", None)

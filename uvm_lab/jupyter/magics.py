@@ -7,6 +7,8 @@
     %uvm resource                    the current device resource chain, top first
     %uvm resource pool --pool-size 1GiB --prefetch
                                      set a simple one: managed | cuda | pool, optionally wrapped
+    %uvm tracing [on|off] [--gpu-faults]
+                                     real faults and migrations from CUPTI on a GPU (say whether it is on)
     %%uvm_trace [-o NAME] [-q]       run the cell inside ul.record() and print what happened
 
 Bad input raises IPython's ``UsageError`` naming the bad value and what is valid.
@@ -57,7 +59,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _uvm_parser() -> _Parser:
     parser = _Parser(prog="%uvm", description="uvm_lab: see and steer CUDA unified memory.")
-    sub = parser.add_subparsers(dest="command", metavar="{status,dashboard,resource}")
+    sub = parser.add_subparsers(dest="command", metavar="{status,dashboard,resource,tracing}")
     sub.add_parser("status", help="backend, device memory, live allocations with residency, event counters")
     dash = sub.add_parser("dashboard", help="show the widget dashboard")
     dash.add_argument("--close", action="store_true", help="close the dashboard and stop its updates")
@@ -69,6 +71,10 @@ def _uvm_parser() -> _Parser:
     res.add_argument("--prefetch", action="store_true",
                      help="wrap in PrefetchResourceAdaptor: new buffers are prefetched to the GPU")
     res.add_argument("--statistics", action="store_true", help="wrap in StatisticsResourceAdaptor (outermost)")
+    tracing = sub.add_parser("tracing", help="CUPTI's real faults and migrations on a GPU: on, off, or say which")
+    tracing.add_argument("state", nargs="?", choices=["on", "off"], help="start or stop the CUPTI collector")
+    tracing.add_argument("--gpu-faults", action="store_true",
+                         help="also record GPU page faults (more records, more overhead)")
     return parser
 
 
@@ -143,6 +149,7 @@ class UvmMagics(Magics):
     def __init__(self, shell: Any = None) -> None:
         super().__init__(shell)
         self.dashboard: Any = None
+        self.collector: Any = None       # the CuptiCollector that %uvm tracing on started
         self._uvm_parser = _uvm_parser()
         self._trace_parser = _trace_parser()
 
@@ -193,6 +200,38 @@ class UvmMagics(Magics):
                                 statistics=args.statistics)
             ul.mr.set_current_device_resource(mr)
         print(format_chain(ul.mr.get_current_device_resource()))
+
+    def _tracing(self, args: argparse.Namespace) -> None:
+        if args.gpu_faults and args.state != "on":
+            raise UsageError("%uvm tracing: --gpu-faults goes with 'on'")
+        if args.state == "off":
+            self.stop_tracing()
+        elif args.state == "on":
+            if ul.get_backend().is_simulated:
+                print("The simulated device publishes its faults and migrations itself; CUPTI tracing is for a "
+                      "GPU (ul.use_backend('cuda')).")
+                return
+            from uvm_lab.tracing import CuptiCollector
+
+            self.stop_tracing()
+            # Inert, with the reason given once as a warning, where CUPTI cannot be used here.
+            self.collector = CuptiCollector(gpu_faults=args.gpu_faults).start()
+        print(self._tracing_state())
+
+    def _tracing_state(self) -> str:
+        collector = self.collector
+        if collector is None or not collector.running:
+            reason = f" ({collector.reason})" if collector is not None and collector.reason else ""
+            return f"CUPTI tracing is off{reason}."
+        status = collector.status()
+        line = (f"CUPTI tracing is on: counters {', '.join(status['counters'])}; {status['records']} records so far, "
+                f"{status['dropped']} dropped.")
+        return line + (f" Warning: {status['warning']}" if status["warning"] else "")
+
+    def stop_tracing(self) -> None:
+        if self.collector is not None:
+            self.collector.stop()
+            self.collector = None
 
     @cell_magic
     def uvm_trace(self, line: str, cell: str) -> Any:
