@@ -73,3 +73,55 @@ def test_workloads_give_the_same_results_either_way(name, policy):
     fast, slow = _run(True, script), _run(False, script)
     assert _same(fast[0], slow[0])
     assert fast[1] == slow[1]
+
+
+def _dense_region(resident, faulted, npages, thrashing, threshold):
+    """R5 evaluated on every subtree of every block: the definition the prefetcher's walk from the faults must match."""
+    from uvm_lab.backends.sim.prefetcher import PAGES_PER_BLOCK, grow_to_big_pages
+
+    rows = faulted.shape[0]
+    valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
+    faulted = faulted & valid
+    bitmap = (resident | faulted | grow_to_big_pages(faulted, npages, thrashing)) & valid
+    region = np.zeros_like(faulted)
+    s = 1
+    while s <= PAGES_PER_BLOCK:
+        count = bitmap.reshape(rows, -1, s).sum(axis=2)
+        has_fault = faulted.reshape(rows, -1, s).any(axis=2)
+        size = np.clip(npages[:, None] - np.arange(0, PAGES_PER_BLOCK, s)[None, :], 0, s)
+        region |= np.repeat(has_fault & (count * 100 > threshold * size), s, axis=1)
+        s *= 2
+    return region & valid
+
+
+@pytest.mark.parametrize("threshold", [1, 51, 75, 100])
+def test_the_prefetcher_walk_from_the_faults_takes_every_dense_subtree(threshold):
+    from uvm_lab.backends.sim.prefetcher import density_region
+
+    rng = np.random.default_rng(threshold)
+    for density in (0.002, 0.02, 0.2, 0.6):
+        rows = 40
+        resident = rng.random((rows, 512)) < density
+        faulted = (rng.random((rows, 512)) < density / 2) & ~resident
+        npages = np.where(rng.random(rows) < 0.3, rng.integers(1, 512, rows), 512)
+        thrashing = rng.random((rows, 512)) < 0.01
+        for th in (None, thrashing):
+            got = density_region(resident, faulted, npages, thrashing=th, threshold=threshold)
+            assert np.array_equal(got, _dense_region(resident, faulted, npages, th, threshold))
+
+
+@pytest.mark.parametrize("name", ["random_gather", "stencil", "tiled_matmul", "host_then_device"])
+@pytest.mark.parametrize("policy", W.POLICIES)
+def test_fifo_evictions_at_once_give_the_same_trace_as_one_by_one(name, policy, monkeypatch):
+    """R6: the victims of one claim are evicted in one pass; records, clock and state are those of one at a time."""
+    from uvm_lab.backends.sim.eviction import GpuMemory
+
+    def script(b):
+        return W.run_sim(W.make(name, size="40MiB"), b, policy=policy, prefetch_chunk="4MiB"), b.now_ns()
+
+    fast = _run(True, script)
+    monkeypatch.setattr(GpuMemory, "_evict_many", lambda self, victims, log: [self.evict(b, log) for b in victims])
+    slow = _run(True, script)
+    assert _same(fast[0], slow[0])
+    assert fast[1] == slow[1]
+    assert np.array_equal(fast[2], slow[2])

@@ -223,32 +223,22 @@ class FaultEngine:
         if p0 & (PAGES_PER_BLOCK - 1) or mem.policy != "fifo" or mem.overlap or thr.blocks \
                 or (self.prefetch and self.threshold < 50) or mem.free_blocks < 0:
             return 0
-        m = (len(pages) - pos) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
-        if m == 0:
+        limit = (len(pages) - pos) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
+        if limit == 0:
             return 0
-        seq = pages[pos:pos + m]
-        off = np.flatnonzero(seq != p0 + np.arange(m, dtype=np.int64))
-        m = (int(off[0]) if len(off) else m) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
-        if isinstance(wr, np.ndarray):
-            w = wr[pos:pos + m]
-            if m:
-                change = np.flatnonzero(w != w[0])
-                m = (int(change[0]) if len(change) else m) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
-            write = bool(w[0]) if m else False
-        else:
-            write = bool(wr)
-        nb = m // PAGES_PER_BLOCK
+        # Look a block ahead first, then 8x further while the run lasts: a pattern that is not a sweep is
+        # turned away after one block instead of a scan of the rest of the chunk on every batch.
+        window = PAGES_PER_BLOCK
+        while True:
+            m = min(window, limit)
+            nb = self._sweepable(pages, pos, m, wr)
+            if nb * PAGES_PER_BLOCK < m or m == limit:
+                break
+            window *= 8
         if nb == 0:
             return 0
         b0 = p0 >> BLOCK_SHIFT
-        sl = slice(p0, p0 + m)
-        shape = (nb, PAGES_PER_BLOCK)
-        ok = (t.block_pages[b0:b0 + nb] == PAGES_PER_BLOCK) & ~t.chunk[b0:b0 + nb]
-        ok &= (t.state[sl] == 1).reshape(shape).all(axis=1)
-        ok &= ~t.read_mostly[sl].reshape(shape).any(axis=1)
-        ok &= (t.preferred[sl] == NO_LOCATION).reshape(shape).all(axis=1)
-        ok &= ((t.accessed_by[sl] | t.remote[sl]) == 0).reshape(shape).all(axis=1)
-        nb = int(np.argmin(ok)) if not ok.all() else nb
+        write = bool(wr[pos]) if isinstance(wr, np.ndarray) else bool(wr)
         if thr.enabled:
             for j in range(nb):
                 last = thr._touch.get(b0 + j)
@@ -386,6 +376,30 @@ class FaultEngine:
         stats.bytes_htod += nb * 2 * half_bytes
         stats.evictions += n_evict
         return nb * PAGES_PER_BLOCK
+
+    def _sweepable(self, pages: np.ndarray, pos: int, m: int, wr: bool | np.ndarray) -> int:
+        """Whole blocks among the ``m`` accesses from ``pos`` that a sweep can service at once (see :meth:`_sweep`)."""
+        t = self.table
+        p0 = int(pages[pos])
+        seq = pages[pos:pos + m]
+        off = np.flatnonzero(seq != p0 + np.arange(m, dtype=np.int64))
+        m = (int(off[0]) if len(off) else m) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
+        if isinstance(wr, np.ndarray) and m:
+            w = wr[pos:pos + m]
+            change = np.flatnonzero(w != w[0])
+            m = (int(change[0]) if len(change) else m) // PAGES_PER_BLOCK * PAGES_PER_BLOCK
+        nb = m // PAGES_PER_BLOCK
+        if nb == 0:
+            return 0
+        b0 = p0 >> BLOCK_SHIFT
+        sl = slice(p0, p0 + m)
+        shape = (nb, PAGES_PER_BLOCK)
+        ok = (t.block_pages[b0:b0 + nb] == PAGES_PER_BLOCK) & ~t.chunk[b0:b0 + nb]
+        ok &= (t.state[sl] == 1).reshape(shape).all(axis=1)
+        ok &= ~t.read_mostly[sl].reshape(shape).any(axis=1)
+        ok &= (t.preferred[sl] == NO_LOCATION).reshape(shape).all(axis=1)
+        ok &= ((t.accessed_by[sl] | t.remote[sl]) == 0).reshape(shape).all(axis=1)
+        return int(np.argmin(ok)) if not ok.all() else nb
 
     def _hits(self, pages: np.ndarray, n_local: int, n_remote: int, local: float, remote: float,
               bytes_per_access: int, log: EventLog, stats: StreamStats, processor: int) -> None:

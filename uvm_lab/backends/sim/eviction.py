@@ -22,7 +22,7 @@ from collections import OrderedDict
 import numpy as np
 
 from ...errors import InvalidArgumentError
-from ...events.schema import EventKind, MigrationCause
+from ...events.schema import EVENT_DTYPE, EventKind, MigrationCause
 from ...location import HOST_ID
 from .model import BLOCK_SHIFT, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
@@ -100,7 +100,19 @@ class GpuMemory:
         """
         table = self.table
         got = table.chunk[blocks].copy()
-        for i in np.flatnonzero(~got).tolist():
+        need = np.flatnonzero(~got)
+        short = len(need) - self.free_blocks
+        if short > 1 and self.policy == "fifo" and not self.overlap:
+            # FIFO's victims do not depend on what the claims do: evict them all at once up front.
+            victims = []
+            for b in self._order:
+                if b not in protect:
+                    victims.append(b)
+                    if len(victims) == short:
+                        break
+            if victims:
+                self._evict_many(np.array(victims, dtype=np.int64), log)
+        for i in need.tolist():
             if self.free_blocks <= 0 and not self.make_room(1, protect, log):
                 continue
             b = int(blocks[i])
@@ -182,6 +194,57 @@ class GpuMemory:
         # The GPU's mappings of these pages go with the chunk; AccessedBy mappings follow the data to the host.
         self.drop(b)
         self.evicted_blocks += 1
+
+    def _evict_many(self, victims: np.ndarray, log: EventLog) -> None:
+        """:meth:`evict` each of ``victims`` in turn, with one pass over arrays where none holds a duplicate."""
+        table, g = self.table, self.bit
+        lanes = np.arange(PAGES_PER_BLOCK)
+        idx = victims[:, None] * PAGES_PER_BLOCK + lanes[None, :]
+        valid = lanes[None, :] < table.block_pages[victims][:, None]
+        st = np.where(valid, table.state[np.minimum(idx, len(table.state) - 1)], 0)
+        if (((st & g) != 0) & (st != g)).any():   # duplicates are invalidated between the copies
+            for b in victims.tolist():
+                self.evict(b, log)
+            return
+        flat = np.flatnonzero(st.reshape(-1) == g)
+        only = idx.reshape(-1)[flat]
+        starts, lengths = page_runs(only)
+        if len(starts):
+            owner = flat[np.concatenate(([0], np.cumsum(lengths)[:-1]))] >> BLOCK_SHIFT
+            nbytes = lengths.astype(np.uint64) * 4096
+            durations = (link_seconds(nbytes, self.platform.eviction_bw, self.platform.link_k) * 1e9).tolist()
+            per_victim = np.bincount(owner, minlength=len(victims)).tolist()
+            # The clock as EventLog.add_many advances it, victim by victim (tuples up to four, else a cumsum).
+            begin, finish = [], []
+            now, r = log.t, 0
+            for c in per_victim:
+                if c <= 4:
+                    for d in durations[r:r + c]:
+                        begin.append(now)
+                        now = now + d
+                        finish.append(now)
+                elif c:
+                    acc, t0 = 0.0, now
+                    for d in durations[r:r + c]:
+                        begin.append(now)
+                        acc += d
+                        now = t0 + acc
+                        finish.append(now)
+                r += c
+            log._flush_rows()
+            out = np.empty(len(starts), dtype=EVENT_DTYPE)
+            out["kind"], out["flags"], out["src"], out["dst"] = EventKind.DTOH, MigrationCause.EVICTION, \
+                self.device, HOST_ID
+            out["start"] = np.array(begin, dtype=np.float64).astype(np.uint64)
+            out["end"] = np.array(finish, dtype=np.float64).astype(np.uint64)
+            out["address"], out["bytes"], out["value"] = table.addresses(starts), nbytes, nbytes
+            out["alloc_id"], out["stream"] = table.block_alloc[victims[owner]], 0
+            log.chunks.append(out)
+            log.t = now
+        table.state[only] = 1
+        for b in victims.tolist():
+            self.drop(b)
+        self.evicted_blocks += len(victims)
 
     def invalidate(self, pages: np.ndarray, log: EventLog, src: int | None = None) -> None:
         """Record that the copies of ``pages`` on ``src`` (this device by default) were dropped."""
