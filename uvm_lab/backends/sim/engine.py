@@ -470,7 +470,7 @@ class FaultEngine:
         lost = None
         if not host:
             keep = to_here | (out == _COLLAPSE)
-            blocks = np.unique(np.concatenate((pages[keep], extra)) >> BLOCK_SHIFT)
+            blocks = np.union1d(_blocks_of(pages[keep]), _blocks_of(extra))
             if len(blocks):
                 before = mem.evicted_blocks
                 got = mem.claim(blocks, set(blocks.tolist()), log)
@@ -548,11 +548,12 @@ class FaultEngine:
         if len(arrived):
             t.remote[arrived] &= np.uint8(~g & 0xFF)
         if not host:
-            mem.migrated_into(np.unique(arrived >> BLOCK_SHIFT))
+            mem.migrated_into(np.union1d(_blocks_of(pages[to_here]), _blocks_of(extra)))
         else:
             mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved, collapse)) >> BLOCK_SHIFT))
         # R7: migrations caused by faults and the prefetcher feed the detector.
-        migrated = np.union1d(moved, ex_moved) if len(ex_moved) else moved
+        # Faulted and prefetched pages are disjoint, each sorted: their union is a merge.
+        migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
         if self.thrashing.enabled and len(migrated):
             hot = self.thrashing.on_migration(migrated, processor, int(log.t))
             if len(hot):
@@ -634,18 +635,26 @@ class FaultEngine:
         region = density_region(resident.reshape(rows, -1), faulted.reshape(rows, -1), npages,
                                 thrashing=None if thrash is None else thrash.reshape(rows, -1),
                                 threshold=self.threshold).reshape(-1)
-        pref = t.preferred[idx]
+        # The region is small beside the batch's blocks: judge only its pages.
+        cand = np.flatnonzero(region & ~resident & ~faulted)
+        near, near_st = idx[cand], st[cand]
+        pref = t.preferred[near]
         # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
-        eligible = valid & ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[idx] & g) == 0)
-        eligible &= ~(((t.accessed_by[idx] & g) != 0) & (st != 0))
+        eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
+        eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
         if thrash is not None:
-            eligible &= ~thrash
-        cand = region & ~resident & ~faulted & eligible
+            eligible &= ~thrash[cand]
+        cand = cand[eligible]
         # A block with nothing resident anywhere, faulting towards its preferred location, is populated whole.
-        empty = ~(st.reshape(rows, -1) != 0).any(axis=1)
-        whole = empty & (pref.reshape(rows, -1) == processor).any(axis=1)
-        if whole.any():
-            cand |= (np.repeat(whole, PAGES_PER_BLOCK) & valid & (pref == processor) & ~faulted)
+        empty = np.flatnonzero(~(st.reshape(rows, -1) != 0).any(axis=1))
+        if len(empty):
+            pref_e = t.preferred[idx.reshape(rows, -1)[empty]]
+            whole = (pref_e == processor).any(axis=1)
+            if whole.any():
+                add = whole[:, None] & valid.reshape(rows, -1)[empty] & (pref_e == processor) \
+                    & ~faulted.reshape(rows, -1)[empty]
+                flat = (empty[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :])[add]
+                cand = np.union1d(cand, flat)
         return idx[cand]
 
     # -- records ----------------------------------------------------------------------------------------------
