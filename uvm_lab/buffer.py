@@ -22,9 +22,9 @@ from .dlpack import KDL_CUDA, KDL_CUDA_HOST, to_capsule
 from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError
 from .events.schema import Advice, MemoryKind
 from .location import Location
-from .mr.base import MemoryResource, resource_chain, validate_stream
+from .mr.base import MemoryResource, resource_chain
 from .mr.current import get_current_device_resource
-from .stream import DEFAULT_STREAM, Stream
+from .stream import DEFAULT_STREAM, Stream, as_stream_handle
 from .units import format_bytes, parse_size
 
 __all__ = ["DeviceBuffer", "find_buffer", "live_buffers"]
@@ -82,7 +82,7 @@ class DeviceBuffer:
     def __init__(self, *, size: int | str = 0, mr: MemoryResource | None = None, stream: object = None,
                  label: str | None = None) -> None:
         nbytes = parse_size(size)
-        handle = validate_stream(stream)
+        handle = as_stream_handle(stream)
         if mr is None:
             mr = get_current_device_resource()
         elif not isinstance(mr, MemoryResource):
@@ -268,7 +268,7 @@ class DeviceBuffer:
         self._check_open("prefetch")
         loc = self._location(location, "location")
         if self._size:
-            self._mr.backend.prefetch(self._ptr, self._size, loc, stream=validate_stream(stream))
+            self._mr.backend.prefetch(self._ptr, self._size, loc, stream=as_stream_handle(stream))
 
     def advise(self, advice: str | Advice, location: int | str | Location | None = None) -> None:
         """Apply ``cudaMemAdvise``: ``advice`` is a name such as ``"read_mostly"`` or ``"unset_accessed_by"``."""

@@ -104,3 +104,14 @@ def test_pool_walkthrough_from_the_issue():
     df = trace.to_pandas()
     assert {"dtoh", "cpu_page_fault"} <= set(df.kind) and df[df.kind == "dtoh"].bytes.sum() == 512 * MiB
     assert ul.residency(a).summary() == {"gpu": 0.0, "host": 1.0, "both": 0.0, "nowhere": 0.0}
+
+
+@pytest.mark.parametrize("ptr", [[1, 2], "0x7f00", None, 1.5])
+def test_giving_back_something_that_is_no_pointer_is_a_typed_error(ptr):
+    for mr in (ul.mr.ManagedMemoryResource(),
+               ul.mr.PoolMemoryResource(ul.mr.ManagedMemoryResource(), initial_pool_size="1MiB")):
+        live = mr.allocate(4096)
+        with pytest.raises(ul.errors.DoubleFreeError, match="does not hold pointer"):
+            mr.deallocate(ptr, 4096)
+        mr.deallocate(live, 4096)                  # what it did hold is still there to give back
+        assert mr.get_allocated_bytes() == 0

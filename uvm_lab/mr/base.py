@@ -21,15 +21,10 @@ from ..units import format_bytes, parse_size
 if TYPE_CHECKING:
     from ..backends.base import Backend
 
-__all__ = ["MemoryResource", "ResourceAdaptor", "resource_chain", "validate_stream"]
+__all__ = ["MemoryResource", "ResourceAdaptor", "resource_chain"]
 
 # Plain ints: an enum member costs an attribute lookup on every allocation.
 _ALLOC, _FREE, _ALLOC_FAILURE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.ALLOC_FAILURE)
-
-
-def validate_stream(stream: object) -> int:
-    """A ``stream=`` argument as a handle: see :func:`uvm_lab.stream.as_stream_handle`."""
-    return as_stream_handle(stream)
 
 
 class MemoryResource:
@@ -64,7 +59,7 @@ class MemoryResource:
         """Allocate ``nbytes`` (an int or a string such as ``"2GiB"``) and return the address."""
         # The hot path is a plain positive int and the default stream; anything else is validated in full.
         size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
-        s = 0 if stream is None else validate_stream(stream)
+        s = 0 if stream is None else as_stream_handle(stream)
         if size == 0:
             return 0  # as cudaMalloc(0) and RMM: a null pointer, nothing to track
         lock = self._lock
@@ -84,13 +79,13 @@ class MemoryResource:
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
         """Give back ``ptr``, which this resource returned for ``nbytes`` bytes."""
         size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
-        s = 0 if stream is None else validate_stream(stream)
+        s = 0 if stream is None else as_stream_handle(stream)
         if ptr == 0 and size == 0:
             return
         lock = self._lock
         lock.acquire()
         try:
-            held = self._live.get(ptr)
+            held = self._live.get(ptr) if type(ptr) is int else None
             if held is None or held[0] != size:
                 held = self._held(ptr, size, nbytes)   # raises, naming what is wrong
             self._deallocate(ptr, size, s)
@@ -170,11 +165,11 @@ class ResourceAdaptor(MemoryResource):
 
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
         size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
-        return self._allocate(size, 0 if stream is None else validate_stream(stream))
+        return self._allocate(size, 0 if stream is None else as_stream_handle(stream))
 
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
         size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
-        self._deallocate(ptr, size, 0 if stream is None else validate_stream(stream))
+        self._deallocate(ptr, size, 0 if stream is None else as_stream_handle(stream))
 
     def allocation_id(self, ptr: int) -> int:
         return self.upstream_mr.allocation_id(ptr)

@@ -21,8 +21,9 @@ from bisect import bisect_left, insort
 from numbers import Integral
 
 from ..errors import InvalidArgumentError, OutOfMemoryError
+from ..stream import as_stream_handle
 from ..units import format_bytes, parse_size
-from .base import MemoryResource, validate_stream
+from .base import MemoryResource
 from .fixed_size import FixedSizeMemoryResource, _align_up, check_upstream
 
 __all__ = ["BinningMemoryResource"]
@@ -156,7 +157,7 @@ class BinningMemoryResource(MemoryResource):
     # double free is caught here and named.
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
         size = parse_size(nbytes, name="nbytes")
-        s = validate_stream(stream)
+        s = as_stream_handle(stream)
         if size == 0:
             return 0
         with self._lock:
@@ -169,7 +170,7 @@ class BinningMemoryResource(MemoryResource):
 
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
         size = parse_size(nbytes, name="nbytes")
-        s = validate_stream(stream)
+        s = as_stream_handle(stream)
         if ptr == 0 and size == 0:
             return
         with self._lock:
