@@ -527,6 +527,10 @@ class FaultEngine:
                    p.fault_batch_latency + p.fault_block_latency * len(_blocks_of(pages)))
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
         service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency
+        if not host and wr.any():
+            # R3 (a): a GPU write taking a ReadMostly page to the writer costs per page (as measured on an H200).
+            written = t.read_mostly[pages] & wr & ((out == _MIGRATE) | (out == _COLLAPSE))
+            service += (int(np.count_nonzero(written)) + len(ex_rm_moved)) * p.read_mostly_write_latency
         faulted = pages if len(ex_pop) else None
         self._fault_records(reads, faulted, AccessType.READ, fault_kind, processor, log, stream)
         self._fault_records(writes, faulted, kind, fault_kind, processor, log, stream)

@@ -95,6 +95,12 @@ class Platform:
     #: The least one host access to a resident page costs (a TLB and cache miss): a loop touching one byte
     #: of every page of 1 GiB took 3.0-4.9 ms on the H200 machine's host, 11-19 ns a page.
     host_access_latency: float = 15e-9
+    #: Per ReadMostly page a GPU write fault takes to the writer (R3 (a): a write collapses the page to one
+    #: copy, invalidating any other). Calibrated from the H200 measurements (driver 580,
+    #: ``benchmarks/sim_vs_gpu_h200.json``): the stencil wrote its 1 GiB ReadMostly output in 60.3 s and the
+    #: matmul its 1 GiB C in 55.0 s, 230 and 210 us a page, where batching them like any fault
+    #: had simulated 0.24 and 0.37 s. Added per page on top of the batch; why the driver is this slow is not known.
+    read_mostly_write_latency: float = 220e-6
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.
