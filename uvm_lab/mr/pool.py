@@ -32,25 +32,18 @@ instead of failing; and a capped pool does not hand wholly free blocks back to m
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
-
 from ..deferred import defer
 from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
 from ..events.schema import EventKind, make_events
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
+from .bestfit import BestFit
 from .fixed_size import give_back_when_collected
 
 __all__ = ["ALIGNMENT", "PoolMemoryResource"]
 
 #: Alignment of every pool allocation and of the pool's sizes: ``rmm::CUDA_ALLOCATION_ALIGNMENT``.
 ALIGNMENT = 256
-
-# Free ranges are kept in a list sorted by one int key, size in the high bits and address in the
-# low 64, so a best-fit search is a single bisect with no tuple building on the hot path.
-_SHIFT = 64
-_ADDRESS_MASK = (1 << _SHIFT) - 1
-
 
 def _align_up(n: int) -> int:
     return (n + ALIGNMENT - 1) & -ALIGNMENT
@@ -120,9 +113,7 @@ class PoolMemoryResource(MemoryResource):
         self._maximum = maximum
         self._pool_size = 0
         self._blocks: dict[int, int] = {}        # upstream block address -> size
-        self._free_keys: list[int] = []          # sorted (size << 64 | address) of every free range
-        self._free_start: dict[int, int] = {}    # free range address -> size
-        self._free_end: dict[int, int] = {}      # free range end -> address
+        self._free = BestFit()                   # the free ranges (compiled where the package was built so)
         if initial:
             with self._lock:
                 self._add_block(*self._take_from_upstream(initial, initial, 0), 0)
@@ -149,7 +140,7 @@ class PoolMemoryResource(MemoryResource):
     def free_ranges(self) -> list[tuple[int, int]]:
         """``(address, size)`` of every free range in the pool, by address."""
         with self._lock:
-            return sorted(self._free_start.items())
+            return self._free.ranges()
 
     def release(self) -> None:
         """Give every block back to the upstream; the pool is empty afterwards (it grows again on use).
@@ -169,68 +160,19 @@ class PoolMemoryResource(MemoryResource):
                 self.upstream_mr.deallocate(ptr, size)
                 del self._blocks[ptr]
                 self._pool_size -= size
-            self._free_keys.clear()
-            self._free_start.clear()
-            self._free_end.clear()
+            self._free.clear()
 
     # -- the suballocator (called by MemoryResource.allocate/deallocate, under self._lock) --------
     def _allocate(self, size: int, stream: int) -> int:
         need = (size + ALIGNMENT - 1) & -ALIGNMENT
-        keys = self._free_keys
-        i = bisect_left(keys, need << _SHIFT)          # the smallest free range that holds ``need``
-        if i == len(keys):
+        ptr = self._free.take(need)
+        if ptr is None:
             self._add_block(*self._grow(need, stream), stream)
-            i = bisect_left(keys, need << _SHIFT)
-        key = keys[i]
-        ptr = key & _ADDRESS_MASK
-        have = key >> _SHIFT
-        del self._free_start[ptr]
-        if have == need:
-            del keys[i]
-            del self._free_end[ptr + have]
-            return ptr
-        rest = ptr + need                                # the tail stays free
-        self._free_start[rest] = have - need
-        self._free_end[ptr + have] = rest
-        key = ((have - need) << _SHIFT) | rest
-        if i == 0 or keys[i - 1] < key:                  # still in order: replace in place
-            keys[i] = key
-        else:
-            del keys[i]
-            insort(keys, key, 0, i)
+            ptr = self._free.take(need)
         return ptr
 
     def _deallocate(self, ptr: int, size: int, stream: int) -> None:
-        end = ptr + ((size + ALIGNMENT - 1) & -ALIGNMENT)
-        blocks = self._blocks
-        # Neighbours merge only within one upstream block: a range that starts a block has no
-        # neighbour below, and a free range that starts a block is no neighbour above.
-        below = None if ptr in blocks else self._free_end.pop(ptr, None)
-        above = None if end in blocks else self._free_start.pop(end, None)
-        keys = self._free_keys
-        start = ptr
-        old = -1                 # key of a merged-away range, whose slot the merged range can take
-        if below is not None:
-            start = below
-            old = ((ptr - below) << _SHIFT) | below
-        if above is not None:
-            if old >= 0:
-                del keys[bisect_left(keys, old)]
-            old = (above << _SHIFT) | end
-            end += above
-        key = ((end - start) << _SHIFT) | start
-        if old < 0:
-            insort(keys, key)
-        else:
-            # The merged range is larger than the one it replaces, so it sorts at or after it.
-            j = bisect_left(keys, old)
-            if j + 1 == len(keys) or keys[j + 1] > key:
-                keys[j] = key
-            else:
-                del keys[j]
-                insort(keys, key, j)
-        self._free_start[start] = end - start            # overwrites the merged-away entries
-        self._free_end[end] = start
+        self._free.give(ptr, (size + ALIGNMENT - 1) & -ALIGNMENT)
 
     # -- growth ---------------------------------------------------------------------------------
     def _grow(self, need: int, stream: int) -> tuple[int, int]:
@@ -269,19 +211,17 @@ class PoolMemoryResource(MemoryResource):
                 f"aligned; a pool needs an upstream whose allocations are")
         self._blocks[ptr] = size
         self._pool_size += size
-        self._free_start[ptr] = size
-        self._free_end[ptr + size] = ptr
-        insort(self._free_keys, (size << _SHIFT) | ptr)
+        self._free.add_block(ptr, size)
         now = self.backend.now_ns()
         self.backend.bus.publish(make_events(
             1, kind=EventKind.POOL_GROW, start=now, end=now, address=ptr, bytes=size, value=size,
             alloc_id=self.upstream_mr.allocation_id(ptr), stream=stream, dst=self.device_id))
 
     def _free_bytes(self) -> int:
-        return sum(self._free_start.values())
+        return self._free.free_bytes()
 
     def _largest_free(self) -> int:
-        return self._free_keys[-1] >> _SHIFT if self._free_keys else 0
+        return self._free.largest()
 
     # -- lifetime -------------------------------------------------------------------------------
     def __del__(self) -> None:
