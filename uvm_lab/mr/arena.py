@@ -27,7 +27,7 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 
 from ..deferred import defer
-from ..errors import InvalidArgumentError, InvalidSizeError, InvalidStateError
+from ..errors import InvalidArgumentError, InvalidSizeError
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
 from .fixed_size import ALIGNMENT, _align_up, check_aligned, check_upstream, give_back_when_collected, publish_grow
@@ -221,10 +221,7 @@ class ArenaMemoryResource(MemoryResource):
             Allocations are still live: deallocate them first.
         """
         with self._lock:
-            if self._live:
-                raise InvalidStateError(
-                    f"cannot release {type(self).__name__}: {len(self._live)} allocation(s) are still live; "
-                    f"deallocate them first")
+            self._refuse_release_while_live()
             for ptr, size in list(self._global.blocks.items()):
                 self.upstream_mr.deallocate(ptr, size)
                 self._global.remove_block(ptr)

@@ -12,7 +12,7 @@ import threading
 from numbers import Integral
 from typing import TYPE_CHECKING
 
-from ..errors import DoubleFreeError, InvalidArgumentError, OutOfMemoryError
+from ..errors import DoubleFreeError, InvalidArgumentError, InvalidStateError, OutOfMemoryError
 from ..events.bus import _alloc_ids
 from ..events.schema import EventKind
 from ..stream import as_stream_handle
@@ -133,6 +133,12 @@ class MemoryResource:
             # A resource's device and clock never change: look them up (through the chain) once.
             device, now = self._event_device, self._now_ns = self.device_id, self.backend.now_ns
         self.backend.bus.emit((kind, device, now(), ptr, size, alloc_id, stream))
+
+    def _refuse_release_while_live(self, what: str = "allocation(s)", detail: str = "") -> None:
+        """A suballocator's ``release()`` gives nothing back while any of it is handed out (lock held)."""
+        if self._live:
+            raise InvalidStateError(f"cannot release {type(self).__name__}: {len(self._live)} {what}{detail} "
+                                    f"are still live; deallocate them first")
 
     def _out_of_memory(self, size: int, free: int, limit: int, why: str) -> OutOfMemoryError:
         return OutOfMemoryError(

@@ -21,7 +21,7 @@ import warnings
 from numbers import Integral
 
 from ..deferred import defer
-from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
+from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, OutOfMemoryError
 from ..events.schema import EventKind, make_events
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
@@ -171,10 +171,7 @@ class FixedSizeMemoryResource(MemoryResource):
             Allocations are still live: deallocate them first.
         """
         with self._lock:
-            if self._live:
-                raise InvalidStateError(
-                    f"cannot release {type(self).__name__}: {len(self._live)} block(s) are still live; "
-                    f"deallocate them first")
+            self._refuse_release_while_live("block(s)")
             for ptr, size in sorted(self._chunks.items()):
                 self.upstream_mr.deallocate(ptr, size)
                 del self._chunks[ptr]

@@ -33,7 +33,7 @@ instead of failing; and a capped pool does not hand wholly free blocks back to m
 from __future__ import annotations
 
 from ..deferred import defer
-from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
+from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, OutOfMemoryError
 from ..events.schema import EventKind, make_events
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
@@ -151,11 +151,8 @@ class PoolMemoryResource(MemoryResource):
             Allocations are still live: deallocate them first.
         """
         with self._lock:
-            if self._live:
-                live = sum(_align_up(size) for size, _ in self._live.values())
-                raise InvalidStateError(
-                    f"cannot release {type(self).__name__}: {len(self._live)} allocation(s) "
-                    f"({format_bytes(live)}) are still live; deallocate them first")
+            live = sum(_align_up(size) for size, _ in self._live.values())
+            self._refuse_release_while_live(detail=f" ({format_bytes(live)})")
             for ptr, size in sorted(self._blocks.items()):
                 self.upstream_mr.deallocate(ptr, size)
                 del self._blocks[ptr]
