@@ -4,14 +4,14 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# Run from a checkout: compile the pool's free list in place, as an install would (pure Python if it cannot).
-python3 hatch_build.py || echo "the pool's free list was not compiled: the Python one is used"
+# Run from a checkout: compile the pool's free list and hot path in place, as an install would (pure Python if it cannot).
+python3 hatch_build.py || echo "the pool was not compiled: the Python one is used"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
 python3 -c "import cuda.bindings, cupy, numpy; print('cuda-bindings', cuda.bindings.__version__, 'cupy', cupy.__version__)"
 # Every test with the gpu marker: tests/gpu, and the GPU side of unit modules (workloads as CuPy kernels).
 python3 -m pytest tests/gpu tests/unit -m gpu -v -rs -p no:cacheprovider "$@"
 status=$?
 python3 -m pytest -q -p no:cacheprovider tests/unit/test_sim_backend.py tests/unit/test_buffer.py \
-    tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_buffer_data.py tests/unit/test_pool.py tests/unit/test_residency_model.py \
+    tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_buffer_data.py tests/unit/test_pool.py tests/unit/test_pool_hot_path.py tests/unit/test_residency_model.py \
     tests/unit/test_sim_rules.py tests/unit/test_tracing_decode.py tests/codebase/test_layering.py || status=1
 exit $status

@@ -10,6 +10,7 @@ import pytest
 
 import uvm_lab as ul
 from uvm_lab.events import EVENT_DTYPE, EventBus, EventKind, make_events
+from uvm_lab.events.bus import ALLOCATOR_RECORD
 
 MiB = 1 << 20
 
@@ -118,8 +119,8 @@ def test_save_and_load_is_exact(tmp_path):
         ul.Trace.load(tmp_path / "other.npy")
 
 
-def row(address: int, kind: EventKind = EventKind.ALLOC) -> tuple[int, ...]:
-    return (kind, 0, 0, address, 0, 0, 0)
+def row(address: int, kind: EventKind = EventKind.ALLOC) -> bytes:
+    return ALLOCATOR_RECORD.pack(kind, 0, 0, address, 0, 0, 0)
 
 
 def test_queued_records_arrive_in_order_before_a_later_publish():
@@ -161,8 +162,8 @@ def test_queued_records_are_delivered_by_the_flusher_without_any_reader():
 
 def test_queued_allocator_records_become_full_records():
     bus = EventBus(flush_interval=60)
-    bus.emit((EventKind.ALLOC, -1, 3, 1 << 47, 5, 7, 8))
-    bus.emit((EventKind.FREE, 2, 4, 1 << 47, 5, 7, 1 << 40))
+    bus.emit(ALLOCATOR_RECORD.pack(EventKind.ALLOC, -1, 3, 1 << 47, 5, 7, 8))
+    bus.emit(ALLOCATOR_RECORD.pack(EventKind.FREE, 2, 4, 1 << 47, 5, 7, 1 << 40))
     assert bus.history().tolist() == [(EventKind.ALLOC, 0, 0, -1, 3, 3, 1 << 47, 5, 5, 7, 8),
                                       (EventKind.FREE, 0, 0, 2, 4, 4, 1 << 47, 5, 5, 7, 1 << 40)]
 

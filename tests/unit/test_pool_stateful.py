@@ -6,12 +6,15 @@ from itertools import pairwise
 from typing import Any, ClassVar
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import uvm_lab as ul
 from uvm_lab.errors import DoubleFreeError, OutOfMemoryError
+from uvm_lab.mr import pool as pool_module
 from uvm_lab.mr.base import MemoryResource
+from uvm_lab.mr.bestfit import COMPILED, PyBestFit
 from uvm_lab.mr.pool import ALIGNMENT, PoolMemoryResource
 from uvm_lab.mr.statistics import StatisticsResourceAdaptor
 
@@ -41,6 +44,8 @@ class PoolMachine(RuleBasedStateMachine):
 
     #: What ``use_backend`` gets; tests/gpu runs the same machine with ``{"name": "cuda"}``.
     backend: ClassVar[dict[str, Any]] = {"name": "sim", "device_memory": "4GiB"}
+    #: The free list the pool is built with; ``PyBestFit`` runs every call in Python, never the hot path.
+    free_list: ClassVar[type] = pool_module.BestFit
 
     @initialize(initial=st.sampled_from([0, 4 * KiB, 64 * KiB, MiB]),
                 maximum=st.sampled_from([None, MiB, 4 * MiB, 8 * MiB]),
@@ -55,7 +60,11 @@ class PoolMachine(RuleBasedStateMachine):
         # With a region, blocks lie side by side: coalescing must still stop at their edges.
         self.upstream = CappedUpstream(self.region or managed, upstream_limit)
         self.maximum = maximum
-        self.pool = PoolMemoryResource(self.upstream, initial_pool_size=initial, maximum_pool_size=maximum)
+        built_with, pool_module.BestFit = pool_module.BestFit, self.free_list
+        try:
+            self.pool = PoolMemoryResource(self.upstream, initial_pool_size=initial, maximum_pool_size=maximum)
+        finally:
+            pool_module.BestFit = built_with
         self.live: dict[int, int] = {}      # ptr -> requested size
         self.freed: set[int] = set()        # pointers given back and not handed out again
 
@@ -249,7 +258,16 @@ class StatisticsMachine(RuleBasedStateMachine):
         assert self.stats.get_allocated_bytes() == live == self.pool.get_allocated_bytes()
 
 
+class PurePythonPoolMachine(PoolMachine):
+    """The same machine on the pool's Python path, where the compiled one is built."""
+
+    free_list = PyBestFit
+
+
 TestPool = PoolMachine.TestCase
 TestPool.settings = SETTINGS
+TestPurePythonPool = pytest.mark.skipif(not COMPILED, reason="without a C compiler TestPool is already pure Python")(
+    PurePythonPoolMachine.TestCase)
+TestPurePythonPool.settings = SETTINGS
 TestStatistics = StatisticsMachine.TestCase
 TestStatistics.settings = SETTINGS

@@ -164,8 +164,8 @@ class CudaBackend:
     def current_device(self) -> int:
         return self._device
 
-    def now_ns(self) -> int:
-        return time.perf_counter_ns()
+    # The builtin itself, not a method around it: every allocator event reads the clock.
+    now_ns = staticmethod(time.perf_counter_ns)
 
     def synchronize(self) -> None:
         check(cudart.cudaDeviceSynchronize())

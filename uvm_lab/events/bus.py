@@ -2,8 +2,9 @@
 
 Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emits a thousand
 migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
-FREE) are queued by :meth:`EventBus.emit` as a tuple of seven ints (:data:`ALLOCATOR_FIELDS`), a bare
-``deque.append``; a batch of them becomes one array when it is flushed. Queued records are
+FREE) are queued by :meth:`EventBus.emit` as seven packed 64-bit ints (:data:`ALLOCATOR_RECORD`), a bare
+``bytearray.extend`` that creates no object the garbage collector tracks; a batch of them becomes one
+array when it is flushed, with no per-record conversion. Queued records are
 delivered, in order, before any array is published, whenever something reads (traces, history,
 residency maps), and otherwise within ``flush_interval`` seconds: subscribers see every record, in
 order, a little late at worst.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import struct
 import sys
 import threading
 from collections import deque
@@ -30,7 +32,7 @@ import numpy as np
 
 from .schema import EVENT_DTYPE, EventKind
 
-__all__ = ["ALLOCATOR_FIELDS", "EventBus", "Subscription", "get_bus", "new_alloc_id"]
+__all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "EventBus", "Subscription", "get_bus", "new_alloc_id"]
 
 log = logging.getLogger("uvm_lab.events")
 
@@ -38,20 +40,25 @@ Callback = Callable[[np.ndarray], None]
 
 _alloc_ids = itertools.count(1)
 
-#: What :meth:`EventBus.emit` takes, in order: an allocator's record as a tuple of ints. ``time`` fills
-#: both ``start`` and ``end``, ``bytes`` both ``bytes`` and ``value``; ``flags`` and ``src`` are zero.
+#: The fields of an allocator's record, in order. ``time`` fills both ``start`` and ``end``, ``bytes``
+#: both ``bytes`` and ``value``; ``flags`` and ``src`` are zero.
 ALLOCATOR_FIELDS = ("kind", "dst", "time", "address", "bytes", "alloc_id", "stream")
 
+#: What :meth:`EventBus.emit` takes: ``ALLOCATOR_RECORD.pack(kind, dst, time, address, bytes, alloc_id,
+#: stream)``, 56 bytes. The compiled pool writes the same layout (``uvm_lab/mr/_pool.c``).
+ALLOCATOR_RECORD = struct.Struct("<qqqQqqQ")
+_ALLOCATOR_DTYPE = np.dtype([(name, "<u8" if code == "Q" else "<i8")
+                             for name, code in zip(ALLOCATOR_FIELDS, ALLOCATOR_RECORD.format[1:], strict=True)])
 
-def _from_allocator_records(rows: list[tuple[int, ...]]) -> np.ndarray:
-    """Tuples of :data:`ALLOCATOR_FIELDS` as one ``EVENT_DTYPE`` array."""
-    n = len(rows)
-    flat = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=n * len(ALLOCATOR_FIELDS))
-    columns = flat.reshape(n, len(ALLOCATOR_FIELDS))
-    out = np.zeros(n, dtype=EVENT_DTYPE)
-    out["kind"], out["dst"], out["start"], out["address"], out["bytes"], out["alloc_id"], out["stream"] = columns.T
-    out["end"] = out["start"]
-    out["value"] = out["bytes"]
+
+def _from_allocator_records(packed: bytes) -> np.ndarray:
+    """Packed :data:`ALLOCATOR_RECORD` rows as one ``EVENT_DTYPE`` array."""
+    rows = np.frombuffer(packed, dtype=_ALLOCATOR_DTYPE)
+    out = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    for name in ("kind", "dst", "address", "bytes", "alloc_id", "stream"):
+        out[name] = rows[name]
+    out["start"] = out["end"] = rows["time"]
+    out["value"] = rows["bytes"]
     return out
 
 
@@ -100,7 +107,8 @@ class EventBus:
         if capacity <= 0:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self._capacity = capacity
-        self._queue: deque[tuple[int, ...]] = deque()   # append/popleft are atomic: emit takes no lock
+        # Packed allocator records. extend, and the drain's copy and trim, are each atomic: emit takes no lock.
+        self._queue = bytearray()
         self._flush_interval = flush_interval
         self._flusher: threading.Thread | None = None
         self._delivering = False   # a subscriber detached while records are being delivered must not recurse
@@ -143,11 +151,16 @@ class EventBus:
                 self._flush_locked()
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
 
-    def emit(self, record: tuple[int, ...]) -> None:
-        """Queue one allocator record, a tuple of :data:`ALLOCATOR_FIELDS` (the allocator's hot path)."""
+    def emit(self, record: bytes) -> None:
+        """Queue one allocator record, packed as :data:`ALLOCATOR_RECORD` (the allocator's hot path)."""
         self._start_flusher()
-        self._queue.append(record)
-        self.emit = self._queue.append   # type: ignore[method-assign,assignment]  # a bare append from now on
+        self._queue.extend(record)
+        self.emit = self._queue.extend   # type: ignore[method-assign,assignment]  # a bare extend from now on
+
+    def allocator_queue(self) -> bytearray:
+        """The queue :meth:`emit` extends, for a compiled producer that appends packed records itself."""
+        self._start_flusher()
+        return self._queue
 
     def flush(self) -> None:
         """Deliver the queued records now, after asking every flush hook to hand over what it holds."""
@@ -201,9 +214,10 @@ class EventBus:
 
     def _flush_locked(self) -> None:
         queue = self._queue
-        n = len(queue)
-        if n:
-            self._deliver(_from_allocator_records([queue.popleft() for _ in range(n)]))
+        if queue:
+            packed = bytes(queue)
+            del queue[:len(packed)]     # only what was copied: a record emitted meanwhile stays queued
+            self._deliver(_from_allocator_records(packed))
 
     def _deliver(self, records: np.ndarray) -> None:
         self._append(records)

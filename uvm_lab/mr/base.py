@@ -13,7 +13,7 @@ from numbers import Integral
 from typing import TYPE_CHECKING
 
 from ..errors import DoubleFreeError, InvalidArgumentError, InvalidStateError, OutOfMemoryError
-from ..events.bus import _alloc_ids
+from ..events.bus import ALLOCATOR_RECORD, _alloc_ids
 from ..events.schema import EventKind
 from ..stream import as_stream_handle
 from ..units import format_bytes, parse_size
@@ -25,6 +25,7 @@ __all__ = ["MemoryResource", "ResourceAdaptor", "resource_chain"]
 
 # Plain ints: an enum member costs an attribute lookup on every allocation.
 _ALLOC, _FREE, _ALLOC_FAILURE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.ALLOC_FAILURE)
+_pack = ALLOCATOR_RECORD.pack
 
 
 class MemoryResource:
@@ -132,7 +133,7 @@ class MemoryResource:
         except AttributeError:
             # A resource's device and clock never change: look them up (through the chain) once.
             device, now = self._event_device, self._now_ns = self.device_id, self.backend.now_ns
-        self.backend.bus.emit((kind, device, now(), ptr, size, alloc_id, stream))
+        self.backend.bus.emit(_pack(kind, device, now(), ptr, size, alloc_id, stream))
 
     def _refuse_release_while_live(self, what: str = "allocation(s)", detail: str = "") -> None:
         """A suballocator's ``release()`` gives nothing back while any of it is handed out (lock held)."""

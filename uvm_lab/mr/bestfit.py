@@ -1,6 +1,6 @@
 """The pool's free list: best fit, coalescing, never across the edge of an upstream block.
 
-:class:`BestFit` is the compiled one (``_bestfit.c``) where the package was built with a C compiler,
+:class:`BestFit` is the compiled one (``_pool.c``) where the package was built with a C compiler,
 and :class:`PyBestFit` otherwise; both follow the same rules, and the tests hold them to each other.
 
 * ``take(need)`` cuts ``need`` bytes from the front of the smallest free range that holds them (the
@@ -108,7 +108,7 @@ class PyBestFit:
 
 
 try:
-    from ._bestfit import BestFit
+    from ._pool import BestFit
 except ImportError:     # built without a C compiler: the same rules in Python
     BestFit = PyBestFit  # type: ignore[misc,assignment]
 

@@ -24,6 +24,10 @@ How it works
   allocation is live) or when the pool is garbage-collected. A freed allocation only returns its
   range to the pool; ``pool_size()`` never shrinks before then.
 
+Speed: where the package was compiled (``uvm_lab/mr/_pool.c``), ``allocate``/``deallocate`` with int
+sizes and None or int streams run in C with the same effects as the Python methods (lock, free list,
+table of live allocations, one event each); any other call, a growth and every error run in Python.
+
 Differences from RMM: allocation is not stream-ordered (one free list for all streams; the
 simulated backend is synchronous); ``initial_pool_size=None`` is clamped to ``maximum_pool_size``
 instead of failing; and a capped pool does not hand wholly free blocks back to make headroom
@@ -33,12 +37,17 @@ instead of failing; and a capped pool does not hand wholly free blocks back to m
 from __future__ import annotations
 
 from ..deferred import defer
-from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, OutOfMemoryError
+from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
+from ..events.bus import _alloc_ids
 from ..events.schema import EventKind, make_events
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
-from .bestfit import BestFit
+from .bestfit import COMPILED, BestFit
 from .fixed_size import give_back_when_collected
+
+if COMPILED:
+    from ._pool import BestFit as CompiledBestFit
+    from ._pool import HotPath, RLock
 
 __all__ = ["ALIGNMENT", "PoolMemoryResource"]
 
@@ -109,6 +118,8 @@ class PoolMemoryResource(MemoryResource):
                     value=initial_pool_size, expected=f"at most maximum_pool_size = {maximum}")
 
         super().__init__(upstream_mr.backend)
+        if COMPILED:
+            self._lock = RLock()                 # threading.RLock's rules; the hot path takes it without a call
         self.upstream_mr = upstream_mr
         self._maximum = maximum
         self._pool_size = 0
@@ -117,6 +128,25 @@ class PoolMemoryResource(MemoryResource):
         if initial:
             with self._lock:
                 self._add_block(*self._take_from_upstream(initial, initial, 0), 0)
+        self._bind_hot_path()
+
+    def _bind_hot_path(self) -> None:
+        """Where the package was compiled, run this pool's common calls in C.
+
+        ``allocate``/``deallocate`` with int sizes and None or int streams are then served by
+        ``_pool.HotPath`` with the same effects as the Python methods (lock, free list, live table,
+        allocation id, one event); every other call, and every growth or error, still runs here.
+        A subclass that changes any step keeps the Python methods.
+        """
+        cls = type(self)
+        if not COMPILED or type(self._free) is not CompiledBestFit or any(getattr(cls, name) is not getattr(PoolMemoryResource, name)
+                               for name in ("allocate", "deallocate", "_allocate", "_deallocate", "_emit")):
+            return
+        hot = HotPath(self, self._free, self._live, _alloc_ids, self._lock, self.backend.now_ns,
+                      self.backend.bus.allocator_queue(), self.device_id, int(EventKind.ALLOC), int(EventKind.FREE),
+                      PoolMemoryResource.allocate, PoolMemoryResource.deallocate, InvalidStateError)
+        # Instance attributes, found before the class's methods: no Python frame on the common call.
+        self.allocate, self.deallocate = hot.allocate, hot.deallocate
 
     # -- what the pool is -----------------------------------------------------------------------
     @property

@@ -1,0 +1,637 @@
+/* The pool, compiled: its free list (BestFit) and its allocate/deallocate hot path (HotPath).
+ *
+ * BestFit follows the same best-fit, coalescing rules as uvm_lab.mr.bestfit.PyBestFit.
+ * Free ranges are kept twice, in two sorted arrays of (key, value) pairs: by (size, address) for the
+ * best-fit search, and by (address, size) to find a freed range's neighbours. Block starts are a
+ * third sorted array: ranges never merge across them. Searches are binary; inserts and removals move
+ * the tail of an array, which for the tens to thousands of free ranges of a pool is cheaper than any tree.
+ * The caller (PoolMemoryResource) holds its lock around every call.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef struct {
+    uint64_t a, b;
+} pair_t;
+
+typedef struct {
+    pair_t *items;
+    Py_ssize_t n, cap;
+} pairs_t;
+
+typedef struct {
+    PyObject_HEAD
+    pairs_t by_size;     /* (size, address) */
+    pairs_t by_addr;     /* (address, size) */
+    uint64_t *blocks;    /* sorted block starts */
+    Py_ssize_t nblocks, cblocks;
+    uint64_t free_bytes;
+} BestFit;
+
+static Py_ssize_t lower_bound(const pairs_t *p, uint64_t a, uint64_t b) {
+    Py_ssize_t lo = 0, hi = p->n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        const pair_t *m = &p->items[mid];
+        if (m->a < a || (m->a == a && m->b < b)) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int reserve(pairs_t *p) {
+    if (p->n < p->cap) return 0;
+    Py_ssize_t cap = p->cap ? p->cap * 2 : 64;
+    pair_t *items = PyMem_Realloc(p->items, (size_t)cap * sizeof(pair_t));
+    if (!items) { PyErr_NoMemory(); return -1; }
+    p->items = items;
+    p->cap = cap;
+    return 0;
+}
+
+static int insert(pairs_t *p, uint64_t a, uint64_t b) {
+    if (reserve(p) < 0) return -1;
+    Py_ssize_t i = lower_bound(p, a, b);
+    memmove(&p->items[i + 1], &p->items[i], (size_t)(p->n - i) * sizeof(pair_t));
+    p->items[i].a = a;
+    p->items[i].b = b;
+    p->n++;
+    return 0;
+}
+
+static void remove_at(pairs_t *p, Py_ssize_t i) {
+    memmove(&p->items[i], &p->items[i + 1], (size_t)(p->n - i - 1) * sizeof(pair_t));
+    p->n--;
+}
+
+static int remove_pair(pairs_t *p, uint64_t a, uint64_t b) {
+    Py_ssize_t i = lower_bound(p, a, b);
+    if (i == p->n || p->items[i].a != a || p->items[i].b != b) return -1;
+    remove_at(p, i);
+    return 0;
+}
+
+static Py_ssize_t block_index(const BestFit *self, uint64_t ptr) {
+    Py_ssize_t lo = 0, hi = self->nblocks;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (self->blocks[mid] < ptr) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+}
+
+static int is_block_start(const BestFit *self, uint64_t ptr) {
+    Py_ssize_t i = block_index(self, ptr);
+    return i < self->nblocks && self->blocks[i] == ptr;
+}
+
+/* Both arrays at once; on failure neither changed. */
+static int add_range(BestFit *self, uint64_t addr, uint64_t size) {
+    if (reserve(&self->by_size) < 0 || reserve(&self->by_addr) < 0) return -1;
+    insert(&self->by_size, size, addr);
+    insert(&self->by_addr, addr, size);
+    self->free_bytes += size;
+    return 0;
+}
+
+static void drop_range(BestFit *self, uint64_t addr, uint64_t size) {
+    remove_pair(&self->by_size, size, addr);
+    remove_pair(&self->by_addr, addr, size);
+    self->free_bytes -= size;
+}
+
+static int parse_u64(PyObject *args, uint64_t *x, uint64_t *y) {
+    unsigned long long a, b;
+    if (!PyArg_ParseTuple(args, "KK", &a, &b)) return -1;
+    *x = a;
+    *y = b;
+    return 0;
+}
+
+/* Cut `need` bytes from the front of the smallest free range that holds them.
+   1: *addr is set; 0: no range holds them; -1: out of memory (a Python error is set, nothing changed). */
+static int bf_take(BestFit *self, uint64_t need, uint64_t *addr) {
+    Py_ssize_t i = lower_bound(&self->by_size, need, 0);
+    if (i == self->by_size.n) return 0;
+    uint64_t size = self->by_size.items[i].a;
+    *addr = self->by_size.items[i].b;
+    if (size > need && (reserve(&self->by_size) < 0 || reserve(&self->by_addr) < 0)) return -1;
+    remove_at(&self->by_size, i);
+    remove_pair(&self->by_addr, *addr, size);
+    self->free_bytes -= size;
+    if (size > need) add_range(self, *addr + need, size - need);   /* the tail stays free; room was reserved */
+    return 1;
+}
+
+/* Free a range and merge it with its neighbours within one block. 0, or -1 with nothing changed. */
+static int bf_give(BestFit *self, uint64_t ptr, uint64_t size) {
+    uint64_t start = ptr, end = ptr + size;
+    if (reserve(&self->by_size) < 0 || reserve(&self->by_addr) < 0) return -1;
+    Py_ssize_t j = lower_bound(&self->by_addr, ptr, 0);
+    /* Neighbours merge only within one block: a range that starts a block has no neighbour below,
+       and a free range that starts a block is no neighbour above. */
+    if (j < self->by_addr.n && self->by_addr.items[j].a == end && !is_block_start(self, end)) {
+        uint64_t above = self->by_addr.items[j].b;
+        drop_range(self, end, above);
+        end += above;
+    }
+    if (j > 0 && !is_block_start(self, ptr)) {
+        pair_t below = self->by_addr.items[j - 1];
+        if (below.a + below.b == ptr) {
+            drop_range(self, below.a, below.b);
+            start = below.a;
+        }
+    }
+    add_range(self, start, end - start);    /* room was reserved above */
+    return 0;
+}
+
+static PyObject *BestFit_take(BestFit *self, PyObject *arg) {
+    unsigned long long need = PyLong_AsUnsignedLongLong(arg);
+    if (need == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    uint64_t addr;
+    int found = bf_take(self, need, &addr);
+    if (found < 0) return NULL;
+    if (!found) Py_RETURN_NONE;          /* nothing holds it: the pool grows */
+    return PyLong_FromUnsignedLongLong(addr);
+}
+
+static PyObject *BestFit_give(BestFit *self, PyObject *args) {
+    uint64_t ptr, size;
+    if (parse_u64(args, &ptr, &size) < 0 || bf_give(self, ptr, size) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *BestFit_add_block(BestFit *self, PyObject *args) {
+    uint64_t ptr, size;
+    if (parse_u64(args, &ptr, &size) < 0) return NULL;
+    if (self->nblocks == self->cblocks) {
+        Py_ssize_t cap = self->cblocks ? self->cblocks * 2 : 16;
+        uint64_t *blocks = PyMem_Realloc(self->blocks, (size_t)cap * sizeof(uint64_t));
+        if (!blocks) return PyErr_NoMemory();
+        self->blocks = blocks;
+        self->cblocks = cap;
+    }
+    if (add_range(self, ptr, size) < 0) return NULL;
+    Py_ssize_t i = block_index(self, ptr);
+    memmove(&self->blocks[i + 1], &self->blocks[i], (size_t)(self->nblocks - i) * sizeof(uint64_t));
+    self->blocks[i] = ptr;
+    self->nblocks++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *BestFit_clear(BestFit *self, PyObject *unused) {
+    self->by_size.n = self->by_addr.n = 0;
+    self->nblocks = 0;
+    self->free_bytes = 0;
+    Py_RETURN_NONE;
+}
+
+static PyObject *BestFit_ranges(BestFit *self, PyObject *unused) {
+    PyObject *out = PyList_New(self->by_addr.n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < self->by_addr.n; i++) {
+        PyObject *item = Py_BuildValue("(KK)", (unsigned long long)self->by_addr.items[i].a,
+                                       (unsigned long long)self->by_addr.items[i].b);
+        if (!item) { Py_DECREF(out); return NULL; }
+        PyList_SET_ITEM(out, i, item);
+    }
+    return out;
+}
+
+static PyObject *BestFit_largest(BestFit *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(self->by_size.n ? self->by_size.items[self->by_size.n - 1].a : 0);
+}
+
+static PyObject *BestFit_free_bytes(BestFit *self, PyObject *unused) {
+    return PyLong_FromUnsignedLongLong(self->free_bytes);
+}
+
+static void BestFit_dealloc(BestFit *self) {
+    PyMem_Free(self->by_size.items);
+    PyMem_Free(self->by_addr.items);
+    PyMem_Free(self->blocks);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef BestFit_methods[] = {
+    {"take", (PyCFunction)BestFit_take, METH_O, "take(need) -> address, or None when no free range holds it"},
+    {"give", (PyCFunction)BestFit_give, METH_VARARGS, "give(ptr, size): free a range, merging with neighbours"},
+    {"add_block", (PyCFunction)BestFit_add_block, METH_VARARGS, "add_block(ptr, size): a new block, all free"},
+    {"clear", (PyCFunction)BestFit_clear, METH_NOARGS, "forget every block and range"},
+    {"ranges", (PyCFunction)BestFit_ranges, METH_NOARGS, "[(address, size)] of every free range, by address"},
+    {"largest", (PyCFunction)BestFit_largest, METH_NOARGS, "the largest free range's size (0 when none)"},
+    {"free_bytes", (PyCFunction)BestFit_free_bytes, METH_NOARGS, "the bytes of every free range"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject BestFitType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uvm_lab.mr._pool.BestFit",
+    .tp_doc = "The pool's best-fit, coalescing free list (compiled).",
+    .tp_basicsize = sizeof(BestFit),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)BestFit_dealloc,
+    .tp_methods = BestFit_methods,
+};
+
+/* ---- RLock: the pool's re-entrant lock, which the hot path takes without a Python call -----------
+ *
+ * threading.RLock's rules (the owner may take it again; only the owner may release it), used from
+ * Python as `with pool._lock:` and from C by lock_take/lock_give. A waiter waits without the GIL.
+ */
+
+typedef struct {
+    PyObject_HEAD
+    PyThread_type_lock lock;
+    unsigned long owner;
+    unsigned long count;
+} RLock;
+
+static int lock_take(RLock *self, PY_TIMEOUT_T timeout_us) {
+    unsigned long me = PyThread_get_thread_ident();
+    if (self->count && self->owner == me) {
+        self->count++;
+        return 1;
+    }
+    PyLockStatus got = PyThread_acquire_lock_timed(self->lock, 0, 0);
+    if (got != PY_LOCK_ACQUIRED && timeout_us != 0) {
+        Py_BEGIN_ALLOW_THREADS
+        got = PyThread_acquire_lock_timed(self->lock, timeout_us, 0);
+        Py_END_ALLOW_THREADS
+    }
+    if (got != PY_LOCK_ACQUIRED) return 0;
+    self->owner = me;
+    self->count = 1;
+    return 1;
+}
+
+static int lock_give(RLock *self) {
+    if (!self->count || self->owner != PyThread_get_thread_ident()) {
+        PyErr_SetString(PyExc_RuntimeError, "cannot release un-acquired lock");
+        return -1;
+    }
+    if (--self->count == 0) {
+        self->owner = 0;
+        PyThread_release_lock(self->lock);
+    }
+    return 0;
+}
+
+static PyObject *RLock_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    RLock *self = (RLock *)type->tp_alloc(type, 0);
+    if (!self) return NULL;
+    self->lock = PyThread_allocate_lock();
+    if (!self->lock) {
+        Py_DECREF(self);
+        PyErr_SetString(PyExc_MemoryError, "cannot allocate a lock");
+        return NULL;
+    }
+    return (PyObject *)self;
+}
+
+static void RLock_dealloc(RLock *self) {
+    if (self->lock) {
+        if (self->count) PyThread_release_lock(self->lock);
+        PyThread_free_lock(self->lock);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *RLock_acquire(RLock *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"blocking", "timeout", NULL};
+    int blocking = 1;
+    double timeout = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|pd:acquire", names, &blocking, &timeout)) return NULL;
+    if (!blocking && timeout != -1) {
+        PyErr_SetString(PyExc_ValueError, "can't specify a timeout for a non-blocking call");
+        return NULL;
+    }
+    if (timeout < 0 && timeout != -1) {
+        PyErr_SetString(PyExc_ValueError, "timeout value must be a non-negative number");
+        return NULL;
+    }
+    if (timeout * 1e6 >= (double)PY_TIMEOUT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "timeout value is too large");
+        return NULL;
+    }
+    PY_TIMEOUT_T us = !blocking ? 0 : timeout == -1 ? -1 : (PY_TIMEOUT_T)(timeout * 1e6);
+    return PyBool_FromLong(lock_take(self, us));
+}
+
+static PyObject *RLock_enter(RLock *self, PyObject *unused) {
+    (void)unused;
+    lock_take(self, -1);
+    Py_RETURN_TRUE;
+}
+
+static PyObject *RLock_release(RLock *self, PyObject *unused) {
+    (void)unused;
+    if (lock_give(self) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *RLock_exit(RLock *self, PyObject *args) {
+    (void)args;
+    if (lock_give(self) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *RLock_is_owned(RLock *self, PyObject *unused) {
+    (void)unused;
+    return PyBool_FromLong(self->count && self->owner == PyThread_get_thread_ident());
+}
+
+static PyMethodDef RLock_methods[] = {
+    {"acquire", (PyCFunction)(void (*)(void))RLock_acquire, METH_VARARGS | METH_KEYWORDS,
+     "acquire(blocking=True, timeout=-1) -> bool"},
+    {"release", (PyCFunction)RLock_release, METH_NOARGS, "release()"},
+    {"__enter__", (PyCFunction)RLock_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)RLock_exit, METH_VARARGS, NULL},
+    {"_is_owned", (PyCFunction)RLock_is_owned, METH_NOARGS, "whether the calling thread holds the lock"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject RLockType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uvm_lab.mr._pool.RLock",
+    .tp_doc = "A re-entrant lock with threading.RLock's rules, which compiled code takes without a Python call.",
+    .tp_basicsize = sizeof(RLock),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = RLock_new,
+    .tp_dealloc = (destructor)RLock_dealloc,
+    .tp_methods = RLock_methods,
+};
+
+/* ---- HotPath: PoolMemoryResource.allocate/deallocate for the common call ------------------------
+ *
+ * allocate(nbytes, stream=None) and deallocate(ptr, nbytes, stream=None) with plain positive ints and
+ * None or an int stream run here, with exactly the Python path's effects: the resource's lock held
+ * around the free list and its table of live allocations (ptr -> (nbytes, alloc_id)), the next
+ * allocation id, and one ALLOC or FREE record queued on the event bus. Every other call (sizes as
+ * strings, stream objects, keywords, a request the free list cannot hold, anything that will raise)
+ * goes to the Python method, `slow_allocate` / `slow_deallocate`, which does all of it in full.
+ *
+ * The hot path keeps only a weak reference to its pool, so a pool that is dropped is freed at once (a
+ * strong one would be a cycle, pool -> its allocate -> pool, left to the cyclic collector). A bound
+ * `pool.allocate` kept after the pool is gone raises `gone` (InvalidStateError) instead of handing
+ * out memory the pool has given back.
+ */
+
+#define ALIGNMENT 256
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *pool;                 /* weakref to the PoolMemoryResource */
+    BestFit *free;
+    PyObject *live;                 /* dict */
+    PyObject *ids;                  /* iterator of allocation ids */
+    RLock *lock;                    /* the resource's lock */
+    PyObject *now;                  /* () -> int ns */
+    PyObject *queue;                /* the bus's bytearray of packed allocator records */
+    int64_t device, kind_alloc, kind_free;
+    PyObject *slow_allocate, *slow_deallocate;   /* unbound Python methods */
+    PyObject *gone;                 /* the error raised once the pool is gone */
+} HotPath;
+
+static int HotPath_traverse(HotPath *self, visitproc visit, void *arg) {
+    Py_VISIT(self->pool); Py_VISIT(self->free); Py_VISIT(self->live); Py_VISIT(self->ids);
+    Py_VISIT(self->lock); Py_VISIT(self->now); Py_VISIT(self->queue);
+    Py_VISIT(self->slow_allocate); Py_VISIT(self->slow_deallocate); Py_VISIT(self->gone);
+    return 0;
+}
+
+static int HotPath_clear(HotPath *self) {
+    Py_CLEAR(self->pool); Py_CLEAR(self->free); Py_CLEAR(self->live); Py_CLEAR(self->ids);
+    Py_CLEAR(self->lock); Py_CLEAR(self->now); Py_CLEAR(self->queue);
+    Py_CLEAR(self->slow_allocate); Py_CLEAR(self->slow_deallocate); Py_CLEAR(self->gone);
+    return 0;
+}
+
+static void HotPath_dealloc(HotPath *self) {
+    PyObject_GC_UnTrack(self);
+    HotPath_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int HotPath_init(HotPath *self, PyObject *args, PyObject *kwds) {
+    static char *names[] = {"pool", "free", "live", "ids", "lock", "now", "queue", "device", "kind_alloc",
+                            "kind_free", "slow_allocate", "slow_deallocate", "gone", NULL};
+    PyObject *pool, *free, *live, *ids, *lock, *now, *queue, *sa, *sd, *gone;
+    long long device, ka, kf;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OO!OO!LLLOOO", names, &pool, &BestFitType, &free,
+                                     &PyDict_Type, &live, &ids, &RLockType, &lock, &now, &PyByteArray_Type, &queue,
+                                     &device, &ka, &kf, &sa, &sd, &gone))
+        return -1;
+    if (!PyIter_Check(ids) || !PyCallable_Check(now) || !PyCallable_Check(sa) || !PyCallable_Check(sd)) {
+        PyErr_SetString(PyExc_TypeError, "HotPath: ids must be an iterator; now and the slow paths callables");
+        return -1;
+    }
+    PyObject *ref = PyWeakref_NewRef(pool, NULL);
+    if (!ref) return -1;
+    HotPath_clear(self);
+    self->pool = ref;
+    Py_INCREF(lock); self->lock = (RLock *)lock;
+    Py_INCREF(free); self->free = (BestFit *)free;
+    Py_INCREF(live); self->live = live;
+    Py_INCREF(ids); self->ids = ids;
+    Py_INCREF(now); self->now = now;
+    Py_INCREF(queue); self->queue = queue;
+    self->device = device;
+    self->kind_alloc = ka;
+    self->kind_free = kf;
+    Py_INCREF(sa); self->slow_allocate = sa;
+    Py_INCREF(sd); self->slow_deallocate = sd;
+    Py_INCREF(gone); self->gone = gone;
+    return 0;
+}
+
+static int pool_gone(HotPath *self) {
+    if (PyWeakref_GetObject(self->pool) != Py_None) return 0;
+    PyErr_SetString(self->gone, "this PoolMemoryResource has been garbage-collected and its memory given back; "
+                                "keep a reference to the pool for as long as its allocate/deallocate are used");
+    return 1;
+}
+
+/* The full Python method, called with the pool and the caller's own arguments. */
+static PyObject *slow(HotPath *self, PyObject *method, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    if (pool_gone(self)) return NULL;
+    PyObject *pool = PyWeakref_GetObject(self->pool);     /* borrowed */
+    Py_INCREF(pool);
+    PyObject *bound = PyMethod_New(method, pool);
+    Py_DECREF(pool);
+    if (!bound) return NULL;
+    PyObject *out = PyObject_Vectorcall(bound, args, nargsf, kwnames);
+    Py_DECREF(bound);
+    return out;
+}
+
+/* A positive exact int that fits in 64 bits, or 0 (no error set) for anything else. */
+static uint64_t plain_size(PyObject *o) {
+    if (!PyLong_CheckExact(o)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || v <= 0) { PyErr_Clear(); return 0; }
+    return (uint64_t)v;
+}
+
+/* An exact int's value as 64 unsigned bits: 1, or 0 (no error set) when it is negative or too large.
+   PyLong_AsUnsignedLongLong goes through a byte array for every multi-digit int; this does not. */
+static int as_u64(PyObject *o, uint64_t *value) {
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (!overflow) {
+        *value = (uint64_t)v;
+        return v >= 0;
+    }
+    if (overflow < 0) return 0;
+    *value = PyLong_AsUnsignedLongLong(o);
+    if (*value == (uint64_t)-1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    return 1;
+}
+
+/* None (0) or a non-negative exact int that fits in 64 bits: the stream's handle. 0 for the slow path. */
+static int plain_stream(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t at, uint64_t *handle) {
+    if (nargs <= at || args[at] == Py_None) { *handle = 0; return 1; }
+    return PyLong_CheckExact(args[at]) && as_u64(args[at], handle);
+}
+
+/* Queue one record on the bus: (kind, device, now, ptr, nbytes, alloc_id, stream) as seven little-endian
+   64-bit ints, uvm_lab.events.bus.ALLOCATOR_RECORD, appended to the bus's bytearray. */
+static int emit(HotPath *self, int64_t kind, uint64_t ptr, uint64_t nbytes, PyObject *id, uint64_t stream) {
+    PyObject *now = PyObject_CallNoArgs(self->now);
+    if (!now) return -1;
+    int64_t t = PyLong_AsLongLong(now);
+    Py_DECREF(now);
+    int64_t alloc_id = PyLong_AsLongLong(id);
+    if ((t == -1 || alloc_id == -1) && PyErr_Occurred()) return -1;
+    uint64_t record[7] = {(uint64_t)kind, (uint64_t)self->device, (uint64_t)t, ptr, nbytes, (uint64_t)alloc_id, stream};
+#if PY_BIG_ENDIAN
+    for (int i = 0; i < 7; i++) record[i] = __builtin_bswap64(record[i]);
+#endif
+    Py_ssize_t n = PyByteArray_GET_SIZE(self->queue);
+    if (PyByteArray_Resize(self->queue, n + (Py_ssize_t)sizeof record) < 0) return -1;
+    memcpy(PyByteArray_AS_STRING(self->queue) + n, record, sizeof record);
+    return 0;
+}
+
+static PyObject *HotPath_allocate(HotPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    uint64_t size = (kwnames == NULL && (nargs == 1 || nargs == 2)) ? plain_size(args[0]) : 0, stream;
+    if (!size || !plain_stream(args, nargs, 1, &stream))
+        return slow(self, self->slow_allocate, args, nargsf, kwnames);
+    uint64_t need = (size + ALIGNMENT - 1) & ~(uint64_t)(ALIGNMENT - 1), addr;
+    if (pool_gone(self)) return NULL;
+
+    lock_take(self->lock, -1);
+    int found = bf_take(self->free, need, &addr);
+    if (found <= 0) {
+        if (lock_give(self->lock) < 0 || found < 0) return NULL;
+        return slow(self, self->slow_allocate, args, nargsf, kwnames);   /* the pool grows, or fails, there */
+    }
+    PyObject *ptr = PyLong_FromUnsignedLongLong(addr);
+    PyObject *id = ptr ? PyIter_Next(self->ids) : NULL;
+    PyObject *held = id ? PyTuple_Pack(2, args[0], id) : NULL;
+    if (!held || PyDict_SetItem(self->live, ptr, held) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        if (!type) PyErr_SetString(PyExc_RuntimeError, "the allocation id counter is exhausted");
+        else PyErr_Restore(type, value, tb);
+        bf_give(self->free, addr, need);      /* nothing is lost: the range goes back */
+        Py_XDECREF(ptr); Py_XDECREF(id); Py_XDECREF(held);
+        PyErr_Fetch(&type, &value, &tb);
+        lock_give(self->lock);
+        PyErr_Restore(type, value, tb);
+        return NULL;
+    }
+    Py_DECREF(held);
+    if (lock_give(self->lock) < 0 || emit(self, self->kind_alloc, addr, size, id, stream) < 0) {
+        Py_DECREF(id);
+        Py_DECREF(ptr);
+        return NULL;
+    }
+    Py_DECREF(id);
+    return ptr;
+}
+
+static PyObject *HotPath_deallocate(HotPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    int plain = kwnames == NULL && (nargs == 2 || nargs == 3) && PyLong_CheckExact(args[0]);
+    uint64_t size = plain ? plain_size(args[1]) : 0, stream;
+    if (!size || !plain_stream(args, nargs, 2, &stream))
+        return slow(self, self->slow_deallocate, args, nargsf, kwnames);
+    PyObject *ptr = args[0];
+    if (pool_gone(self)) return NULL;
+
+    lock_take(self->lock, -1);
+    PyObject *held = PyDict_GetItemWithError(self->live, ptr);     /* borrowed */
+    int same = held && PyTuple_CheckExact(held) && PyTuple_GET_SIZE(held) == 2
+               ? PyObject_RichCompareBool(PyTuple_GET_ITEM(held, 0), args[1], Py_EQ) : 0;
+    uint64_t addr;
+    if (same != 1 || !as_u64(ptr, &addr)) {
+        PyErr_Clear();     /* the Python path names what is wrong */
+        if (lock_give(self->lock) < 0) return NULL;
+        return slow(self, self->slow_deallocate, args, nargsf, kwnames);
+    }
+    PyObject *id = PyTuple_GET_ITEM(held, 1);
+    Py_INCREF(id);
+    Py_INCREF(ptr);
+    if (bf_give(self->free, addr, (size + ALIGNMENT - 1) & ~(uint64_t)(ALIGNMENT - 1)) < 0 ||
+        PyDict_DelItem(self->live, ptr) < 0) {
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        lock_give(self->lock);
+        PyErr_Restore(type, value, tb);
+        Py_DECREF(id); Py_DECREF(ptr);
+        return NULL;
+    }
+    int failed = lock_give(self->lock) < 0 || emit(self, self->kind_free, addr, size, id, stream) < 0;
+    Py_DECREF(id);
+    Py_DECREF(ptr);
+    if (failed) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef HotPath_methods[] = {
+    {"allocate", (PyCFunction)(void (*)(void))HotPath_allocate, METH_FASTCALL | METH_KEYWORDS,
+     "allocate(nbytes, stream=None) -> address (PoolMemoryResource.allocate)"},
+    {"deallocate", (PyCFunction)(void (*)(void))HotPath_deallocate, METH_FASTCALL | METH_KEYWORDS,
+     "deallocate(ptr, nbytes, stream=None) (PoolMemoryResource.deallocate)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject HotPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uvm_lab.mr._pool.HotPath",
+    .tp_doc = "PoolMemoryResource.allocate/deallocate for plain int sizes and streams (compiled).",
+    .tp_basicsize = sizeof(HotPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)HotPath_init,
+    .tp_dealloc = (destructor)HotPath_dealloc,
+    .tp_traverse = (traverseproc)HotPath_traverse,
+    .tp_clear = (inquiry)HotPath_clear,
+    .tp_methods = HotPath_methods,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_pool", "The pool's free list and hot path, compiled.", -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__pool(void) {
+    if (PyType_Ready(&BestFitType) < 0 || PyType_Ready(&RLockType) < 0 || PyType_Ready(&HotPathType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&BestFitType);
+    Py_INCREF(&HotPathType);
+    Py_INCREF(&RLockType);
+    if (PyModule_AddObject(m, "BestFit", (PyObject *)&BestFitType) < 0 ||
+        PyModule_AddObject(m, "RLock", (PyObject *)&RLockType) < 0 ||
+        PyModule_AddObject(m, "HotPath", (PyObject *)&HotPathType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
