@@ -33,22 +33,46 @@ def workload(n: int, seed: int = 0) -> tuple[list[int], list[int]]:
     return sizes, victims
 
 
-def run(alloc: Callable[[int], object], free: Callable[[object], None], sizes: list[int], victims: list[int]) -> float:
-    """Seconds per alloc+free pair."""
+def run(alloc: Callable[[int], int], free: Callable[[int, int], None], sizes: list[int], victims: list[int]) -> float:
+    """Seconds per alloc+free pair through RMM's interface: ``allocate(nbytes)``, ``deallocate(ptr, nbytes)``.
+
+    The loop is what a user writes: it keeps each pointer with its size, which ``deallocate`` needs.
+    """
+    live: list[tuple[int, int]] = []
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        for size, victim in zip(sizes, victims, strict=True):
+            live.append((alloc(size), size))
+            if len(live) > LIVE:
+                free(*live.pop(victim))
+        elapsed = time.perf_counter() - start
+    finally:
+        for ptr, size in live:
+            free(ptr, size)
+        gc.enable()
+    return elapsed / len(sizes)
+
+
+def run_owned(malloc: Callable[[int], object], sizes: list[int], victims: list[int]) -> float:
+    """Seconds per alloc+free pair where dropping the last reference frees (CuPy's ``MemoryPointer``)."""
     live: list[object] = []
     gc.disable()
     try:
         start = time.perf_counter()
         for size, victim in zip(sizes, victims, strict=True):
-            live.append(alloc(size))
+            live.append(malloc(size))
             if len(live) > LIVE:
-                free(live.pop(victim))
+                live.pop(victim)
         elapsed = time.perf_counter() - start
     finally:
-        for handle in live:
-            free(handle)
+        live.clear()
         gc.enable()
     return elapsed / len(sizes)
+
+
+def _nothing(ptr: int, size: int) -> None:
+    pass
 
 
 def best_of(repeats: int, fn: Callable[[], float]) -> tuple[float, float]:
@@ -69,7 +93,10 @@ def main() -> None:
     print(f"backend: {backend!r}")
 
     def uvm(mr: ul.mr.MemoryResource) -> Callable[[], float]:
-        return lambda: run(lambda n: (mr.allocate(n), n), lambda h: mr.deallocate(*h), sizes, victims)
+        return lambda: run(mr.allocate, mr.deallocate, sizes, victims)
+
+    # The loop alone, with calls that do nothing: what every row below pays before any allocator works.
+    results["harness alone (no allocator)"] = best_of(args.repeats, lambda: run(int, _nothing, sizes, victims))
 
     pool = ul.mr.PoolMemoryResource(ul.mr.CudaMemoryResource(), initial_pool_size="1GiB")
     results["uvm_lab PoolMemoryResource"] = best_of(args.repeats, uvm(pool))
@@ -82,15 +109,15 @@ def main() -> None:
         import rmm
 
         rpool = rmm.mr.PoolMemoryResource(rmm.mr.CudaMemoryResource(), initial_pool_size=1 << 30)
-        results["RMM PoolMemoryResource"] = best_of(args.repeats, lambda: run(
-            lambda n: (rpool.allocate(n), n), lambda h: rpool.deallocate(*h), sizes, victims))
+        results["RMM PoolMemoryResource"] = best_of(args.repeats, lambda: run(rpool.allocate, rpool.deallocate,
+                                                                              sizes, victims))
     except ImportError as exc:
         print(f"RMM not measured: {exc}")
     try:
         import cupy
 
         cpool = cupy.cuda.MemoryPool()
-        results["CuPy MemoryPool"] = best_of(args.repeats, lambda: run(cpool.malloc, lambda p: None, sizes, victims))
+        results["CuPy MemoryPool"] = best_of(args.repeats, lambda: run_owned(cpool.malloc, sizes, victims))
     except ImportError as exc:
         print(f"CuPy not measured: {exc}")
     if not backend.is_simulated:
@@ -99,18 +126,20 @@ def main() -> None:
         def malloc_async(n: int) -> int:
             return cudart.cudaMallocAsync(n, 0)[1]
 
-        def free_async(p: int) -> None:
+        def free_async(p: int, n: int) -> None:
             cudart.cudaFreeAsync(p, 0)
 
         results["cudaMallocAsync/cudaFreeAsync"] = best_of(args.repeats, lambda: run(malloc_async, free_async,
                                                                                       sizes, victims))
         cudart.cudaDeviceSynchronize()
 
-    base = results.get("RMM PoolMemoryResource", (None,))[0]
-    print(f"\n{'allocator':40} {'best us/pair':>13} {'median':>8} {'vs RMM pool':>12}")
+    rmm_best = results.get("RMM PoolMemoryResource", (None,))[0]
+    cupy_best = results.get("CuPy MemoryPool", (None,))[0]
+    print(f"\n{'allocator':40} {'best us/pair':>13} {'median':>8} {'vs RMM pool':>12} {'vs CuPy pool':>13}")
     for name, (best, median) in results.items():
-        ratio = f"{best / base:.2f}x" if base else "-"
-        print(f"{name:40} {best * 1e6:13.2f} {median * 1e6:8.2f} {ratio:>12}")
+        vs_rmm = f"{best / rmm_best:.2f}x" if rmm_best else "-"
+        vs_cupy = f"{best / cupy_best:.2f}x" if cupy_best else "-"
+        print(f"{name:40} {best * 1e6:13.2f} {median * 1e6:8.2f} {vs_rmm:>12} {vs_cupy:>13}")
     if args.json:
         args.json.write_text(json.dumps({k: {"best_us": v[0] * 1e6, "median_us": v[1] * 1e6}
                                          for k, v in results.items()}, indent=2))

@@ -112,15 +112,32 @@ static int parse_u64(PyObject *args, uint64_t *x, uint64_t *y) {
 /* Cut `need` bytes from the front of the smallest free range that holds them.
    1: *addr is set; 0: no range holds them; -1: out of memory (a Python error is set, nothing changed). */
 static int bf_take(BestFit *self, uint64_t need, uint64_t *addr) {
-    Py_ssize_t i = lower_bound(&self->by_size, need, 0);
-    if (i == self->by_size.n) return 0;
-    uint64_t size = self->by_size.items[i].a;
-    *addr = self->by_size.items[i].b;
-    if (size > need && (reserve(&self->by_size) < 0 || reserve(&self->by_addr) < 0)) return -1;
-    remove_at(&self->by_size, i);
-    remove_pair(&self->by_addr, *addr, size);
-    self->free_bytes -= size;
-    if (size > need) add_range(self, *addr + need, size - need);   /* the tail stays free; room was reserved */
+    pairs_t *by_size = &self->by_size;
+    Py_ssize_t i = lower_bound(by_size, need, 0);
+    if (i == by_size->n) return 0;
+    uint64_t size = by_size->items[i].a;
+    *addr = by_size->items[i].b;
+    Py_ssize_t k = lower_bound(&self->by_addr, *addr, size);
+    self->free_bytes -= need;
+    if (size == need) {
+        remove_at(by_size, i);
+        remove_at(&self->by_addr, k);
+        return 1;
+    }
+    /* The tail stays free. Ranges never overlap, so it keeps its place among the addresses; among the
+       sizes it moves down to where (size - need, address + need) sorts, shifting the ranges between. */
+    uint64_t rest = size - need, at = *addr + need;
+    self->by_addr.items[k].a = at;
+    self->by_addr.items[k].b = rest;
+    Py_ssize_t lo = 0, hi = i;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        const pair_t *m = &by_size->items[mid];
+        if (m->a < rest || (m->a == rest && m->b < at)) lo = mid + 1; else hi = mid;
+    }
+    memmove(&by_size->items[lo + 1], &by_size->items[lo], (size_t)(i - lo) * sizeof(pair_t));
+    by_size->items[lo].a = rest;
+    by_size->items[lo].b = at;
     return 1;
 }
 
@@ -503,10 +520,15 @@ static int plain_stream(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t at, 
 static int emit(HotPath *self, int64_t kind, uint64_t ptr, uint64_t nbytes, PyObject *id, uint64_t stream) {
     PyObject *now = PyObject_CallNoArgs(self->now);
     if (!now) return -1;
-    int64_t t = PyLong_AsLongLong(now);
+    int overflow_t, overflow_id;    /* (PyLong_AsLongLong goes through a byte array for large ints) */
+    int64_t t = PyLong_AsLongLongAndOverflow(now, &overflow_t);
     Py_DECREF(now);
-    int64_t alloc_id = PyLong_AsLongLong(id);
-    if ((t == -1 || alloc_id == -1) && PyErr_Occurred()) return -1;
+    int64_t alloc_id = PyLong_AsLongLongAndOverflow(id, &overflow_id);
+    if (PyErr_Occurred()) return -1;
+    if (overflow_t || overflow_id) {
+        PyErr_SetString(PyExc_OverflowError, "an event's time or allocation id does not fit in 64 bits");
+        return -1;
+    }
     uint64_t record[7] = {(uint64_t)kind, (uint64_t)self->device, (uint64_t)t, ptr, nbytes, (uint64_t)alloc_id, stream};
 #if PY_BIG_ENDIAN
     for (int i = 0; i < 7; i++) record[i] = __builtin_bswap64(record[i]);
