@@ -183,3 +183,58 @@ def test_threads_sharing_a_pool_never_get_overlapping_memory(monkeypatch, pure):
     spans = sorted((p, p + (n + 255) // 256 * 256) for mine in held for p, n in mine)
     assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
     assert pool.get_allocated_bytes() == sum(n for mine in held for _, n in mine)
+
+
+@compiled
+def test_the_compiled_live_table_behaves_as_the_dict_it_replaces():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from uvm_lab.mr._pool import LiveTable
+
+    # Few distinct addresses, many operations: keys collide, are removed from the middle of probe runs,
+    # and the table grows past several sizes.
+    addresses = st.integers(1, 600).map(lambda i: i * 256 * (1 + (i % 3) * 4096))
+    ops = st.lists(st.tuples(st.sampled_from(["set", "del", "get"]), addresses, st.integers(1, 1 << 40)),
+                   max_size=400)
+
+    @settings(max_examples=80, deadline=None)
+    @given(ops)
+    def check(steps: list[tuple[str, int, int]]) -> None:
+        table, model = LiveTable(), {}
+        for op, ptr, size in steps:
+            if op == "set":
+                table[ptr] = model[ptr] = (size, ptr // 256)
+            elif op == "del" and ptr in model:
+                del table[ptr], model[ptr]
+            elif op == "del":
+                with pytest.raises(KeyError):
+                    del table[ptr]
+            assert table.get(ptr) == model.get(ptr)
+            assert (ptr in table) == (ptr in model)
+            assert len(table) == len(model) and bool(table) == bool(model)
+        assert table.items() == sorted(model.items())
+        assert table.values() == [model[k] for k in sorted(model)]
+        assert table.keys() == list(table) == sorted(model)
+
+    check()
+
+
+@compiled
+def test_the_compiled_live_table_refuses_what_a_pool_never_holds():
+    from uvm_lab.mr._pool import LiveTable
+
+    table = LiveTable()
+    for key in (0, -256, 1 << 64, "0x100", None):
+        assert table.get(key, "absent") == "absent" and key not in table
+        with pytest.raises(KeyError):
+            table[key]
+    with pytest.raises(TypeError, match="addresses"):
+        table[-256] = (1, 1)
+    with pytest.raises(TypeError, match="nbytes, alloc_id"):
+        table[256] = (1, "one")
+    with pytest.raises(TypeError, match="nbytes, alloc_id"):
+        table[256] = 5
+    assert len(table) == 0
+    table[np.uint64(512)] = (3, 4)            # any integer, as the base class's checks allow
+    assert table.get(512) == (3, 4)

@@ -10,7 +10,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef struct {
     uint64_t a, b;
@@ -254,6 +256,21 @@ static PyTypeObject BestFitType = {
     .tp_methods = BestFit_methods,
 };
 
+/* An exact int's value as 64 unsigned bits: 1, or 0 (no error set) when it is negative or too large.
+   PyLong_AsUnsignedLongLong goes through a byte array for every multi-digit int; this does not. */
+static int as_u64(PyObject *o, uint64_t *value) {
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (!overflow) {
+        *value = (uint64_t)v;
+        return v >= 0;
+    }
+    if (overflow < 0) return 0;
+    *value = PyLong_AsUnsignedLongLong(o);
+    if (*value == (uint64_t)-1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    return 1;
+}
+
 /* ---- RLock: the pool's re-entrant lock, which the hot path takes without a Python call -----------
  *
  * threading.RLock's rules (the owner may take it again; only the owner may release it), used from
@@ -382,6 +399,230 @@ static PyTypeObject RLockType = {
     .tp_methods = RLock_methods,
 };
 
+/* ---- LiveTable: the pool's allocations, address -> (nbytes, alloc_id) -------------------------------
+ *
+ * What MemoryResource keeps in a dict, kept in an open-addressing hash table of plain integers, so that
+ * recording and dropping an allocation makes no Python object. To Python it is the part of a dict the
+ * resource classes use: get, [], [] =, del, in, len, values, items, keys. Addresses are non-zero;
+ * linear probing, deletion by shifting back (no tombstones), at most half full.
+ */
+
+typedef struct {
+    uint64_t key, size, id;        /* key 0: empty */
+} slot_t;
+
+typedef struct {
+    PyObject_HEAD
+    slot_t *slots;
+    Py_ssize_t cap, n;             /* cap a power of two */
+} LiveTable;
+
+static inline Py_ssize_t live_home(const LiveTable *t, uint64_t key) {
+    return (Py_ssize_t)(((key >> 8) * 0x9E3779B97F4A7C15ull) >> 17) & (t->cap - 1);
+}
+
+static slot_t *live_find(const LiveTable *t, uint64_t key) {
+    if (!key || !t->cap) return NULL;
+    for (Py_ssize_t i = live_home(t, key);; i = (i + 1) & (t->cap - 1)) {
+        slot_t *s = &t->slots[i];
+        if (s->key == key) return s;
+        if (!s->key) return NULL;
+    }
+}
+
+static int live_grow(LiveTable *t) {
+    Py_ssize_t cap = t->cap ? t->cap * 2 : 64;
+    slot_t *slots = PyMem_Calloc((size_t)cap, sizeof(slot_t));
+    if (!slots) { PyErr_NoMemory(); return -1; }
+    slot_t *old = t->slots;
+    Py_ssize_t old_cap = t->cap;
+    t->slots = slots;
+    t->cap = cap;
+    for (Py_ssize_t i = 0; i < old_cap; i++) {
+        if (!old[i].key) continue;
+        Py_ssize_t j = live_home(t, old[i].key);
+        while (slots[j].key) j = (j + 1) & (cap - 1);
+        slots[j] = old[i];
+    }
+    PyMem_Free(old);
+    return 0;
+}
+
+/* Set key -> (size, id), adding or replacing. 0, or -1 (out of memory) with nothing changed. */
+static int live_set(LiveTable *t, uint64_t key, uint64_t size, uint64_t id) {
+    slot_t *s = live_find(t, key);
+    if (s) { s->size = size; s->id = id; return 0; }
+    if (2 * (t->n + 1) > t->cap && live_grow(t) < 0) return -1;
+    Py_ssize_t i = live_home(t, key);
+    while (t->slots[i].key) i = (i + 1) & (t->cap - 1);
+    t->slots[i].key = key;
+    t->slots[i].size = size;
+    t->slots[i].id = id;
+    t->n++;
+    return 0;
+}
+
+static void live_remove(LiveTable *t, slot_t *s) {
+    Py_ssize_t mask = t->cap - 1, i = s - t->slots, j = i;
+    for (;;) {                       /* shift back every entry whose probe passed through the hole */
+        j = (j + 1) & mask;
+        if (!t->slots[j].key) break;
+        Py_ssize_t home = live_home(t, t->slots[j].key);
+        if ((j > i && (home <= i || home > j)) || (j < i && home <= i && home > j)) {
+            t->slots[i] = t->slots[j];
+            i = j;
+        }
+    }
+    t->slots[i].key = 0;
+    t->n--;
+}
+
+/* A Python key as an address: 1, or 0 (no error set) for what can never be a key here. */
+static int live_key(PyObject *o, uint64_t *key) {
+    if (PyLong_CheckExact(o)) return as_u64(o, key) && *key;
+    PyObject *index = PyNumber_Index(o);
+    if (!index) { PyErr_Clear(); return 0; }
+    int ok = as_u64(index, key) && *key;
+    Py_DECREF(index);
+    return ok;
+}
+
+static PyObject *held_tuple(const slot_t *s) {
+    return Py_BuildValue("(KK)", (unsigned long long)s->size, (unsigned long long)s->id);
+}
+
+static PyObject *LiveTable_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+    (void)args; (void)kwds;
+    return type->tp_alloc(type, 0);
+}
+
+static void LiveTable_dealloc(LiveTable *self) {
+    PyMem_Free(self->slots);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static Py_ssize_t LiveTable_len(LiveTable *self) { return self->n; }
+
+static PyObject *LiveTable_subscript(LiveTable *self, PyObject *key) {
+    uint64_t k;
+    slot_t *s = live_key(key, &k) ? live_find(self, k) : NULL;
+    if (!s) { PyErr_SetObject(PyExc_KeyError, key); return NULL; }
+    return held_tuple(s);
+}
+
+static int LiveTable_ass_subscript(LiveTable *self, PyObject *key, PyObject *value) {
+    uint64_t k;
+    if (!live_key(key, &k)) {
+        if (value) PyErr_Format(PyExc_TypeError, "a live table's keys are non-zero addresses, got %R", key);
+        else PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    if (!value) {
+        slot_t *s = live_find(self, k);
+        if (!s) { PyErr_SetObject(PyExc_KeyError, key); return -1; }
+        live_remove(self, s);
+        return 0;
+    }
+    unsigned long long size, id;
+    if (!PyTuple_Check(value) || !PyArg_ParseTuple(value, "KK", &size, &id)) {
+        if (!PyErr_Occurred() || PyErr_ExceptionMatches(PyExc_TypeError)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "a live table holds (nbytes, alloc_id) tuples of ints, got %R", value);
+        }
+        return -1;
+    }
+    return live_set(self, k, size, id);
+}
+
+static int LiveTable_contains(LiveTable *self, PyObject *key) {
+    uint64_t k;
+    return live_key(key, &k) && live_find(self, k) != NULL;
+}
+
+static PyObject *LiveTable_get(LiveTable *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(address, default=None)");
+        return NULL;
+    }
+    uint64_t k;
+    slot_t *s = live_key(args[0], &k) ? live_find(self, k) : NULL;
+    if (s) return held_tuple(s);
+    PyObject *fallback = nargs == 2 ? args[1] : Py_None;
+    Py_INCREF(fallback);
+    return fallback;
+}
+
+static int by_key(const void *a, const void *b) {
+    uint64_t x = ((const slot_t *)a)->key, y = ((const slot_t *)b)->key;
+    return (x > y) - (x < y);
+}
+
+/* 0: keys, 1: values, 2: items; a list, by address */
+static PyObject *live_list(LiveTable *self, int what) {
+    slot_t *sorted = PyMem_Malloc((size_t)(self->n ? self->n : 1) * sizeof(slot_t));
+    if (!sorted) return PyErr_NoMemory();
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 0; i < self->cap; i++)
+        if (self->slots[i].key) sorted[n++] = self->slots[i];
+    qsort(sorted, (size_t)n, sizeof(slot_t), by_key);
+    PyObject *out = PyList_New(n);
+    for (Py_ssize_t i = 0; out && i < n; i++) {
+        const slot_t *s = &sorted[i];
+        PyObject *item = what == 0 ? PyLong_FromUnsignedLongLong(s->key)
+                       : what == 1 ? held_tuple(s)
+                       : Py_BuildValue("(K(KK))", (unsigned long long)s->key, (unsigned long long)s->size,
+                                       (unsigned long long)s->id);
+        if (!item) Py_CLEAR(out);
+        else PyList_SET_ITEM(out, i, item);
+    }
+    PyMem_Free(sorted);
+    return out;
+}
+
+static PyObject *LiveTable_keys(LiveTable *self, PyObject *unused) { (void)unused; return live_list(self, 0); }
+static PyObject *LiveTable_values(LiveTable *self, PyObject *unused) { (void)unused; return live_list(self, 1); }
+static PyObject *LiveTable_items(LiveTable *self, PyObject *unused) { (void)unused; return live_list(self, 2); }
+
+static PyObject *LiveTable_iter(LiveTable *self) {
+    PyObject *keys = live_list(self, 0);
+    if (!keys) return NULL;
+    PyObject *it = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return it;
+}
+
+static PyMappingMethods LiveTable_mapping = {
+    .mp_length = (lenfunc)LiveTable_len,
+    .mp_subscript = (binaryfunc)LiveTable_subscript,
+    .mp_ass_subscript = (objobjargproc)LiveTable_ass_subscript,
+};
+
+static PySequenceMethods LiveTable_sequence = {
+    .sq_contains = (objobjproc)LiveTable_contains,
+};
+
+static PyMethodDef LiveTable_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))LiveTable_get, METH_FASTCALL, "get(address, default=None) -> (nbytes, alloc_id)"},
+    {"keys", (PyCFunction)LiveTable_keys, METH_NOARGS, "the live addresses, in order"},
+    {"values", (PyCFunction)LiveTable_values, METH_NOARGS, "(nbytes, alloc_id) of every live allocation, by address"},
+    {"items", (PyCFunction)LiveTable_items, METH_NOARGS, "(address, (nbytes, alloc_id)), by address"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LiveTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "uvm_lab.mr._pool.LiveTable",
+    .tp_doc = "The pool's live allocations, address -> (nbytes, alloc_id), as plain integers (compiled).",
+    .tp_basicsize = sizeof(LiveTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = LiveTable_new,
+    .tp_dealloc = (destructor)LiveTable_dealloc,
+    .tp_as_mapping = &LiveTable_mapping,
+    .tp_as_sequence = &LiveTable_sequence,
+    .tp_iter = (getiterfunc)LiveTable_iter,
+    .tp_methods = LiveTable_methods,
+};
+
 /* ---- HotPath: PoolMemoryResource.allocate/deallocate for the common call ------------------------
  *
  * allocate(nbytes, stream=None) and deallocate(ptr, nbytes, stream=None) with plain positive ints and
@@ -403,12 +644,13 @@ typedef struct {
     PyObject_HEAD
     PyObject *pool;                 /* weakref to the PoolMemoryResource */
     BestFit *free;
-    PyObject *live;                 /* dict */
+    LiveTable *live;
     PyObject *ids;                  /* iterator of allocation ids */
     RLock *lock;                    /* the resource's lock */
     PyObject *now;                  /* () -> int ns */
     PyObject *queue;                /* the bus's bytearray of packed allocator records */
     int64_t device, kind_alloc, kind_free;
+    int monotonic;                  /* `now` is time.perf_counter_ns: read CLOCK_MONOTONIC, as it does, directly */
     PyObject *slow_allocate, *slow_deallocate;   /* unbound Python methods */
     PyObject *gone;                 /* the error raised once the pool is gone */
 } HotPath;
@@ -439,7 +681,7 @@ static int HotPath_init(HotPath *self, PyObject *args, PyObject *kwds) {
     PyObject *pool, *free, *live, *ids, *lock, *now, *queue, *sa, *sd, *gone;
     long long device, ka, kf;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!OO!OO!LLLOOO", names, &pool, &BestFitType, &free,
-                                     &PyDict_Type, &live, &ids, &RLockType, &lock, &now, &PyByteArray_Type, &queue,
+                                     &LiveTableType, &live, &ids, &RLockType, &lock, &now, &PyByteArray_Type, &queue,
                                      &device, &ka, &kf, &sa, &sd, &gone))
         return -1;
     if (!PyIter_Check(ids) || !PyCallable_Check(now) || !PyCallable_Check(sa) || !PyCallable_Check(sd)) {
@@ -452,7 +694,7 @@ static int HotPath_init(HotPath *self, PyObject *args, PyObject *kwds) {
     self->pool = ref;
     Py_INCREF(lock); self->lock = (RLock *)lock;
     Py_INCREF(free); self->free = (BestFit *)free;
-    Py_INCREF(live); self->live = live;
+    Py_INCREF(live); self->live = (LiveTable *)live;
     Py_INCREF(ids); self->ids = ids;
     Py_INCREF(now); self->now = now;
     Py_INCREF(queue); self->queue = queue;
@@ -462,6 +704,15 @@ static int HotPath_init(HotPath *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(sa); self->slow_allocate = sa;
     Py_INCREF(sd); self->slow_deallocate = sd;
     Py_INCREF(gone); self->gone = gone;
+    self->monotonic = 0;
+#if defined(CLOCK_MONOTONIC) && defined(__linux__)
+    PyObject *time = PyImport_ImportModule("time");
+    PyObject *perf = time ? PyObject_GetAttrString(time, "perf_counter_ns") : NULL;
+    Py_XDECREF(time);
+    if (!perf) return -1;
+    self->monotonic = PyObject_RichCompareBool(now, perf, Py_EQ) == 1;   /* (a builtin compares by identity) */
+    Py_DECREF(perf);
+#endif
     return 0;
 }
 
@@ -494,21 +745,6 @@ static uint64_t plain_size(PyObject *o) {
     return (uint64_t)v;
 }
 
-/* An exact int's value as 64 unsigned bits: 1, or 0 (no error set) when it is negative or too large.
-   PyLong_AsUnsignedLongLong goes through a byte array for every multi-digit int; this does not. */
-static int as_u64(PyObject *o, uint64_t *value) {
-    int overflow;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (!overflow) {
-        *value = (uint64_t)v;
-        return v >= 0;
-    }
-    if (overflow < 0) return 0;
-    *value = PyLong_AsUnsignedLongLong(o);
-    if (*value == (uint64_t)-1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
-    return 1;
-}
-
 /* None (0) or a non-negative exact int that fits in 64 bits: the stream's handle. 0 for the slow path. */
 static int plain_stream(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t at, uint64_t *handle) {
     if (nargs <= at || args[at] == Py_None) { *handle = 0; return 1; }
@@ -517,17 +753,25 @@ static int plain_stream(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t at, 
 
 /* Queue one record on the bus: (kind, device, now, ptr, nbytes, alloc_id, stream) as seven little-endian
    64-bit ints, uvm_lab.events.bus.ALLOCATOR_RECORD, appended to the bus's bytearray. */
-static int emit(HotPath *self, int64_t kind, uint64_t ptr, uint64_t nbytes, PyObject *id, uint64_t stream) {
-    PyObject *now = PyObject_CallNoArgs(self->now);
-    if (!now) return -1;
-    int overflow_t, overflow_id;    /* (PyLong_AsLongLong goes through a byte array for large ints) */
-    int64_t t = PyLong_AsLongLongAndOverflow(now, &overflow_t);
-    Py_DECREF(now);
-    int64_t alloc_id = PyLong_AsLongLongAndOverflow(id, &overflow_id);
-    if (PyErr_Occurred()) return -1;
-    if (overflow_t || overflow_id) {
-        PyErr_SetString(PyExc_OverflowError, "an event's time or allocation id does not fit in 64 bits");
-        return -1;
+static int emit(HotPath *self, int64_t kind, uint64_t ptr, uint64_t nbytes, int64_t alloc_id, uint64_t stream) {
+    int64_t t;
+#ifdef CLOCK_MONOTONIC
+    struct timespec ts;
+    if (self->monotonic && clock_gettime(CLOCK_MONOTONIC, &ts) == 0) {
+        t = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    } else
+#endif
+    {
+        PyObject *now = PyObject_CallNoArgs(self->now);
+        if (!now) return -1;
+        int overflow;     /* (PyLong_AsLongLong goes through a byte array for large ints) */
+        t = PyLong_AsLongLongAndOverflow(now, &overflow);
+        Py_DECREF(now);
+        if (PyErr_Occurred()) return -1;
+        if (overflow) {
+            PyErr_SetString(PyExc_OverflowError, "the clock's time does not fit in 64 bits");
+            return -1;
+        }
     }
     uint64_t record[7] = {(uint64_t)kind, (uint64_t)self->device, (uint64_t)t, ptr, nbytes, (uint64_t)alloc_id, stream};
 #if PY_BIG_ENDIAN
@@ -553,66 +797,57 @@ static PyObject *HotPath_allocate(HotPath *self, PyObject *const *args, size_t n
         if (lock_give(self->lock) < 0 || found < 0) return NULL;
         return slow(self, self->slow_allocate, args, nargsf, kwnames);   /* the pool grows, or fails, there */
     }
-    PyObject *ptr = PyLong_FromUnsignedLongLong(addr);
-    PyObject *id = ptr ? PyIter_Next(self->ids) : NULL;
-    PyObject *held = id ? PyTuple_Pack(2, args[0], id) : NULL;
-    if (!held || PyDict_SetItem(self->live, ptr, held) < 0) {
+    /* The id is taken only once the memory is, as the Python path does: ids run without gaps. */
+    int64_t id = 0;
+    int overflow = 0;
+    PyObject *id_obj = PyIter_Next(self->ids);
+    if (id_obj) {
+        id = PyLong_AsLongLongAndOverflow(id_obj, &overflow);
+        Py_DECREF(id_obj);
+    }
+    PyObject *ptr = id > 0 && !overflow ? PyLong_FromUnsignedLongLong(addr) : NULL;
+    if (!ptr || live_set(self->live, addr, size, (uint64_t)id) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "the allocation ids have run out");
+        bf_give(self->free, addr, need);      /* nothing is lost: the range goes back (its room is still there) */
+        Py_XDECREF(ptr);
         PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        if (!type) PyErr_SetString(PyExc_RuntimeError, "the allocation id counter is exhausted");
-        else PyErr_Restore(type, value, tb);
-        bf_give(self->free, addr, need);      /* nothing is lost: the range goes back */
-        Py_XDECREF(ptr); Py_XDECREF(id); Py_XDECREF(held);
         PyErr_Fetch(&type, &value, &tb);
         lock_give(self->lock);
         PyErr_Restore(type, value, tb);
         return NULL;
     }
-    Py_DECREF(held);
     if (lock_give(self->lock) < 0 || emit(self, self->kind_alloc, addr, size, id, stream) < 0) {
-        Py_DECREF(id);
         Py_DECREF(ptr);
         return NULL;
     }
-    Py_DECREF(id);
     return ptr;
 }
 
 static PyObject *HotPath_deallocate(HotPath *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    int plain = kwnames == NULL && (nargs == 2 || nargs == 3) && PyLong_CheckExact(args[0]);
-    uint64_t size = plain ? plain_size(args[1]) : 0, stream;
+    uint64_t addr = 0, stream;
+    int plain = kwnames == NULL && (nargs == 2 || nargs == 3) && PyLong_CheckExact(args[0]) && as_u64(args[0], &addr);
+    uint64_t size = plain ? plain_size(args[1]) : 0;
     if (!size || !plain_stream(args, nargs, 2, &stream))
         return slow(self, self->slow_deallocate, args, nargsf, kwnames);
-    PyObject *ptr = args[0];
     if (pool_gone(self)) return NULL;
 
     lock_take(self->lock, -1);
-    PyObject *held = PyDict_GetItemWithError(self->live, ptr);     /* borrowed */
-    int same = held && PyTuple_CheckExact(held) && PyTuple_GET_SIZE(held) == 2
-               ? PyObject_RichCompareBool(PyTuple_GET_ITEM(held, 0), args[1], Py_EQ) : 0;
-    uint64_t addr;
-    if (same != 1 || !as_u64(ptr, &addr)) {
-        PyErr_Clear();     /* the Python path names what is wrong */
+    slot_t *held = live_find(self->live, addr);
+    if (!held || held->size != size) {
         if (lock_give(self->lock) < 0) return NULL;
-        return slow(self, self->slow_deallocate, args, nargsf, kwnames);
+        return slow(self, self->slow_deallocate, args, nargsf, kwnames);   /* it names what is wrong */
     }
-    PyObject *id = PyTuple_GET_ITEM(held, 1);
-    Py_INCREF(id);
-    Py_INCREF(ptr);
-    if (bf_give(self->free, addr, (size + ALIGNMENT - 1) & ~(uint64_t)(ALIGNMENT - 1)) < 0 ||
-        PyDict_DelItem(self->live, ptr) < 0) {
+    int64_t id = (int64_t)held->id;
+    if (bf_give(self->free, addr, (size + ALIGNMENT - 1) & ~(uint64_t)(ALIGNMENT - 1)) < 0) {
         PyObject *type, *value, *tb;
         PyErr_Fetch(&type, &value, &tb);
         lock_give(self->lock);
         PyErr_Restore(type, value, tb);
-        Py_DECREF(id); Py_DECREF(ptr);
         return NULL;
     }
-    int failed = lock_give(self->lock) < 0 || emit(self, self->kind_free, addr, size, id, stream) < 0;
-    Py_DECREF(id);
-    Py_DECREF(ptr);
-    if (failed) return NULL;
+    live_remove(self->live, held);
+    if (lock_give(self->lock) < 0 || emit(self, self->kind_free, addr, size, id, stream) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -643,14 +878,17 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__pool(void) {
-    if (PyType_Ready(&BestFitType) < 0 || PyType_Ready(&RLockType) < 0 || PyType_Ready(&HotPathType) < 0) return NULL;
+    if (PyType_Ready(&BestFitType) < 0 || PyType_Ready(&RLockType) < 0 || PyType_Ready(&LiveTableType) < 0 ||
+        PyType_Ready(&HotPathType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&BestFitType);
     Py_INCREF(&HotPathType);
     Py_INCREF(&RLockType);
+    Py_INCREF(&LiveTableType);
     if (PyModule_AddObject(m, "BestFit", (PyObject *)&BestFitType) < 0 ||
         PyModule_AddObject(m, "RLock", (PyObject *)&RLockType) < 0 ||
+        PyModule_AddObject(m, "LiveTable", (PyObject *)&LiveTableType) < 0 ||
         PyModule_AddObject(m, "HotPath", (PyObject *)&HotPathType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -47,7 +47,7 @@ from .fixed_size import give_back_when_collected
 
 if COMPILED:
     from ._pool import BestFit as CompiledBestFit
-    from ._pool import HotPath, RLock
+    from ._pool import HotPath, LiveTable, RLock
 
 __all__ = ["ALIGNMENT", "PoolMemoryResource"]
 
@@ -118,13 +118,15 @@ class PoolMemoryResource(MemoryResource):
                     value=initial_pool_size, expected=f"at most maximum_pool_size = {maximum}")
 
         super().__init__(upstream_mr.backend)
-        if COMPILED:
-            self._lock = RLock()                 # threading.RLock's rules; the hot path takes it without a call
+        self._free = BestFit()                   # the free ranges (compiled where the package was built so)
+        if COMPILED and type(self._free) is CompiledBestFit:
+            # The same rules as the base class's RLock and dict, kept where the hot path reaches them without a call.
+            self._lock = RLock()
+            self._live = LiveTable()
         self.upstream_mr = upstream_mr
         self._maximum = maximum
         self._pool_size = 0
         self._blocks: dict[int, int] = {}        # upstream block address -> size
-        self._free = BestFit()                   # the free ranges (compiled where the package was built so)
         if initial:
             with self._lock:
                 self._add_block(*self._take_from_upstream(initial, initial, 0), 0)
