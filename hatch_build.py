@@ -1,7 +1,8 @@
 """Build hook: compile the pool's free list and hot path (``uvm_lab/mr/_pool.c``) where a C compiler is present.
 
 Without one the wheel is pure Python and the pool runs every call in Python, with the same free list
-written in Python (``uvm_lab.mr.bestfit.PyBestFit``): about 2.5x slower a pair. ``UVM_LAB_PURE_PYTHON=1`` skips the compiler.
+written in Python (``uvm_lab.mr.bestfit.PyBestFit``): about 4x slower a pair (``benchmarks/README.md``).
+``UVM_LAB_PURE_PYTHON=1`` skips the compiler.
 ``python hatch_build.py`` compiles it in place, for a checkout that is used without installing.
 """
 

@@ -104,6 +104,16 @@ def main() -> None:
     results["uvm_lab pool + statistics"] = best_of(args.repeats, uvm(stats))
     with ul.record():
         results["uvm_lab pool, recording events"] = best_of(args.repeats, uvm(pool))
+    # As installed where no C compiler was found: every call in Python, on the Python free list.
+    from uvm_lab.mr import bestfit
+    from uvm_lab.mr import pool as pool_module
+    compiled, pool_module.BestFit = pool_module.BestFit, bestfit.PyBestFit
+    try:
+        pure = ul.mr.PoolMemoryResource(ul.mr.CudaMemoryResource(), initial_pool_size="1GiB")
+    finally:
+        pool_module.BestFit = compiled
+    results["uvm_lab pool, built without a C compiler"] = best_of(args.repeats, uvm(pure))
+    del pure
 
     try:
         import rmm

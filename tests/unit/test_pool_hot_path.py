@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import random
 import threading
 import weakref
@@ -13,6 +14,7 @@ import pytest
 
 import uvm_lab as ul
 from uvm_lab.errors import DoubleFreeError, InvalidArgumentError, InvalidStateError, OutOfMemoryError, UvmLabError
+from uvm_lab.events import EventBus
 from uvm_lab.mr import pool as pool_module
 from uvm_lab.mr.bestfit import COMPILED, PyBestFit
 
@@ -90,7 +92,8 @@ def script(pool: pool_module.PoolMemoryResource, seed: int) -> tuple[list[object
 def test_the_hot_path_and_the_python_methods_agree_call_for_call(monkeypatch, seed):
     runs = []
     for pure in (True, False):
-        ul.use_backend("sim", device_memory="4GiB")        # the same address space for both
+        # The same address space for both, and a bus of its own: nothing another test left behind is recorded.
+        ul.use_backend("sim", device_memory="4GiB", bus=EventBus())
         pool = make_pool(pure, monkeypatch, initial_pool_size="1MiB", maximum_pool_size="16MiB")
         runs.append(script(pool, seed))
     (py_seen, py_events), (c_seen, c_events) = runs
@@ -181,7 +184,7 @@ def test_threads_sharing_a_pool_never_get_overlapping_memory(monkeypatch, pure):
     for t in threads:
         t.join()
     spans = sorted((p, p + (n + 255) // 256 * 256) for mine in held for p, n in mine)
-    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:]))
+    assert all(end <= nxt for (_, end), (nxt, _) in itertools.pairwise(spans))
     assert pool.get_allocated_bytes() == sum(n for mine in held for _, n in mine)
 
 
@@ -189,7 +192,6 @@ def test_threads_sharing_a_pool_never_get_overlapping_memory(monkeypatch, pure):
 def test_the_compiled_live_table_behaves_as_the_dict_it_replaces():
     from hypothesis import given, settings
     from hypothesis import strategies as st
-
     from uvm_lab.mr._pool import LiveTable
 
     # Few distinct addresses, many operations: keys collide, are removed from the middle of probe runs,

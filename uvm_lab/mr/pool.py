@@ -140,9 +140,11 @@ class PoolMemoryResource(MemoryResource):
         allocation id, one event); every other call, and every growth or error, still runs here.
         A subclass that changes any step keeps the Python methods.
         """
+        if not COMPILED or type(self._free) is not CompiledBestFit:
+            return
         cls = type(self)
-        if not COMPILED or type(self._free) is not CompiledBestFit or any(getattr(cls, name) is not getattr(PoolMemoryResource, name)
-                               for name in ("allocate", "deallocate", "_allocate", "_deallocate", "_emit")):
+        if any(getattr(cls, name) is not getattr(PoolMemoryResource, name)
+               for name in ("allocate", "deallocate", "_allocate", "_deallocate", "_emit")):
             return
         hot = HotPath(self, self._free, self._live, _alloc_ids, self._lock, self.backend.now_ns,
                       self.backend.bus.allocator_queue(), self.device_id, int(EventKind.ALLOC), int(EventKind.FREE),
