@@ -115,3 +115,30 @@ def test_giving_back_something_that_is_no_pointer_is_a_typed_error(ptr):
             mr.deallocate(ptr, 4096)
         mr.deallocate(live, 4096)                  # what it did hold is still there to give back
         assert mr.get_allocated_bytes() == 0
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: ul.mr.CudaMemoryResource(device=d),
+    lambda d: ul.mr.ManagedMemoryResource(device=d),
+    lambda d: ul.mr.CudaAsyncMemoryResource(device=d),
+])
+def test_a_leaf_resource_keeps_the_device_it_was_made_for_and_refuses_one_that_is_not_there(make):
+    mr = make(0)
+    assert mr.device_id == 0
+    ptr = mr.allocate(4096)
+    mr.deallocate(ptr, 4096)
+    for bad in (1, -1, True, "0", 0.0):
+        with pytest.raises(InvalidArgumentError, match=r"0\.\.0") as err:
+            make(bad)
+        assert err.value.value == bad
+
+
+def test_per_device_resources_default_to_managed_memory_on_their_device_and_check_what_they_are_given():
+    mr = ul.mr.get_per_device_resource(0)
+    assert isinstance(mr, ul.mr.ManagedMemoryResource) and mr.device_id == 0
+    pinned = ul.mr.PinnedHostMemoryResource()       # host memory belongs to no device: any may use it
+    ul.mr.set_per_device_resource(0, pinned)
+    assert ul.mr.get_current_device_resource() is pinned
+    with pytest.raises(InvalidArgumentError, match=r"ordinal 0\.\.0"):
+        ul.mr.set_per_device_resource(1, ul.mr.CudaMemoryResource())
+    assert ul.mr.get_current_device_resource() is pinned

@@ -13,9 +13,11 @@ so without that source ``touch`` reports its time but no fault or byte counts.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -98,13 +100,37 @@ extern "C" __global__ void uvm_lab_touch(unsigned long long address, unsigned lo
 _MODES = {"read": 0, "write": 1, "atomic": 2}
 
 
+def _capabilities_of(device: int) -> Capabilities:
+    attr = cudart.cudaDeviceAttr
+
+    def flag(a: Any) -> bool:
+        return bool(check(cudart.cudaDeviceGetAttribute(a, device)))
+
+    return Capabilities(
+        managed_memory=flag(attr.cudaDevAttrManagedMemory),
+        concurrent_managed_access=flag(attr.cudaDevAttrConcurrentManagedAccess),
+        pageable_memory_access=flag(attr.cudaDevAttrPageableMemoryAccess),
+        memory_pools=flag(attr.cudaDevAttrMemoryPoolsSupported),
+    )
+
+
+def _name_of(device: int) -> str:
+    name = check(cudart.cudaGetDeviceProperties(device)).name
+    return name.decode(errors="replace").rstrip("\x00") if isinstance(name, bytes) else str(name)
+
+
 class CudaBackend:
-    """The current CUDA device, with unified memory.
+    """The CUDA devices of this process, with unified memory.
+
+    ``device`` is the current one: resources made without a ``device=`` allocate there, and it is
+    where "gpu" means. Every other GPU is reached by naming it: ``ManagedMemoryResource(device=1)``,
+    ``buf.prefetch("gpu:1")``, ``reinitialize(devices=[0, 1])``. Calls for another device make it
+    current for the call only, as RMM's per-device resources do.
 
     Parameters
     ----------
     device
-        The device ordinal to use (made current, and its primary context created).
+        The current device's ordinal (made current, and its primary context created).
     bus
         Where events go; the process-wide bus by default.
     """
@@ -135,24 +161,17 @@ class CudaBackend:
         self._device = device
         self._count = count
         self._segments: dict[int, tuple[int, MemoryKind, int]] = {}   # ptr -> (size, kind, segment id)
+        self._homes: dict[int, int] = {}     # ptr -> the device that was current when it was allocated
         self._lock = threading.RLock()
         self._kernel: Any = None
+        self._contexts = {device}            # devices whose primary context this backend has made
         self._pools: dict[int, Any] = {}     # handle -> cudaMemPool_t, for pools this backend created
         self._side_stream: int | None = None  # where copies into managed memory prefetch ahead of themselves
-        attr = cudart.cudaDeviceAttr
-
-        def flag(a: Any) -> bool:
-            return bool(check(cudart.cudaDeviceGetAttribute(a, device)))
-
-        self.capabilities = Capabilities(
-            managed_memory=flag(attr.cudaDevAttrManagedMemory),
-            concurrent_managed_access=flag(attr.cudaDevAttrConcurrentManagedAccess),
-            pageable_memory_access=flag(attr.cudaDevAttrPageableMemoryAccess),
-            memory_pools=flag(attr.cudaDevAttrMemoryPoolsSupported),
-        )
-        props = check(cudart.cudaGetDeviceProperties(device))
-        self.device_name = props.name.decode(errors="replace").rstrip("\x00") if isinstance(props.name, bytes) \
-            else str(props.name)
+        self._capabilities = [_capabilities_of(d) for d in range(count)]
+        #: What the current device can do (``capabilities_of(d)`` for another).
+        self.capabilities = self._capabilities[device]
+        self._names = [_name_of(d) for d in range(count)]
+        self.device_name = self._names[device]
 
     def __repr__(self) -> str:
         return f"CudaBackend(device={self._device}, name={self.device_name!r})"
@@ -163,6 +182,33 @@ class CudaBackend:
 
     def current_device(self) -> int:
         return self._device
+
+    def capabilities_of(self, device: int) -> Capabilities:
+        """What ``device`` can do (managed memory, concurrent access, memory pools ...)."""
+        return self._capabilities[self._ordinal(device)]
+
+    def _ordinal(self, device: object) -> int:
+        if isinstance(device, bool) or not isinstance(device, (int, np.integer)) or not 0 <= device < self._count:
+            raise InvalidArgumentError(f"device must be a device ordinal 0..{self._count - 1}, got {device!r}",
+                                       value=device, expected=f"0..{self._count - 1}")
+        return int(device)
+
+    @contextlib.contextmanager
+    def _on(self, device: int) -> Iterator[None]:
+        """Make ``device`` current for the calls inside (the runtime's current device is per thread)."""
+        device = self._ordinal(device)
+        before = int(check(cudart.cudaGetDevice()))
+        if before == device:
+            yield
+            return
+        check(cudart.cudaSetDevice(device))
+        try:
+            if device not in self._contexts:
+                check(cudart.cudaFree(0))     # its primary context, made once
+                self._contexts.add(device)
+            yield
+        finally:
+            check(cudart.cudaSetDevice(before))
 
     # The builtin itself, not a method around it: every allocator event reads the clock.
     now_ns = staticmethod(time.perf_counter_ns)
@@ -182,35 +228,36 @@ class CudaBackend:
         check(cudart.cudaStreamSynchronize(handle))
 
     def mem_info(self, device: int = 0) -> tuple[int, int]:
-        if device != self._device:
-            raise InvalidArgumentError(f"this backend drives device {self._device}; got device {device!r}",
-                                       value=device, expected=str(self._device))
-        free, total = check(cudart.cudaMemGetInfo())
+        with self._on(device):
+            free, total = check(cudart.cudaMemGetInfo())
         return int(free), int(total)
 
     # -- mapping -----------------------------------------------------------------------------------------
-    def allocate(self, size: int, kind: MemoryKind, *, device: int = 0, stream: int = 0) -> int:
+    def allocate(self, size: int, kind: MemoryKind, *, device: int | None = None, stream: int = 0) -> int:
+        """Allocate on ``device`` (the current one when None); pinned host memory belongs to no device."""
         size = parse_size(size, allow_zero=False)
         kind = MemoryKind(kind)
-        with self._lock:
+        device = self._device if device is None or kind is MemoryKind.PINNED_HOST else self._ordinal(device)
+        with self._lock, self._on(device):
             try:
                 if kind is MemoryKind.MANAGED:
-                    self._require("managed_memory", "cudaMallocManaged")
+                    self._require("managed_memory", "cudaMallocManaged", device)
                     ptr = int(check(cudart.cudaMallocManaged(size, cudart.cudaMemAttachGlobal)))
                 elif kind is MemoryKind.DEVICE:
                     ptr = int(check(cudart.cudaMalloc(size)))
                 else:
                     ptr = int(check(cudart.cudaMallocHost(size)))
             except OutOfMemoryError as exc:
-                free, total = self.mem_info(self._device)
-                raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} of {kind.name.lower()} memory: "
-                                       f"{exc}; {format_bytes(free)} of {format_bytes(total)} free",
+                free, total = self.mem_info(device)
+                raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} of {kind.name.lower()} memory on "
+                                       f"device {device}: {exc}; {format_bytes(free)} of {format_bytes(total)} free",
                                        size=size, free=free, limit=total) from None
             seg_id = new_alloc_id()
             self._segments[ptr] = (size, kind, seg_id)
+            self._homes[ptr] = device
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_ALLOC, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
-                                   dst=HOST_ID if kind is MemoryKind.PINNED_HOST else self._device, start=now,
+                                   dst=HOST_ID if kind is MemoryKind.PINNED_HOST else device, start=now,
                                    end=now, stream=stream))
         return ptr
 
@@ -221,8 +268,9 @@ class CudaBackend:
                 raise DoubleFreeError(f"{ptr!r} is not a live allocation of this backend (already freed?)",
                                       ptr=ptr if isinstance(ptr, int) else 0)
             size, kind, seg_id = held
-            check(cudart.cudaFreeHost(ptr) if kind is MemoryKind.PINNED_HOST else cudart.cudaFree(ptr))
-            del self._segments[ptr]
+            with self._on(self._homes[ptr]):
+                check(cudart.cudaFreeHost(ptr) if kind is MemoryKind.PINNED_HOST else cudart.cudaFree(ptr))
+            del self._segments[ptr], self._homes[ptr]
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
                                    start=now, end=now, stream=stream))
@@ -241,7 +289,8 @@ class CudaBackend:
         BackendError
             The device has no memory pools, or cannot export the handle types asked for.
         """
-        self._require("memory_pools", "cudaMemPoolCreate")
+        device = self._ordinal(device)
+        self._require("memory_pools", "cudaMemPoolCreate", device)
         bits = 0
         for name in handles:
             bits |= POOL_HANDLE_TYPES[name]
@@ -283,25 +332,28 @@ class CudaBackend:
         """``cudaMemPoolTrimTo``: give unused reserved memory back until at most ``keep`` bytes are held."""
         check(cudart.cudaMemPoolTrimTo(self._pools[pool], keep))
 
-    def allocate_async(self, size: int, *, device: int = 0, stream: int = 0, pool: int | None = None) -> int:
+    def allocate_async(self, size: int, *, device: int | None = None, stream: int = 0, pool: int | None = None) -> int:
         """``cudaMallocAsync`` (or ``cudaMallocFromPoolAsync`` from ``pool``), ordered on ``stream``."""
         size = parse_size(size, allow_zero=False)
-        self._require("memory_pools", "cudaMallocAsync")
-        with self._lock:
+        device = self._device if device is None else self._ordinal(device)
+        self._require("memory_pools", "cudaMallocAsync", device)
+        with self._lock, self._on(device):
             try:
                 if pool is None:
                     ptr = int(check(cudart.cudaMallocAsync(size, stream)))
                 else:
                     ptr = int(check(cudart.cudaMallocFromPoolAsync(size, self._pools[pool], stream)))
             except OutOfMemoryError as exc:
-                free, total = self.mem_info(self._device)
-                raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} from the device's memory pool: {exc}",
+                free, total = self.mem_info(device)
+                raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} from device {device}'s memory pool: "
+                                       f"{exc}",
                                        size=size, free=free, limit=total) from None
             seg_id = new_alloc_id()
             self._segments[ptr] = (size, MemoryKind.DEVICE, seg_id)
+            self._homes[ptr] = device
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_ALLOC, flags=MemoryKind.DEVICE, address=ptr, nbytes=size,
-                                   alloc_id=seg_id, dst=self._device, start=now, end=now, stream=stream))
+                                   alloc_id=seg_id, dst=device, start=now, end=now, stream=stream))
         return ptr
 
     def free_async(self, ptr: int, *, stream: int = 0) -> None:
@@ -311,8 +363,9 @@ class CudaBackend:
             if held is None:
                 raise DoubleFreeError(f"{ptr!r} is not a live allocation of this backend (already freed?)",
                                       ptr=ptr if isinstance(ptr, int) else 0)
-            check(cudart.cudaFreeAsync(ptr, stream))
-            del self._segments[ptr]
+            with self._on(self._homes[ptr]):
+                check(cudart.cudaFreeAsync(ptr, stream))
+            del self._segments[ptr], self._homes[ptr]
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=held[1], address=ptr, nbytes=held[0],
                                    alloc_id=held[2], start=now, end=now, stream=stream))
@@ -331,7 +384,8 @@ class CudaBackend:
         self._check_location(location)
         if kind is not MemoryKind.MANAGED:
             return   # RMM's behaviour: memory that cannot migrate is left alone
-        self._require("concurrent_managed_access", "cudaMemPrefetchAsync")
+        self._require("concurrent_managed_access", "cudaMemPrefetchAsync",
+                      self._device if location.is_host else location.id)
         start = self.now_ns()
         check(cudart.cudaMemPrefetchAsync(ptr, size, _location(location), 0, stream))
         self.bus.publish(record_of(EventKind.PREFETCH, dst=location.id, address=ptr, nbytes=size, alloc_id=seg_id,
@@ -343,7 +397,8 @@ class CudaBackend:
         if kind is not MemoryKind.MANAGED:
             raise BackendError(f"memory advice applies to managed memory only; the range at {ptr:#x} is "
                                f"{kind.name.lower()} memory")
-        self._require("concurrent_managed_access", "cudaMemAdvise")
+        self._require("concurrent_managed_access", "cudaMemAdvise",
+                      self._device if location is None or location.is_host else location.id)
         needs = advice in (Advice.SET_PREFERRED_LOCATION, Advice.SET_ACCESSED_BY, Advice.UNSET_ACCESSED_BY)
         if needs and location is None:
             raise InvalidArgumentError(f"{advice.name} needs a location", value=None, expected='"host" or a device')
@@ -392,7 +447,8 @@ class CudaBackend:
             self._host_touch(ptr, size, mode)
             return AccessResult(time.perf_counter() - start, None, None, None, None)
         start = time.perf_counter()
-        self._gpu_touch(ptr, size, mode, stream)
+        with self._on(processor.id):
+            self._gpu_touch(ptr, size, mode, stream)
         return AccessResult(time.perf_counter() - start, None, None, None, None)
 
     def host_view(self, ptr: int, size: int) -> np.ndarray:
@@ -499,11 +555,12 @@ class CudaBackend:
         if not isinstance(location, Location):
             raise InvalidArgumentError(f"expected a Location, got {location!r}", value=location,
                                        expected="uvm_lab.Location")
-        if not location.is_host and location.id != self._device:
-            raise InvalidArgumentError(f"this backend drives device {self._device}; got {location}", value=location,
-                                       expected=f'"host" or "gpu:{self._device}"')
+        if not location.is_host and not 0 <= location.id < self._count:
+            raise InvalidArgumentError(f"this machine has devices 0..{self._count - 1}; got {location}",
+                                       value=location, expected=f'"host" or "gpu:0".."gpu:{self._count - 1}"')
 
-    def _require(self, capability: str, call: str) -> None:
-        if not getattr(self.capabilities, capability):
-            raise BackendError(f"{call} needs {capability.replace('_', ' ')}, which device {self._device} "
-                               f"({self.device_name}) does not have")
+    def _require(self, capability: str, call: str, device: int | None = None) -> None:
+        device = self._device if device is None else device
+        if not getattr(self._capabilities[device], capability):
+            raise BackendError(f"{call} needs {capability.replace('_', ' ')}, which device {device} "
+                               f"({self._names[device]}) does not have")

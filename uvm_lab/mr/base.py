@@ -23,6 +23,18 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryResource", "ResourceAdaptor", "resource_chain"]
 
+
+def device_of(backend: Backend, device: object) -> int:
+    """The ordinal a leaf resource allocates on: ``device``, or the backend's current one when None."""
+    if device is None:
+        return backend.current_device()
+    count = backend.device_count()
+    if isinstance(device, bool) or not isinstance(device, Integral) or not 0 <= device < count:
+        raise InvalidArgumentError(f"device must be a device ordinal 0..{count - 1} on this "
+                                   f"{'simulated ' if backend.is_simulated else ''}machine, got {device!r}",
+                                   value=device, expected=f"None (the current device) or 0..{count - 1}")
+    return int(device)
+
 # Plain ints: an enum member costs an attribute lookup on every allocation.
 _ALLOC, _FREE, _ALLOC_FAILURE = int(EventKind.ALLOC), int(EventKind.FREE), int(EventKind.ALLOC_FAILURE)
 _pack = ALLOCATOR_RECORD.pack
@@ -39,8 +51,9 @@ class MemoryResource:
     #: The resource this one takes memory from (adaptors and suballocators), or None for a leaf.
     upstream_mr: MemoryResource | None = None
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, device: int | None = None) -> None:
         self.backend = backend
+        self._device = device                           # a leaf's own device; None: the upstream's
         self._live: dict[int, tuple[int, int]] = {}     # ptr -> (size, alloc_id)
         self._lock = threading.RLock()
 
@@ -52,8 +65,10 @@ class MemoryResource:
 
     @property
     def device_id(self) -> int:
-        """The device this resource allocates for (-1 when it does not apply)."""
-        return self.upstream_mr.device_id if self.upstream_mr is not None else self.backend.current_device()
+        """The device this resource allocates on (-1 for host memory): a leaf's own, an adaptor's upstream's."""
+        if self.upstream_mr is not None:
+            return self.upstream_mr.device_id
+        return self._device if self._device is not None else self.backend.current_device()
 
     # -- RMM's interface --------------------------------------------------------------------------
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:

@@ -34,7 +34,7 @@ from ..errors import BackendError, InvalidArgumentError, OutOfMemoryError
 from ..events.schema import MemoryKind
 from ..units import BLOCK_SIZE, format_bytes, parse_size
 from .arena import FreeRanges
-from .base import MemoryResource
+from .base import MemoryResource, device_of
 from .fixed_size import _align_up
 
 __all__ = ["CudaAsyncMemoryResource"]
@@ -61,6 +61,8 @@ class CudaAsyncMemoryResource(MemoryResource):
         simulator.
     enable_fabric
         Make the pool's memory shareable across nodes (fabric handles). Not on the simulator.
+    device
+        The GPU the pool lives on (keyword only); the current device when None.
 
     Raises
     ------
@@ -81,7 +83,7 @@ class CudaAsyncMemoryResource(MemoryResource):
     """
 
     def __init__(self, initial_pool_size: int | str | None = None, release_threshold: int | str | None = None,
-                 enable_ipc: bool = False, enable_fabric: bool = False) -> None:
+                 enable_ipc: bool = False, enable_fabric: bool = False, *, device: int | None = None) -> None:
         initial = 0 if initial_pool_size is None else parse_size(initial_pool_size, name="initial_pool_size")
         threshold = None if release_threshold is None else parse_size(release_threshold, name="release_threshold")
         ipc = _flag(enable_ipc, "enable_ipc")
@@ -93,6 +95,7 @@ class CudaAsyncMemoryResource(MemoryResource):
                 f"threshold or lower the initial size", value=initial_pool_size,
                 expected=f"at most release_threshold = {threshold}")
         backend = get_backend()
+        device = device_of(backend, device)
         self._simulated = backend.name == "sim"
         if not self._simulated and not hasattr(backend, "create_async_pool"):
             raise BackendError(
@@ -102,7 +105,7 @@ class CudaAsyncMemoryResource(MemoryResource):
             what = "enable_ipc" if ipc else "enable_fabric"
             raise BackendError(f"{what}=True needs shareable memory handles, which the simulated backend does not "
                                f"have; leave it False on the simulator")
-        super().__init__(backend)
+        super().__init__(backend, device)
         self._initial = initial
         self._threshold = threshold
         self.enable_ipc = ipc

@@ -42,7 +42,7 @@ def get_per_device_resource(device: int) -> MemoryResource:
     with _lock:
         mr = _resources.get(dev)
         if mr is None or mr.backend is not backend:   # a new backend starts with a fresh default
-            mr = _resources[dev] = ManagedMemoryResource()
+            mr = _resources[dev] = ManagedMemoryResource(device=dev)
         return mr
 
 
@@ -55,6 +55,9 @@ def set_per_device_resource(device: int, mr: MemoryResource) -> None:
     if mr.backend is not get_backend():
         raise InvalidArgumentError(f"{mr!r} was made on another backend ({mr.backend!r}); make it again after "
                                    f"use_backend()", value=mr, expected="a resource of the current backend")
+    if mr.device_id >= 0 and mr.device_id != dev:   # host memory (pinned) may serve any device
+        raise InvalidArgumentError(f"{mr!r} allocates on device {mr.device_id}, not device {dev}; make it with "
+                                   f"device={dev}", value=mr, expected=f"a resource made with device={dev}")
     with _lock:
         _resources[dev] = mr
 

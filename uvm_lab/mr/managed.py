@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..backends import get_backend
 from ..events.schema import MemoryKind
 from ..units import format_bytes
-from .base import MemoryResource
+from .base import MemoryResource, device_of
 
 __all__ = ["ManagedMemoryResource"]
 
@@ -16,10 +16,14 @@ class ManagedMemoryResource(MemoryResource):
     By default an allocation larger than the device's free memory is refused with
     :class:`~uvm_lab.errors.OutOfMemoryError`: oversubscribing a real, shared GPU can stall it.
     ``allow_oversubscription=True`` opts in (the simulator is the safe place to study it).
+
+    ``device`` is the GPU whose free memory that guard reads and whose memory the allocation counts
+    against (the current device when None); the memory itself can live anywhere.
     """
 
-    def __init__(self, *, allow_oversubscription: bool = False) -> None:
-        super().__init__(get_backend())
+    def __init__(self, *, allow_oversubscription: bool = False, device: int | None = None) -> None:
+        backend = get_backend()
+        super().__init__(backend, device_of(backend, device))
         self.allow_oversubscription = bool(allow_oversubscription)
 
     @property
@@ -40,5 +44,6 @@ class ManagedMemoryResource(MemoryResource):
         self.backend.free(ptr, stream=stream)
 
     def __repr__(self) -> str:
-        return "ManagedMemoryResource(allow_oversubscription=True)" if self.allow_oversubscription \
-            else "ManagedMemoryResource()"
+        args = [f"device={self.device_id}"] if self.device_id else []
+        args += ["allow_oversubscription=True"] if self.allow_oversubscription else []
+        return f"ManagedMemoryResource({', '.join(args)})"

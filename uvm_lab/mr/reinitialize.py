@@ -142,7 +142,7 @@ def reinitialize(pool_allocator: bool = False, managed_memory: bool = False,
 
     built: dict[int, MemoryResource] = {}
     for device in devs:
-        mr: MemoryResource = ManagedMemoryResource() if managed else CudaMemoryResource()
+        mr: MemoryResource = ManagedMemoryResource(device=device) if managed else CudaMemoryResource(device=device)
         if pool:
             mr = PoolMemoryResource(mr, initial_pool_size=initial_pool_size, maximum_pool_size=maximum_pool_size)
         if base_name is not None:
