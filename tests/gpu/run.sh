@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU suite, on a machine with an NVIDIA GPU and cuda-python + CuPy installed.
-# Runs the GPU tests and the core unit tests that need no Jupyter packages.
+# Runs the GPU tests and the core unit tests that need no Jupyter packages. tests/gpu/test_multi_device.py
+# needs two GPUs (the nvidia-h200-x2 machine); on one it skips, saying so.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
