@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import itertools
 import random
 import threading
@@ -106,6 +107,10 @@ def test_the_hot_path_and_the_python_methods_agree_call_for_call(monkeypatch, se
 def test_a_compiled_pool_serves_plain_calls_in_c_and_a_subclass_keeps_python(monkeypatch):
     pool = make_pool(False, monkeypatch, initial_pool_size="1MiB")
     assert type(pool.allocate).__name__ == "builtin_function_or_method"
+    for name in ("allocate", "deallocate"):     # help() and completion show the Python method's parameters
+        python = inspect.signature(getattr(pool_module.PoolMemoryResource, name))
+        assert [(p.name, p.default) for p in inspect.signature(getattr(pool, name)).parameters.values()] == \
+            [(p.name, p.default) for p in python.parameters.values()][1:]
 
     class Counting(pool_module.PoolMemoryResource):
         calls = 0

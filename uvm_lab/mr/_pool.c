@@ -716,18 +716,31 @@ static int HotPath_init(HotPath *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+/* The pool, a new reference; or NULL with `gone` raised once it has been collected. */
+static PyObject *pool_of(HotPath *self) {
+    PyObject *pool;
+#if PY_VERSION_HEX >= 0x030D0000
+    if (PyWeakref_GetRef(self->pool, &pool) < 0) return NULL;
+#else
+    pool = PyWeakref_GetObject(self->pool);
+    pool = pool == Py_None ? NULL : Py_NewRef(pool);
+#endif
+    if (!pool)
+        PyErr_SetString(self->gone, "this PoolMemoryResource has been garbage-collected and its memory given back; "
+                                    "keep a reference to the pool for as long as its allocate/deallocate are used");
+    return pool;
+}
+
 static int pool_gone(HotPath *self) {
-    if (PyWeakref_GetObject(self->pool) != Py_None) return 0;
-    PyErr_SetString(self->gone, "this PoolMemoryResource has been garbage-collected and its memory given back; "
-                                "keep a reference to the pool for as long as its allocate/deallocate are used");
-    return 1;
+    PyObject *pool = pool_of(self);
+    Py_XDECREF(pool);
+    return pool == NULL;
 }
 
 /* The full Python method, called with the pool and the caller's own arguments. */
 static PyObject *slow(HotPath *self, PyObject *method, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    if (pool_gone(self)) return NULL;
-    PyObject *pool = PyWeakref_GetObject(self->pool);     /* borrowed */
-    Py_INCREF(pool);
+    PyObject *pool = pool_of(self);
+    if (!pool) return NULL;
     PyObject *bound = PyMethod_New(method, pool);
     Py_DECREF(pool);
     if (!bound) return NULL;
@@ -853,9 +866,12 @@ static PyObject *HotPath_deallocate(HotPath *self, PyObject *const *args, size_t
 
 static PyMethodDef HotPath_methods[] = {
     {"allocate", (PyCFunction)(void (*)(void))HotPath_allocate, METH_FASTCALL | METH_KEYWORDS,
-     "allocate(nbytes, stream=None) -> address (PoolMemoryResource.allocate)"},
+     "allocate($self, nbytes, stream=None)\n--\n\n"
+     "Allocate nbytes (an int, or a string such as \"2GiB\") and return the address "
+     "(PoolMemoryResource.allocate, compiled)."},
     {"deallocate", (PyCFunction)(void (*)(void))HotPath_deallocate, METH_FASTCALL | METH_KEYWORDS,
-     "deallocate(ptr, nbytes, stream=None) (PoolMemoryResource.deallocate)"},
+     "deallocate($self, ptr, nbytes, stream=None)\n--\n\n"
+     "Give back ptr, which this pool returned for nbytes bytes (PoolMemoryResource.deallocate, compiled)."},
     {NULL, NULL, 0, NULL},
 };
 
