@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import uvm_lab as ul
+from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EVENT_DTYPE, EventBus, EventKind, make_events
 from uvm_lab.events.bus import ALLOCATOR_RECORD
 
@@ -52,7 +53,7 @@ def test_a_subscriber_that_raises_is_detached_and_logged(caplog):
 
 
 def test_publish_refuses_foreign_arrays():
-    with pytest.raises(TypeError, match="EVENT_DTYPE"):
+    with pytest.raises(InvalidArgumentError, match="EVENT_DTYPE"):
         EventBus().publish(np.zeros(2))
 
 
@@ -199,5 +200,21 @@ def test_a_flush_hook_that_raises_is_logged_and_the_reader_still_gets_the_bus(ca
     with caplog.at_level(logging.ERROR, logger="uvm_lab.events"):
         assert bus.history()["address"].tolist() == [7]
     assert "flush hook" in caplog.text
-    with pytest.raises(TypeError, match="callable"):
+    with pytest.raises(InvalidArgumentError, match="callable"):
         bus.add_flush_hook("not a function")
+
+
+def test_bad_input_to_the_bus_is_refused_and_nothing_queued():
+    bus = EventBus(flush_interval=60)
+    for bad in (b"short", (1, 0, 0, 0, 0, 0, 0), ALLOCATOR_RECORD.pack(1, 0, 0, 0, 0, 0, 0) + b"x"):
+        with pytest.raises(InvalidArgumentError, match="56 bytes"):
+            bus.emit(bad)
+    with pytest.raises(InvalidArgumentError, match="EVENT_DTYPE"):
+        bus.publish([1, 2, 3])
+    with pytest.raises(InvalidArgumentError, match="1-D"):
+        bus.publish(make_events(4).reshape(2, 2))
+    for capacity, interval in ((0, 1.0), (True, 1.0), (10, 0), (10, "soon")):
+        with pytest.raises(InvalidArgumentError):
+            EventBus(capacity, flush_interval=interval)
+    bus.emit(row(9))                       # the bus still works, and held nothing of the refused input
+    assert bus.history()["address"].tolist() == [9]

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
 from .schema import EVENT_DTYPE, EventKind
 
 __all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "EventBus", "Subscription", "get_bus", "new_alloc_id"]
@@ -104,8 +105,12 @@ class EventBus:
     """Fan-out of event records to subscribers, with a ring of recent history."""
 
     def __init__(self, capacity: int = 1 << 20, *, flush_interval: float = 0.05) -> None:
-        if capacity <= 0:
-            raise ValueError(f"capacity must be positive, got {capacity}")
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
+            raise InvalidArgumentError(f"capacity must be a positive number of records, got {capacity!r}",
+                                       value=capacity, expected="an int > 0")
+        if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
+            raise InvalidArgumentError(f"flush_interval must be a positive number of seconds, got {flush_interval!r}",
+                                       value=flush_interval, expected="a number of seconds > 0")
         self._capacity = capacity
         # Packed allocator records. extend, and the drain's copy and trim, are each atomic: emit takes no lock.
         self._queue = bytearray()
@@ -152,13 +157,23 @@ class EventBus:
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
 
     def emit(self, record: bytes) -> None:
-        """Queue one allocator record, packed as :data:`ALLOCATOR_RECORD` (the allocator's hot path)."""
+        """Queue one allocator record, packed as :data:`ALLOCATOR_RECORD`.
+
+        Resources append to :meth:`allocator_queue` directly (their records are packed by construction);
+        this checks what it is given, since one record of the wrong length would misalign every later one.
+        """
+        if not isinstance(record, (bytes, bytearray)) or len(record) != ALLOCATOR_RECORD.size:
+            raise InvalidArgumentError(
+                f"an allocator record is ALLOCATOR_RECORD.pack(kind, dst, time, address, bytes, alloc_id, stream), "
+                f"{ALLOCATOR_RECORD.size} bytes; got {type(record).__name__} of length "
+                f"{len(record) if isinstance(record, (bytes, bytearray)) else '-'}",
+                value=record, expected=f"{ALLOCATOR_RECORD.size} packed bytes")
         self._start_flusher()
         self._queue.extend(record)
-        self.emit = self._queue.extend   # type: ignore[method-assign,assignment]  # a bare extend from now on
 
     def allocator_queue(self) -> bytearray:
-        """The queue :meth:`emit` extends, for a compiled producer that appends packed records itself."""
+        """The queue of packed allocator records, for producers that append to it themselves (the resources'
+        hot paths: ``queue.extend(ALLOCATOR_RECORD.pack(...))``, or the compiled pool's own writes)."""
         self._start_flusher()
         return self._queue
 
@@ -181,7 +196,8 @@ class EventBus:
         raises is logged and kept: the reader still gets what the bus has.
         """
         if not callable(hook):
-            raise TypeError(f"a flush hook must be callable, got {type(hook).__name__}")
+            raise InvalidArgumentError(f"a flush hook must be callable, got {hook!r} ({type(hook).__name__})",
+                                       value=hook, expected="a callable taking no arguments")
         with self._lock:
             if hook not in self._hooks:
                 self._hooks = (*self._hooks, hook)
@@ -204,8 +220,11 @@ class EventBus:
 
     def publish(self, records: np.ndarray) -> None:
         """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, after anything queued."""
-        if records.dtype != EVENT_DTYPE:
-            raise TypeError(f"records must have EVENT_DTYPE, got {records.dtype}")
+        if not isinstance(records, np.ndarray) or records.dtype != EVENT_DTYPE or records.ndim != 1:
+            what = f"{records.dtype} array of {records.ndim} dimension(s)" if isinstance(records, np.ndarray) \
+                else type(records).__name__
+            raise InvalidArgumentError(f"records must be a 1-D array of EVENT_DTYPE (make_events, record_of), "
+                                       f"got a {what}", value=records, expected="a 1-D EVENT_DTYPE array")
         if not len(records) or sys.is_finalizing():
             return
         with self._lock:

@@ -144,11 +144,12 @@ class MemoryResource:
 
     def _emit(self, kind: int, ptr: int, size: int, alloc_id: int, stream: int) -> None:
         try:
-            device, now = self._event_device, self._now_ns
+            device, now, queue = self._event_device, self._now_ns, self._event_queue
         except AttributeError:
-            # A resource's device and clock never change: look them up (through the chain) once.
+            # A resource's device, clock and bus never change: look them up (through the chain) once.
             device, now = self._event_device, self._now_ns = self.device_id, self.backend.now_ns
-        self.backend.bus.emit(_pack(kind, device, now(), ptr, size, alloc_id, stream))
+            queue = self._event_queue = self.backend.bus.allocator_queue().extend
+        queue(_pack(kind, device, now(), ptr, size, alloc_id, stream))
 
     def _refuse_release_while_live(self, what: str = "allocation(s)", detail: str = "") -> None:
         """A suballocator's ``release()`` gives nothing back while any of it is handed out (lock held)."""
