@@ -10,7 +10,10 @@ does in a notebook, so its cost is in the figures. Needs a GPU and cupti-python.
 The records are checked too: ``htod`` is the fraction of the buffer's bytes the HtoD records account
 for (1.0: nothing lost), ``saturated`` the drains that brought CUPTI's whole queue (records lost).
 
-    python benchmarks/tracing_overhead.py [--size 2GiB] [--repeats 3] [--drain 0.001] [--json out.json]
+    python benchmarks/tracing_overhead.py [--size 2GiB] [--repeats 3] [--drain 0.001] [--modes ...] [--json out.json]
+
+Modes: ``transfers`` enables only the HtoD and DtoH byte counters; ``migrations`` adds DtoD, thrashing,
+throttling and remote-map; ``faults`` adds GPU and CPU page faults.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODES = {
     "off": None,
+    "transfers": {"counters": ["htod", "dtoh"]},
     "migrations": {"counters": ["htod", "dtoh", "dtod", "thrashing", "throttling", "remote_map"]},
     "faults": {"gpu_faults": True, "cpu_faults": True},
     "faults, objects": {"gpu_faults": True, "cpu_faults": True, "decoder": "objects"},
@@ -81,14 +85,19 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--drain", type=float, default=0.001, help="the collector's drain_interval, seconds")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--modes", default=",".join(MODES), help=f"which of {', '.join(MODES)} (comma-separated)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child, args.size, args.drain)
         return
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    modes = ["off", *(m for m in args.modes.split(",") if m != "off")]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        parser.error(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
     for _ in range(args.repeats):
-        for mode in MODES:
+        for mode in modes:
             out = subprocess.run([sys.executable, __file__, "--child", mode, "--size", args.size,
                                   "--drain", str(args.drain)], capture_output=True,
                                  text=True, timeout=300)
