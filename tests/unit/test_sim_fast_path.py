@@ -20,7 +20,7 @@ def _run(fast: bool, script) -> tuple[np.ndarray, list, np.ndarray]:
     b = SimBackend(device_memory="24MiB", bus=bus)
     b._engine.fast_sweeps = fast
     results = script(b)
-    return bus.history(), results, b._table.state.copy()
+    return bus.history(), results, np.concatenate((b._table.state, b._table.writable))
 
 
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
@@ -59,6 +59,35 @@ def _sweeps(b: SimBackend) -> list:
 def test_sweeps_give_the_same_trace_either_way():
     fast, slow = _run(True, _sweeps), _run(False, _sweeps)
     assert len(fast[0]) == len(slow[0]) > 300
+    assert _same(fast[0], slow[0])
+    assert fast[1] == slow[1]
+    assert np.array_equal(fast[2], slow[2])
+
+
+def _host_writes(b: SimBackend) -> list:
+    """Host writes to ReadMostly pages: host-only, duplicated, already written, repeated, mixed with reads."""
+    out = []
+    rm = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    plain = b.allocate(2 * MiB, MemoryKind.MANAGED)
+    b.prefetch(rm, 8 * MiB, HOST)
+    b.prefetch(plain, 2 * MiB, HOST)
+    b.advise(rm, 8 * MiB, Advice.SET_READ_MOSTLY, None)
+    pages = rm + np.arange(8 * MiB // 4096, dtype=np.uint64) * 4096
+    b.access_stream(pages[1024:1536], GPU, "read")               # duplicated: a write there collapses
+    out.append(b.access_stream(pages[:300], HOST, "write", bytes_per_access=1))
+    mixed = np.concatenate((pages[250:1100], pages[700:710], pages[1600:1700][::-1],
+                            plain + np.arange(16, dtype=np.uint64) * 4096, pages[1700:2048]))
+    writes = np.ones(len(mixed), dtype=bool)
+    writes[100:140] = False
+    writes[-50:-45] = False
+    out.append(b.access_stream([mixed], HOST, [writes], bytes_per_access=1))
+    out.append(b.access_stream(pages, HOST, "write"))
+    return out
+
+
+def test_host_write_upgrades_give_the_same_trace_either_way():
+    fast, slow = _run(True, _host_writes), _run(False, _host_writes)
+    assert len(fast[0]) == len(slow[0]) > 2000
     assert _same(fast[0], slow[0])
     assert fast[1] == slow[1]
     assert np.array_equal(fast[2], slow[2])

@@ -283,6 +283,7 @@ class SimBackend:
                     mem.migrated_into(np.array([b]))
                 st[populate | (copy & ~dup)] = d   # moved (or first touched) there
                 st[dup] |= d                       # ReadMostly: a copy beside the others
+                t.writable[pages[dup]] = 0         # read-only everywhere
                 if location.is_host:
                     mem.release_if_empty(np.array([b]))
             self._finish(log)
@@ -321,6 +322,9 @@ class SimBackend:
                     address=ptr, nbytes=size, alloc_id=seg.id)
             if advice is Advice.SET_READ_MOSTLY:
                 t.read_mostly[sl] = True
+                # The driver revokes write access from the processor holding each page (and unmaps the
+                # others): the first write to each page faults (uvm_va_block_set_read_duplication).
+                t.writable[sl] = 0
             elif advice is Advice.UNSET_READ_MOSTLY:
                 t.read_mostly[sl] = False
                 self._collapse_duplicates(sl, log)

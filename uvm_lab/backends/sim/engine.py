@@ -128,8 +128,13 @@ class FaultEngine:
         st = t.state[pages]
         local = (st & g) != 0
         if wr is not False:
-            dup = local & (st != g)          # a write to a read-only duplicate faults
-            local &= ~(dup & wr)
+            # A write to a read-only mapping faults: a duplicate's, or a ReadMostly page's that its holder has
+            # not written since the advice or the last duplication (the driver maps such pages read-only).
+            ro = local & (st != g)
+            rm = t.read_mostly[pages]
+            if rm.any():
+                ro |= local & rm & ((t.writable[pages] & g) == 0)
+            local &= ~(ro & wr)
         mapped = ((t.accessed_by[pages] | t.remote[pages]) & g) != 0
         if processor == HOST_ID:
             reach = (st > 1) if self.platform.cpu_maps_gpu_memory else np.zeros(len(pages), dtype=bool)
@@ -166,6 +171,12 @@ class FaultEngine:
                 scan = min(2 * scan, _SCAN)
                 continue
             scan = max(in_flight, 1024)
+            if self.fast_sweeps and processor == HOST_ID and in_flight == 1:
+                done = self._upgrades(pages, pos, wr, log, stats, local=local, remote=remote, kind=kind,
+                                      stream=stream)
+                if done:
+                    pos += done
+                    continue
             if self.fast_sweeps and in_flight == batch_size == _HALF and processor != HOST_ID:
                 done = self._sweep(pages, pos, wr, processor, log, stats, local=local, remote=remote, kind=kind,
                                    stream=stream)
@@ -377,6 +388,55 @@ class FaultEngine:
         stats.evictions += n_evict
         return nb * PAGES_PER_BLOCK
 
+    def _upgrades(self, pages: np.ndarray, pos: int, wr: bool | np.ndarray, log: EventLog, stats: StreamStats, *,
+                  local: float, remote: float, kind: AccessType, stream: int) -> int:
+        """Service, all at once, a host thread's run of writes to ReadMostly pages that only the host holds.
+
+        Each such write faults on the read-only mapping and the fault only upgrades it (nothing moves or is
+        invalidated; :meth:`_service` with one page, ``read_mostly_host_write_latency``). From ``pages[pos]``
+        on, while the pages rise and each access is such a write, this produces the records, clock, state
+        and counters of servicing them one by one. Returns the accesses consumed (0: the general path runs).
+        """
+        t = self.table
+        if self.thrashing.blocks:
+            return 0
+        if isinstance(wr, np.ndarray):
+            if not wr[pos]:
+                return 0
+            stop = np.flatnonzero(~wr[pos:])
+            end = pos + (int(stop[0]) if len(stop) else len(wr) - pos)
+        elif not wr:
+            return 0
+        else:
+            end = len(pages)
+        span = pages[pos:end]
+        ok = t.read_mostly[span] & (t.state[span] == 1) & ((t.writable[span] & 1) == 0)
+        if len(span) > 1:
+            ok[1:] &= span[1:] > span[:-1]
+        k = len(span) if ok.all() else int(np.argmin(ok))
+        if k == 0:
+            return 0
+        run = span[:k]
+        # The clock, fault by fault, with the general path's float operations: service, then the access.
+        steps = np.empty(2 * k + 1, dtype=np.float64)
+        steps[0] = log.t
+        steps[1::2] = self.platform.read_mostly_host_write_latency * 1 * 1e9
+        steps[2::2] = (1 * local + 0 * remote) * 1e9
+        clock = np.cumsum(steps)
+        f = np.zeros(k, dtype=EVENT_DTYPE)
+        f["kind"], f["flags"], f["src"], f["dst"] = EventKind.CPU_PAGE_FAULT, kind, HOST_ID, HOST_ID
+        f["start"] = f["end"] = clock[0:2 * k:2].astype(np.uint64)
+        f["address"], f["bytes"], f["value"] = t.addresses(run), PAGE_SIZE, 1
+        f["alloc_id"], f["stream"] = t.block_alloc[run >> BLOCK_SHIFT], stream
+        log._flush_rows()
+        log.chunks.append(f)
+        log.t = float(clock[-1])
+        t.writable[run] = 1
+        self.memory.release_if_empty(np.unique(run >> BLOCK_SHIFT))
+        stats.batches += k
+        stats.faults += k
+        return k
+
     def _sweepable(self, pages: np.ndarray, pos: int, m: int, wr: bool | np.ndarray) -> int:
         """Whole blocks among the ``m`` accesses from ``pos`` that a sweep can service at once (see :meth:`_sweep`)."""
         t = self.table
@@ -428,6 +488,7 @@ class FaultEngine:
             self._copy(move, HOST_ID, processor, MigrationCause.ACCESS_COUNTERS, self.platform.fault_htod_bw, log,
                        stats, stream)
             t.state[move[dup]] |= np.uint8(g)
+            t.writable[move[dup]] = 0
             t.state[move[~dup]] = g
             t.remote[move] &= np.uint8(~g & 0xFF)
             self.memory.migrated_into(np.array([b]))
@@ -523,8 +584,14 @@ class FaultEngine:
             else:
                 reads = np.union1d(reads, ex_pop)
         fault_kind = EventKind.CPU_PAGE_FAULT if host else EventKind.GPU_PAGE_FAULT
-        service = (p.cpu_fault_latency if host else
-                   p.fault_batch_latency + p.fault_block_latency * len(_blocks_of(pages)))
+        if host:
+            # A host write to a ReadMostly page it alone holds moves and invalidates nothing: the driver only
+            # upgrades the read-only mapping. That fault costs less than one that copies (measured on an H200).
+            upgrade = (out == _COLLAPSE) & (st == g)
+            service = (p.read_mostly_host_write_latency * len(pages) if upgrade.all() and not len(extra)
+                       else p.cpu_fault_latency)
+        else:
+            service = p.fault_batch_latency + p.fault_block_latency * len(_blocks_of(pages))
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
         service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency
         if not host and wr.any():
@@ -541,6 +608,15 @@ class FaultEngine:
         t.state[ex_moved[~ex_dup[ex_st != 0]]] = g
         t.state[ex_moved[ex_dup[ex_st != 0]]] |= np.uint8(g)
         t.state[ex_pop] = g
+        # Write permission on ReadMostly pages (R3 (a)): duplicates are read-only everywhere; what a write
+        # takes to the writer (the faulted pages and, in a write batch, the neighbours) is mapped read-write.
+        t.writable[pages[out == _DUP]] = 0
+        t.writable[ex_moved[ex_dup[ex_st != 0]]] = 0
+        if wr.any():
+            rm = t.read_mostly[pages]
+            t.writable[pages[rm & wr & ((out == _MIGRATE) | (out == _POPULATE) | (out == _COLLAPSE))]] = g
+            t.writable[ex_rm_moved] = g
+            t.writable[ex_pop[t.read_mostly[ex_pop]]] = g
         pop_remote = pages[out == _POP_REMOTE]
         if len(pop_remote):
             where = pref[out == _POP_REMOTE]

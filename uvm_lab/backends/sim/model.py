@@ -84,6 +84,9 @@ class PageTable:
         self.preferred = np.full(n, NO_LOCATION, dtype=np.int8)
         self.accessed_by = np.zeros(n, dtype=np.uint8)     # residency-style bitmask of processors
         self.remote = np.zeros(n, dtype=np.uint8)          # processors mapped remotely by policy
+        # Processors whose mapping of a ReadMostly page allows writes: SetReadMostly and read duplication
+        # map read-only, a write fault maps the writer read-write (R3 (a)). Consulted on ReadMostly pages only.
+        self.writable = np.zeros(n, dtype=np.uint8)
         self.last_prefetch = np.full(n, NO_LOCATION, dtype=np.int8)
         self.chunk = np.zeros(nblocks, dtype=bool)         # a 2 MiB GPU chunk is held (managed only)
         self.last_use = np.zeros(nblocks, dtype=np.int64)  # for LRU-by-access eviction
@@ -140,6 +143,7 @@ class PageTable:
         self.preferred[sl] = NO_LOCATION
         self.accessed_by[sl] = 0
         self.remote[sl] = 0
+        self.writable[sl] = 0
         self.last_prefetch[sl] = NO_LOCATION
         bl = slice(first, first + nblocks)
         self.chunk[bl] = False

@@ -101,6 +101,13 @@ class Platform:
     #: matmul its 1 GiB C in 55.0 s, 230 and 210 us a page, where batching them like any fault
     #: had simulated 0.24 and 0.37 s. Added per page on top of the batch; why the driver is this slow is not known.
     read_mostly_write_latency: float = 220e-6
+    #: One host write fault on a ReadMostly page that the host alone holds: SetReadMostly (and read
+    #: duplication) leave the host's mapping read-only, so the first write to each page faults, and the driver
+    #: only upgrades the mapping (nothing moves, nothing is invalidated). It replaces ``cpu_fault_latency`` for
+    #: such a fault. Calibrated from the H200 (driver 580): the host loop writing one byte of every page of a
+    #: 1 GiB ReadMostly buffer took 1.307 s and 1.359 s (``sim_vs_gpu_h200_first.json``, ``sim_vs_gpu_h200.json``,
+    #: host_then_device read_mostly host_write), 5.09 us a page on average, less the 15 ns access itself.
+    read_mostly_host_write_latency: float = 5.07e-6
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.

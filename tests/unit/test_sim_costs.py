@@ -1,0 +1,81 @@
+"""Time-model rules calibrated against the H200 (benchmarks/sim_vs_gpu_h200.json): each cost follows a driver rule."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uvm_lab.backends.sim import PLATFORMS, SimBackend
+from uvm_lab.events import EventBus, EventKind
+from uvm_lab.events.schema import AccessType, Advice, MemoryKind
+from uvm_lab.location import Location
+from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
+
+GPU, HOST = Location.device(0), Location.host()
+N = BLOCK_SIZE // PAGE_SIZE
+
+
+def _backend(**costs: float) -> tuple[SimBackend, list]:
+    bus = EventBus()
+    got: list[np.ndarray] = []
+    bus.subscribe(got.append)
+    return SimBackend("64MiB", platform=PLATFORMS["x86-pcie5"].with_(**costs), bus=bus), got
+
+
+def _take(got: list) -> np.ndarray:
+    out = np.concatenate(got) if got else np.zeros(0)
+    got.clear()
+    return out
+
+
+def _pages(ptr: int) -> np.ndarray:
+    return ptr + np.arange(N, dtype=np.uint64) * PAGE_SIZE
+
+
+@pytest.mark.parametrize("latency", [2e-6, 5.07e-6])
+def test_host_writes_to_host_held_read_mostly_pages_fault_once_per_page_on_the_read_only_mapping(latency):
+    """SetReadMostly leaves the host's mapping read-only (uvm_va_block_set_read_duplication): the first host write
+    to each page faults, moves nothing, and costs ``read_mostly_host_write_latency``; later writes do not fault."""
+    b, got = _backend(read_mostly_host_write_latency=latency)
+    p = b.platform
+    ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    plain = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    for q in (ptr, plain):
+        b.prefetch(q, BLOCK_SIZE, HOST)
+    b.advise(ptr, BLOCK_SIZE, Advice.SET_READ_MOSTLY, None)
+    _take(got)
+    first = b.access_stream(_pages(ptr), HOST, "write", bytes_per_access=1)
+    ev = _take(got)
+    faults = ev[ev["kind"] == EventKind.CPU_PAGE_FAULT]
+    assert first.faults == len(faults) == N                       # one CPU fault record per page
+    assert (faults["flags"] == AccessType.WRITE).all() and (faults["bytes"] == PAGE_SIZE).all()
+    assert not ((ev["kind"] == EventKind.HTOD) | (ev["kind"] == EventKind.DTOH)
+                | (ev["kind"] == EventKind.INVALIDATE)).any()
+    assert first.seconds == pytest.approx(N * (latency + p.host_access_latency))
+    assert (b.page_states(ptr, BLOCK_SIZE) == 1).all()
+    # Written once, the mapping is read-write: the next pass and plain pages cost a touch each.
+    again = b.access_stream(_pages(ptr), HOST, "write", bytes_per_access=1)
+    other = b.access_stream(_pages(plain), HOST, "write", bytes_per_access=1)
+    for r in (again, other):
+        assert r.faults == 0 and r.seconds == pytest.approx(N * p.host_access_latency)
+    # A GPU read duplicates the pages (read-only everywhere): the host's next writes fault and invalidate the
+    # GPU's copies, a CPU fault of the ordinary kind.
+    b.access_stream(_pages(ptr), GPU, "read")
+    assert (b.page_states(ptr, BLOCK_SIZE) == 3).all()
+    _take(got)
+    collapse = b.access_stream(_pages(ptr)[:4], HOST, "write", bytes_per_access=1)
+    assert collapse.faults == 4
+    assert collapse.seconds == pytest.approx(4 * (p.cpu_fault_latency + p.host_access_latency))
+    assert (_take(got)["kind"] == EventKind.INVALIDATE).any()
+
+
+def test_read_mostly_advice_on_gpu_held_pages_makes_the_next_gpu_write_fault():
+    """The same rule on the GPU: advice after the data is there revokes write; a write then collapses (R3 (a))."""
+    b, _ = _backend()
+    ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(ptr, BLOCK_SIZE, GPU)
+    assert b.access_stream(_pages(ptr), GPU, "write").faults == 0
+    b.advise(ptr, BLOCK_SIZE, Advice.SET_READ_MOSTLY, None)
+    r = b.access_stream(_pages(ptr), GPU, "write")
+    assert r.faults == N and r.bytes_htod == 0
+    assert b.access_stream(_pages(ptr), GPU, "write").faults == 0
