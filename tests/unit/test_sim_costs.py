@@ -79,3 +79,26 @@ def test_read_mostly_advice_on_gpu_held_pages_makes_the_next_gpu_write_fault():
     r = b.access_stream(_pages(ptr), GPU, "write")
     assert r.faults == N and r.bytes_htod == 0
     assert b.access_stream(_pages(ptr), GPU, "write").faults == 0
+
+
+@pytest.mark.parametrize("unmap", [0.1e-6, 0.5e-6])
+def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration_pays(unmap):
+    """A migration unmaps the source copy; a read duplicate keeps it (R3 (a)), and when the holder's mapping is
+    already read-only (ReadMostly, never written) nothing changes at the source: ``fault_unmap_latency`` less
+    per page. A duplicate of a page the host has written revokes that write access and pays it like a move."""
+    took = {}
+    for case in ("migrate", "duplicate", "duplicate_written"):
+        b, got = _backend(fault_unmap_latency=unmap)
+        ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, BLOCK_SIZE, HOST)
+        if case != "migrate":
+            b.advise(ptr, BLOCK_SIZE, Advice.SET_READ_MOSTLY, None)
+        if case == "duplicate_written":
+            b.access_stream(_pages(ptr), HOST, "write", bytes_per_access=1)
+        _take(got)
+        r = b.access_stream(_pages(ptr), GPU, "read")
+        assert r.bytes_htod == BLOCK_SIZE
+        assert (b.page_states(ptr, BLOCK_SIZE) == (2 if case == "migrate" else 3)).all()
+        took[case] = r.seconds
+    assert took["migrate"] - took["duplicate"] == pytest.approx(N * unmap)
+    assert took["duplicate_written"] == pytest.approx(took["migrate"])

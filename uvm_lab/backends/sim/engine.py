@@ -293,7 +293,8 @@ class FaultEngine:
         half_bytes = _HALF * PAGE_SIZE
         copy_s = float(link_seconds(np.array([half_bytes], dtype=np.uint64), p.fault_htod_bw, p.link_k)[0])
         service = p.fault_batch_latency + p.fault_block_latency * 1
-        service += 0 * PAGE_SIZE / p.gpu_populate_bw + half_bytes // PAGE_SIZE * p.fault_page_latency
+        service += 0 * PAGE_SIZE / p.gpu_populate_bw + half_bytes // PAGE_SIZE * p.fault_page_latency \
+            + _HALF * p.fault_unmap_latency
         hits = (_HALF * local + 0 * remote) * 1e9
         n_ev = len(ev_start)
         ev_t = np.empty((n_ev, 2), dtype=np.float64)
@@ -555,6 +556,11 @@ class FaultEngine:
         ex_moved = extra[ex_st != 0]
         ex_pop = extra[ex_st == 0]
         source = HOST_ID if not host else self._gpu_of(np.concatenate((st[(out == _MIGRATE) | (out == _DUP)], ex_st)))
+        # The source's mapping changes for a migration (unmapped) and for a duplicate its holder may write
+        # (write revoked); a duplicate of a read-only page leaves it alone.
+        sb = 1 if source == HOST_ID else 1 << (source + 1)
+        dup_pages = np.concatenate((pages[out == _DUP], extra[ex_dup]))
+        unmapped = len(moved) + len(ex_moved) - len(dup_pages) + int(np.count_nonzero(t.writable[dup_pages] & sb))
         moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
         moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
@@ -593,7 +599,8 @@ class FaultEngine:
         else:
             service = p.fault_batch_latency + p.fault_block_latency * len(_blocks_of(pages))
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
-        service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency
+        service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
+            + unmapped * p.fault_unmap_latency
         if not host and wr.any():
             # R3 (a): a GPU write taking a ReadMostly page to the writer costs per page (as measured on an H200).
             written = t.read_mostly[pages] & wr & ((out == _MIGRATE) | (out == _COLLAPSE))

@@ -6,7 +6,8 @@ measurements in the UVM semantics notes):
 - prefetch HtoD 50.5 GB/s, DtoH 15.5 GB/s; pinned copies 55.3 GB/s; zero-copy reads 51 GB/s;
 - one fault batch: about 2.5 us of round trip plus 17.5 us per VA block serviced (1 touch per 2 MiB:
   20.2 us serially, 17.6 us per block when 512 faults arrive at once), plus about 0.3 us per page
-  migrated on the fault path (CPU unmapping), which makes a grid-stride kernel fault data in at
+  migrated on the fault path (0.13 us of it unmapping the source, which a read duplicate of a read-only
+  page does not pay), which makes a grid-stride kernel fault data in at
   about 8.9 GB/s;
 - evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path
   (oversubscribed grid-stride passes run at 7 to 9 GB/s) and overlapped with the refill on the
@@ -74,7 +75,7 @@ class Platform:
     fault_batch_size: int        #: faults per batch after de-duplication (uvm_perf_fault_batch_count)
     fault_batch_latency: float   #: one batch: fetch, sort, replay
     fault_block_latency: float   #: servicing one VA block of a batch
-    fault_page_latency: float    #: per page migrated on a fault path (unmapping the source)
+    fault_page_latency: float    #: per page copied on a fault path, migrated or duplicated (mapping it)
     cpu_fault_latency: float     #: one CPU page fault, serviced alone
     # -- memory -------------------------------------------------------------------------------------------------
     gpu_populate_bw: float       #: zero-filling first-touched pages on the GPU
@@ -108,6 +109,14 @@ class Platform:
     #: 1 GiB ReadMostly buffer took 1.307 s and 1.359 s (``sim_vs_gpu_h200_first.json``, ``sim_vs_gpu_h200.json``,
     #: host_then_device read_mostly host_write), 5.09 us a page on average, less the 15 ns access itself.
     read_mostly_host_write_latency: float = 5.07e-6
+    #: Per page a fault path copies whose source mapping must change: a migration unmaps the source copy; a
+    #: read duplicate of a page its holder may write revokes that write access; a duplicate of a read-only
+    #: page (ReadMostly, not written since the advice) changes nothing at the source and does not pay it (R3
+    #: (a)). Calibrated from the H200 (driver 580, both runs): 1 GiB faulted in by a sweep took 126 ms on
+    #: average (five rows), duplicated 88.5 ms (four rows), 0.144 us a page apart; the strided read 76.5
+    #: against 45.3 ms, 0.119 us a page. With ``fault_page_latency`` it makes the 0.3 us a migrated page
+    #: cost before (the fault-driven sweep's calibration to 8.9 GB/s).
+    fault_unmap_latency: float = 0.13e-6
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.
@@ -144,7 +153,7 @@ _PCIE5 = Platform(
     fault_batch_size=256,
     fault_batch_latency=2.5e-6,
     fault_block_latency=17.5e-6,
-    fault_page_latency=0.3e-6,
+    fault_page_latency=0.17e-6,   # with fault_unmap_latency, 0.3 us a migrated page
     cpu_fault_latency=30e-6,
     gpu_populate_bw=205e9,
     host_populate_bw=10e9,
