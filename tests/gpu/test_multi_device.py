@@ -54,6 +54,7 @@ def test_device_memory_is_counted_against_the_device_it_is_on(two):
     ul.deferred.run()          # pools an earlier test dropped give their memory back first
     two.synchronize()
     free0, free1 = two.mem_info(0)[0], two.mem_info(1)[0]
+    assert two.mem_info()[1] == two.mem_info(0)[1]      # no device: the current one
     buf = ul.DeviceBuffer(size=512 * MiB, mr=ul.mr.CudaMemoryResource(device=1))
     assert two.mem_info(1)[0] <= free1 - 512 * MiB
     assert abs(two.mem_info(0)[0] - free0) < 64 * MiB

@@ -142,3 +142,9 @@ def test_per_device_resources_default_to_managed_memory_on_their_device_and_chec
     with pytest.raises(InvalidArgumentError, match=r"ordinal 0\.\.0"):
         ul.mr.set_per_device_resource(1, ul.mr.CudaMemoryResource())
     assert ul.mr.get_current_device_resource() is pinned
+
+
+def test_mem_info_reads_the_current_device_when_none_is_named(sim_backend):
+    assert sim_backend.mem_info() == sim_backend.mem_info(0)
+    with pytest.raises(InvalidArgumentError):
+        sim_backend.mem_info(1)

@@ -70,8 +70,8 @@ class Backend(Protocol):
 
     def current_device(self) -> int: ...
 
-    def mem_info(self, device: int = 0) -> tuple[int, int]:
-        """``(free, total)`` bytes of device memory, as ``cudaMemGetInfo``."""
+    def mem_info(self, device: int | None = None) -> tuple[int, int]:
+        """``(free, total)`` bytes of ``device``'s memory (the current device when None), as ``cudaMemGetInfo``."""
         ...
 
     def now_ns(self) -> int:

@@ -227,8 +227,8 @@ class CudaBackend:
     def synchronize_stream(self, handle: int) -> None:
         check(cudart.cudaStreamSynchronize(handle))
 
-    def mem_info(self, device: int = 0) -> tuple[int, int]:
-        with self._on(device):
+    def mem_info(self, device: int | None = None) -> tuple[int, int]:
+        with self._on(self._device if device is None else device):
             free, total = check(cudart.cudaMemGetInfo())
         return int(free), int(total)
 

@@ -150,8 +150,8 @@ class SimBackend:
     def synchronize(self) -> None:
         """All simulated work is complete when its call returns."""
 
-    def mem_info(self, device: int = 0) -> tuple[int, int]:
-        self._check_device(device)
+    def mem_info(self, device: int | None = None) -> tuple[int, int]:
+        self._check_device(0 if device is None else device)
         mem = self._memory
         total = mem.capacity * BLOCK_SIZE
         return total - (mem.used + mem.pinned) * BLOCK_SIZE, total
