@@ -13,7 +13,9 @@ for (1.0: nothing lost), ``saturated`` the drains that brought CUPTI's whole que
     python benchmarks/tracing_overhead.py [--size 2GiB] [--repeats 3] [--drain 0.001] [--modes ...] [--json out.json]
 
 Modes: ``transfers`` enables only the HtoD and DtoH byte counters; ``migrations`` adds DtoD, thrashing,
-throttling and remote-map; ``faults`` adds GPU and CPU page faults.
+throttling and remote-map; ``faults`` adds GPU and CPU page faults (``faults, raw`` and ``faults, objects``
+receive CUPTI's buffers the other two ways); ``cupti alone`` enables the same counters as ``faults``
+through cupti-python with nothing of uvm_lab listening, the floor any collector stands on.
 """
 
 from __future__ import annotations
@@ -34,7 +36,40 @@ MODES = {
     "migrations": {"counters": ["htod", "dtoh", "dtod", "thrashing", "throttling", "remote_map"]},
     "faults": {"gpu_faults": True, "cpu_faults": True},
     "faults, objects": {"gpu_faults": True, "cpu_faults": True, "decoder": "objects"},
+    "faults, raw": {"gpu_faults": True, "cpu_faults": True, "decoder": "raw"},
+    # CUPTI with no uvm_lab in the way: cupti-python's own calls, the same counters as "faults", buffers
+    # large enough that no callback runs until the final flush. What the counters cost by themselves.
+    "cupti alone": "bare",
 }
+#: CUpti_ActivityUnifiedMemoryCounterConfig, and the counter kinds the "faults" mode enables.
+_CONFIG = [("scope", "<i4"), ("kind", "<i4"), ("device_id", "<u4"), ("enable", "<u4")]
+_FAULT_COUNTERS = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
+def cupti_alone(backend, device: int):
+    """Enable the counters through cupti-python alone; return a function that flushes and counts the records."""
+    import numpy as np
+    from cupti import cupti
+
+    received = [0]
+
+    def requested():
+        return 64 << 20, 0
+
+    def completed(activities):
+        received[0] += len(activities)
+
+    cupti.activity_register_callbacks(requested, completed)
+    config = np.zeros(len(_FAULT_COUNTERS), dtype=_CONFIG)
+    config["scope"], config["kind"], config["device_id"], config["enable"] = 1, _FAULT_COUNTERS, device, 1
+    cupti.activity_configure_unified_memory_counter(config.ctypes.data, len(config))
+    cupti.activity_enable(cupti.ActivityKind.UNIFIED_MEMORY_COUNTER)
+
+    def finish() -> int:
+        cupti.activity_flush_all(1)
+        return received[0]
+
+    return finish
 
 
 def child(mode: str, size_text: str, drain: float) -> None:
@@ -48,7 +83,9 @@ def child(mode: str, size_text: str, drain: float) -> None:
     if size > free // 4:
         raise SystemExit(f"refusing: {ul.format_bytes(size)} is too close to the {ul.format_bytes(free)} free")
     options = MODES[mode]
-    collector = CuptiCollector(required=True, drain_interval=drain, **options).start() if options is not None else None
+    bare = cupti_alone(backend, backend.current_device()) if options == "bare" else None
+    collector = CuptiCollector(required=True, drain_interval=drain, **options).start() \
+        if isinstance(options, dict) else None
     buf = ul.DeviceBuffer(size=size, mr=ul.mr.ManagedMemoryResource())
     t0 = time.perf_counter()
     buf.host_view()[:] = 1
@@ -65,6 +102,7 @@ def child(mode: str, size_text: str, drain: float) -> None:
     kernel = time.perf_counter() - t0
     if collector:
         collector.flush()
+    bare_records = bare() if bare else 0
     delivered = time.perf_counter() - t0
     residency = ul.residency(buf).summary()
     counting.close()
@@ -73,7 +111,7 @@ def child(mode: str, size_text: str, drain: float) -> None:
     if collector:
         collector.stop()
     print(json.dumps({"mode": mode, "host_write_s": host_write, "kernel_s": kernel, "delivered_s": delivered,
-                      "records": status.get("records", 0), "dropped": status.get("dropped", 0),
+                      "records": status.get("records", bare_records), "dropped": status.get("dropped", 0),
                       "receiver": status.get("receiver", ""), "gpu_fraction": residency["gpu"],
                       "htod": htod[0] / size, "saturated": status.get("saturated", 0),
                       "max_per_drain": status.get("max_per_drain", 0)}))

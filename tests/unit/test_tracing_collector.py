@@ -236,8 +236,58 @@ def test_without_cupti_python_the_reason_names_the_extra(monkeypatch, bus):
 
 @pytest.mark.parametrize("kwargs", [{"gpu_faults": 1}, {"counters": "htod"}, {"counters": ["pages"]}, {"counters": []},
                                     {"device": -1}, {"flush_interval": 0}, {"drain_interval": 0},
-                                    {"buffer_size": 100}, {"decoder": "fast"},
+                                    {"buffer_size": 100}, {"buffer_size": (1 << 20) + 4}, {"decoder": "fast"},
                                     {"bus": "bus"}])
 def test_bad_arguments_are_refused(kwargs):
     with pytest.raises(InvalidArgumentError):
         CuptiCollector(**kwargs)
+
+
+def test_check_host_finds_what_cupti_lost_and_repairs_the_map(fake):
+    """Real host pages (an anonymous mapping: /proc/self/pagemap is the oracle), records from the stand-in."""
+    import mmap
+
+    from uvm_lab.residency_map import GPU, HOST, ResidencyTracker
+
+    pages = 8
+    region = mmap.mmap(-1, pages * 4096)
+    memory = np.frombuffer(region, dtype=np.uint8)
+    base = memory.ctypes.data
+    memory[: 4 * 4096: 4096] = 1                       # the host holds pages 0-3; 4-7 were never touched
+    bus = EventBus()
+    tracker = ResidencyTracker(bus)
+    bus.publish(make_events(1, kind=EventKind.SEGMENT_ALLOC, flags=MemoryKind.MANAGED, address=base,
+                            bytes=pages * 4096, value=pages * 4096, alloc_id=5, start=time.perf_counter_ns()))
+    try:
+        with CuptiCollector(bus=bus, device=0) as cupti:
+            # CUPTI's record of the host's first touch (its range: the whole 32 KiB segment); the HtoD of
+            # pages 4-7 that followed never arrives.
+            fake.deliver([(3, 0x4000, fake.get_timestamp(), base, 0xFFFFFFFF, 0xFFFFFFFF, 0)])
+            cupti.flush()
+            assert tracker.map(base, pages * 4096).states.tolist() == [HOST] * pages
+            assert cupti.status()["complete"]
+            with pytest.raises(InvalidArgumentError, match="bus of its own"):
+                cupti.check_host()
+            with record(bus) as trace:
+                found = cupti.check_host(tracker=tracker)
+            assert (found.htod, found.dtoh, found.first_touch, found.unrecorded) == (4, 0, 0, 4)
+            assert tracker.map(base, pages * 4096).states.tolist() == [HOST] * 4 + [GPU] * 4
+            assert trace.summary()["bytes_htod"] == 4 * 4096
+            status = cupti.status()
+            assert status["unrecorded"] == 4 and not status["complete"] and "no record" in status["warning"]
+            assert cupti.check_host(tracker=tracker).unrecorded == 0      # repaired: nothing more to find
+            with pytest.raises(InvalidArgumentError):
+                cupti.check_host(tracker=tracker, repair="yes")
+            with pytest.raises(InvalidArgumentError):
+                cupti.check_host(tracker=bus)
+    finally:
+        tracker.close()
+        del memory
+        region.close()
+
+
+def test_check_host_needs_a_started_collector(fake, bus):
+    from uvm_lab.residency_map import ResidencyTracker
+
+    with pytest.raises(InvalidStateError, match="never started"):
+        CuptiCollector(bus=bus).check_host(tracker=ResidencyTracker(bus))

@@ -87,6 +87,9 @@ class MigrationCause(IntEnum):
     PREFETCH = 3         #: the driver's own speculative prefetch
     EVICTION = 4         #: to make room on a full GPU
     ACCESS_COUNTERS = 5  #: access-counter driven migration
+    #: Not CUPTI's: no record of this migration arrived; the host's page tables show it happened
+    #: (:func:`uvm_lab.tracing.reconcile`).
+    INFERRED = 255
 
 
 class AccessType(IntEnum):

@@ -4,7 +4,8 @@
   remote maps onto the event bus (needs the ``cupti`` extra and a GPU; says why once where it cannot).
 - :func:`decode_buffer` / :func:`decode_records` turn CUPTI's raw activity records into events, in bulk.
 - :class:`AllocationIndex` / :func:`attribute` say which allocation each record belongs to.
-- :func:`host_resident` / :func:`oracle_agreement`: the host's page tables as an exact check of a map.
+- :func:`host_resident` / :func:`oracle_agreement`: the host's page tables as an exact check of a map;
+  :func:`reconcile` (and :meth:`CuptiCollector.check_host`): what lost records missed, as events.
 - :func:`to_chrome_trace` / :func:`to_rmm_csv`: a trace for Perfetto, or for RMM's tools.
 """
 
@@ -13,12 +14,14 @@ from .cupti import CuptiCollector, TracingUnavailableWarning, cupti_status
 from .decode import CUPTI_UM_COUNTER3_DTYPE, decode_buffer, decode_records, encode_records
 from .export import to_chrome_trace, to_rmm_csv
 from .pagemap import OracleAgreement, host_resident, oracle_agreement
+from .reconcile import Reconciliation, reconcile
 
 __all__ = [
     "CUPTI_UM_COUNTER3_DTYPE",
     "AllocationIndex",
     "CuptiCollector",
     "OracleAgreement",
+    "Reconciliation",
     "TracingUnavailableWarning",
     "attribute",
     "cause_names",
@@ -28,6 +31,7 @@ __all__ = [
     "encode_records",
     "host_resident",
     "oracle_agreement",
+    "reconcile",
     "to_chrome_trace",
     "to_rmm_csv",
 ]

@@ -192,6 +192,7 @@ _CAUSES = {
     3: "driver prefetch",
     4: "eviction",
     5: "access counters",
+    255: "inferred",
 }
 _ACCESS = {1: "read", 2: "write", 3: "atomic", 4: "prefetch"}
 _REMOTE = {1: "coherence", 2: "thrashing", 3: "policy", 4: "out of memory", 5: "eviction"}

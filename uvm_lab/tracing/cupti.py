@@ -15,11 +15,17 @@ brings exactly the queue's capacity is the signature of that loss; :meth:`CuptiC
 says the record is incomplete rather than let a map look exact. The signature is empirical: with GPU
 fault capture on, a fault storm can still lose a few tenths of a percent of its migrations unflagged.
 
-Two ways to receive buffers, the first that works is used:
+Three ways to receive buffers, the first that works is used:
 
+``"native"``
+    CUPTI's buffer callbacks in C (``_buffers.c``, compiled where the package was built with a C
+    compiler), registered on libcupti directly. CUPTI's threads, which also read the driver's event
+    queue, then never wait for Python's GIL: while a Python thread held it, a ctypes callback kept
+    CUPTI's thread waiting for milliseconds, and the records of those milliseconds were lost uncounted
+    (a two-GPU H200 host, ``benchmarks/tracing_loss.py``). Completed buffers arrive as bytes.
 ``"raw"``
-    CUPTI's buffer callbacks registered on libcupti directly (ctypes), so a completed buffer reaches
-    Python as bytes and no per-record object is ever made.
+    The same callbacks written in Python and registered through ctypes: a completed buffer reaches
+    Python as bytes and no per-record object is ever made, but each callback takes the GIL.
 ``"objects"``
     cupti-python's callbacks, which hand over one Python object per record. Where the objects sit
     back to back in CUPTI's buffer (the usual case), their bytes are still read in one piece; otherwise
@@ -41,6 +47,7 @@ import ctypes
 import logging
 import sys
 import threading
+import time
 import warnings
 from collections import deque
 from typing import Any
@@ -51,6 +58,8 @@ from ..errors import BackendError, InvalidArgumentError, InvalidStateError
 from ..events.bus import EventBus, get_bus
 from ..events.schema import EventKind
 from .attribution import AllocationIndex, attribute
+from .pagemap import host_resident
+from .reconcile import Reconciliation, reconcile
 from .decode import (
     CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER,
     CUPTI_UM_COUNTER3_DTYPE,
@@ -151,7 +160,7 @@ def cupti_status() -> dict[str, Any]:
 
 # -- one set of CUPTI callbacks per process, routed to the running collector --------------------------
 _active: CuptiCollector | None = None
-_registered: str | None = None      # which receiver is registered with CUPTI: "raw" or "objects"
+_registered: str | None = None      # which receiver is registered with CUPTI: "native", "raw" or "objects"
 _keepalive: list[Any] = []           # ctypes callbacks must outlive every call CUPTI makes
 _register_lock = threading.Lock()
 
@@ -221,6 +230,11 @@ class _RawBuffers:
 _raw_buffers = _RawBuffers()
 _libcupti: Any = None
 
+try:   # the compiled callbacks (the "native" receiver), where the package was built with a C compiler
+    from . import _buffers as _native
+except ImportError:
+    _native = None
+
 
 def _find_libcupti(cupti: Any) -> ctypes.CDLL | None:
     """The libcupti cupti-python loaded (the same instance, so one set of callbacks), or None."""
@@ -252,6 +266,17 @@ def _register(cupti: Any, decoder: str) -> str:
     with _register_lock:
         if _registered is not None:
             return _registered
+        if decoder in ("auto", "native"):
+            lib = _find_libcupti(cupti)
+            if lib is not None and _native is not None:
+                requested_at, completed_at = _native.addresses()
+                if lib.cuptiActivityRegisterCallbacks(_BUFFER_REQUESTED(requested_at),
+                                                      _BUFFER_COMPLETED(completed_at)) == 0:
+                    _registered = "native"
+                    return _registered
+            if decoder == "native":
+                raise BackendError("CUPTI's compiled buffer callbacks are not available (uvm_lab was installed "
+                                   "without a C compiler, or libcupti was not found); use decoder='raw'")
         if decoder in ("auto", "raw"):
             lib = _find_libcupti(cupti)
             if lib is not None:
@@ -307,9 +332,11 @@ class CuptiCollector:
         (``cuptiActivityFlushAll(0)``). CUPTI loses unified-memory records beyond
         :data:`CUPTI_UM_QUEUE_RECORDS` between drains, so a fault storm needs a few milliseconds at most.
     buffer_size
-        Bytes per CUPTI activity buffer.
+        Bytes per CUPTI activity buffer (a multiple of 8: records are 8-byte aligned).
     decoder
-        ``"auto"`` (raw buffers where possible), ``"raw"`` or ``"objects"``; see the module docstring.
+        How buffers are received: ``"auto"`` (the first of the following that works), ``"native"``,
+        ``"raw"`` or ``"objects"``; see the module docstring. CUPTI takes one set of callbacks per
+        process, so the first collector's choice holds for every later one.
     required
         Raise :class:`~uvm_lab.errors.BackendError` where CUPTI cannot be used, rather than warning
         once (:class:`TracingUnavailableWarning`) and staying inert.
@@ -358,12 +385,14 @@ class CuptiCollector:
                 or not 0.0001 <= drain_interval <= 10:
             raise InvalidArgumentError(f"drain_interval must be 0.0001..10 seconds, got {drain_interval!r}",
                                        value=drain_interval, expected="seconds, 0.0001..10")
-        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or not 64 << 10 <= buffer_size <= 1 << 30:
-            raise InvalidArgumentError(f"buffer_size must be 64 KiB..1 GiB, got {buffer_size!r}", value=buffer_size,
-                                       expected="an int number of bytes, 65536..1073741824")
-        if decoder not in ("auto", "raw", "objects"):
-            raise InvalidArgumentError(f"decoder must be 'auto', 'raw' or 'objects', got {decoder!r}", value=decoder,
-                                       expected="'auto', 'raw' or 'objects'")
+        if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or not 64 << 10 <= buffer_size <= 1 << 30 \
+                or buffer_size % 8:
+            raise InvalidArgumentError(f"buffer_size must be a multiple of 8 bytes, 64 KiB..1 GiB, got {buffer_size!r}",
+                                       value=buffer_size, expected="an int number of bytes, a multiple of 8, "
+                                                                   "65536..1073741824")
+        if decoder not in ("auto", "native", "raw", "objects"):
+            raise InvalidArgumentError(f"decoder must be 'auto', 'native', 'raw' or 'objects', got {decoder!r}",
+                                       value=decoder, expected="'auto', 'native', 'raw' or 'objects'")
         self.bus = bus if bus is not None else get_bus()
         self.counters = tuple(dict.fromkeys(names))
         self.device = device
@@ -373,7 +402,7 @@ class CuptiCollector:
         self.decoder = decoder
         self.required = required
         self.reason = ""                 #: why the collector is inert ("" while it works)
-        self.receiver = ""               #: how buffers arrive: "raw" or "objects"
+        self.receiver = ""               #: how buffers arrive: "native", "raw" or "objects"
         self.records = 0                 #: records decoded and published
         self.buffers = 0                 #: activity buffers received
         self.dropped = 0                 #: records CUPTI dropped for want of buffer space
@@ -382,6 +411,7 @@ class CuptiCollector:
         self.drains = 0                  #: times CUPTI was asked for its records
         self.saturated = 0               #: drains that brought a full CUPTI queue: records likely lost
         self.max_per_drain = 0           #: the most unified-memory records one drain brought
+        self.unrecorded = 0              #: pages :meth:`check_host` found changed with no record (records lost)
         self._cupti: Any = None
         self._inbox: deque[tuple[Any, int, int]] = deque()   # completed buffers, appended on CUPTI's threads
         self._draining = False
@@ -389,6 +419,7 @@ class CuptiCollector:
         self._drainer: threading.Thread | None = None
         self._stop_drainer = threading.Event()
         self._offset = 0
+        self._device: int | None = None   # the device whose counters are on, once started
         self._running = False
         self._index = AllocationIndex("segment")
         self._lock = threading.Lock()
@@ -425,6 +456,9 @@ class CuptiCollector:
         except Exception as exc:
             return self._unavailable(_reason_of(exc))
         _raw_buffers.size = self.buffer_size
+        if self.receiver == "native":
+            _native.configure(self.buffer_size, _MAX_QUEUED_BUFFERS)
+            _native.take()   # anything a stopped collector left behind is not this one's
         config = np.zeros(len(self.counters), dtype=_CONFIG_DTYPE)
         config["scope"] = _SCOPE_PROCESS_SINGLE_DEVICE
         config["kind"] = [int(_COUNTERS[c]) for c in self.counters]
@@ -438,6 +472,7 @@ class CuptiCollector:
             _active = None
             return self._unavailable(_reason_of(exc))
         self._cupti = cupti
+        self._device = device
         self._offset = clock_offset(cupti.get_timestamp)
         self._index = AllocationIndex("segment")
         self._index.update(self.bus.history())   # allocations made before tracing started
@@ -495,8 +530,10 @@ class CuptiCollector:
             _active = None
             while self._inbox:   # nothing should be left; never leave a block out of the pool
                 block, _, valid = self._inbox.popleft()
-                if valid >= 0:
+                if valid >= 0 and self.receiver == "raw":
                     _raw_buffers.release(block)
+            if self.receiver == "native":
+                _native.take()
             self._index.close()
             self.bus.flush()
 
@@ -506,12 +543,80 @@ class CuptiCollector:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def check_host(self, *, repair: bool = True, tracker: Any = None) -> Reconciliation:
+        """Check every live managed allocation's map against the host's page tables; repair what records missed.
+
+        Call it with the GPU idle (after a synchronize): a migration under way would look unrecorded.
+        A page that left or reached the host with no record means CUPTI lost records, even where it
+        counted none as dropped. Those the enabled counters should have carried (HtoD, DtoH, CPU first
+        touches; with GPU faults on, read-duplicate host copies a GPU write dropped) are added to
+        :attr:`unrecorded`, and :meth:`status` then calls the record incomplete.
+
+        Parameters
+        ----------
+        repair
+            Publish the inferred events (:mod:`uvm_lab.tracing.reconcile`: migrations of cause
+            ``INFERRED``), so maps match the host again and byte counts add up.
+        tracker
+            The :class:`~uvm_lab.ResidencyTracker` whose maps to check: the process-wide one by default,
+            which needs the collector to publish on the process-wide bus.
+
+        Returns
+        -------
+        Reconciliation
+            Pages compared and pages unrecorded, by kind, with the inferred events.
+
+        Raises
+        ------
+        InvalidStateError
+            The collector was never started.
+        InvalidArgumentError
+            ``repair`` is not a bool, or ``tracker`` is not a tracker (or is needed: a bus of one's own).
+        """
+        from ..residency_map import ResidencyTracker, get_tracker
+
+        if not isinstance(repair, bool):
+            raise InvalidArgumentError(f"repair must be True or False, got {repair!r}", value=repair, expected="a bool")
+        if tracker is None:
+            if self.bus is not get_bus():
+                raise InvalidArgumentError("this collector publishes on a bus of its own: pass the tracker that "
+                                           "listens to it", value=tracker, expected="a ResidencyTracker")
+            tracker = get_tracker()
+        elif not isinstance(tracker, ResidencyTracker):
+            raise InvalidArgumentError(f"tracker must be a ResidencyTracker, got {type(tracker).__name__}",
+                                       value=tracker, expected="a ResidencyTracker")
+        if self._device is None:
+            raise InvalidStateError("the collector was never started: there are no records to check")
+        self.flush()
+        now = _now_ns()
+        found = Reconciliation()
+        for seg in tracker.segments():
+            if seg["kind"] != "managed" or not seg["size"]:
+                continue
+            states = tracker.map(seg["address"], seg["size"]).states
+            host = host_resident(seg["address"], seg["size"])[:len(states)]
+            found = found + reconcile(states, host, address=seg["address"], device=self._device,
+                                      alloc_id=seg["id"], now=now)
+        traced = set(self.counters)
+        missed = (found.htod * ("htod" in traced) + found.dtoh * ("dtoh" in traced)
+                  + found.first_touch * ("cpu_faults" in traced) + found.host_copy_dropped * ("gpu_faults" in traced))
+        if missed:
+            self.unrecorded += missed
+            log.warning("%d pages changed place on the host with no CUPTI record: records were lost (%r)", missed, found)
+        if repair and len(found.events):
+            self.bus.publish(found.events)
+            self.bus.flush()
+        return found
+
     def status(self) -> dict[str, Any]:
         """What the collector is doing, for a panel or a log line."""
-        complete = not (self.dropped or self.saturated)
+        complete = not (self.dropped or self.saturated or self.unrecorded)
         warning = ""
         if self.dropped:
             warning = f"CUPTI dropped {self.dropped} records for want of buffer space"
+        elif self.unrecorded:
+            warning = (f"{self.unrecorded} pages changed place on the host with no record (check_host): CUPTI lost "
+                       f"records without counting them")
         elif self.saturated:
             warning = (f"{self.saturated} drains brought exactly {CUPTI_UM_QUEUE_RECORDS} records, a full CUPTI "
                        f"unified-memory queue: records were probably lost and maps may be wrong")
@@ -519,11 +624,13 @@ class CuptiCollector:
                 "counters": list(self.counters), "records": self.records, "buffers": self.buffers,
                 "dropped": self.dropped, "unknown": self.unknown, "unattributed": self.unattributed,
                 "drains": self.drains, "max_per_drain": self.max_per_drain, "saturated": self.saturated,
+                "unrecorded": self.unrecorded,
                 "complete": complete, "warning": warning}
 
     def __repr__(self) -> str:
         state = "running" if self._running else (f"inert: {self.reason}" if self.reason else "stopped")
         lost = "" if not self.saturated else f", {self.saturated} saturated drains (incomplete)"
+        lost += "" if not self.unrecorded else f", {self.unrecorded} pages unrecorded (incomplete)"
         return (f"<CuptiCollector {state}, {self.records} records, {self.dropped} dropped{lost}, "
                 f"counters={','.join(self.counters)}>")
 
@@ -540,7 +647,7 @@ class CuptiCollector:
     # -- draining -------------------------------------------------------------------------------------
     def _flush_cupti(self, flag: int) -> None:
         """``cuptiActivityFlushAll(flag)``: completed buffers reach the callbacks before it returns."""
-        lib = _libcupti if self.receiver == "raw" else None
+        lib = _libcupti if self.receiver in ("native", "raw") else None
         if lib is not None:
             status = lib.cuptiActivityFlushAll(flag)   # no GIL held while CUPTI works
             if status:
@@ -594,6 +701,9 @@ class CuptiCollector:
 
     def _drain_inbox(self) -> None:
         inbox = self._inbox
+        if self.receiver == "native":
+            inbox.extend((np.frombuffer(data, dtype=np.uint8), 0, len(data)) for data in _native.take())
+        pooled = self.receiver == "raw"
         while inbox:
             data, offset, valid = inbox.popleft()
             try:   # valid < 0: cupti-python's objects, already copied out
@@ -601,7 +711,7 @@ class CuptiCollector:
             except Exception:
                 log.exception("decoding a CUPTI activity buffer failed")
             finally:
-                if valid >= 0:   # decoded into new arrays: CUPTI may have the block again
+                if valid >= 0 and pooled:   # decoded into new arrays: CUPTI may have the block again
                     _raw_buffers.release(data)
 
     # -- receiving ------------------------------------------------------------------------------------
@@ -661,6 +771,16 @@ class CuptiCollector:
             self._since_drain += len(records)
             self.unattributed += int((events["alloc_id"] == 0).sum())
         self.bus.publish(events)
+
+
+def _now_ns() -> int:
+    """Now, on the backend's clock (the one records are moved onto)."""
+    try:
+        from ..backends import get_backend
+
+        return int(get_backend().now_ns())
+    except Exception:
+        return time.perf_counter_ns()
 
 
 def _current_cuda_device() -> int:

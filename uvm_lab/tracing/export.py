@@ -54,7 +54,7 @@ _SHORT = {EventKind.HTOD: "HtoD", EventKind.DTOH: "DtoH", EventKind.DTOD: "DtoD"
 _COLOURS = {"user prefetch": "good", "coherence": "bad", "driver prefetch": "rail_load", "eviction": "terrible",
             "access counters": "olive", "read": "thread_state_running", "write": "bad", "atomic": "terrible",
             "prefetch": "rail_load", "thrashing": "terrible", "policy": "olive", "out of memory": "terrible",
-            "unknown": "grey", "": "generic_work"}
+            "unknown": "grey", "inferred": "black", "": "generic_work"}
 
 
 def _events_of(trace: Any) -> np.ndarray:
