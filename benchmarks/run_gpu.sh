@@ -10,5 +10,6 @@ python3 benchmarks/alloc_pair.py --json "$out/alloc_pair.json"
 python3 benchmarks/prefetch_read.py --json "$out/prefetch_read.json"
 python3 benchmarks/tracing_decode.py
 python3 benchmarks/tracing_overhead.py --repeats 2
+python3 benchmarks/tracing_loss.py --trials 8
 # The simulator against this GPU (about 3 minutes on an H200; writes its table into benchmarks/README.md):
 #   python3 benchmarks/sim_vs_gpu.py --size 1GiB --readme benchmarks/README.md
