@@ -260,9 +260,10 @@ def test_check_host_finds_what_cupti_lost_and_repairs_the_map(fake):
                             bytes=pages * 4096, value=pages * 4096, alloc_id=5, start=time.perf_counter_ns()))
     try:
         with CuptiCollector(bus=bus, device=0) as cupti:
-            # CUPTI's record of the host's first touch (its range: the whole 32 KiB segment); the HtoD of
-            # pages 4-7 that followed never arrives.
-            fake.deliver([(3, 0x4000, fake.get_timestamp(), base, 0xFFFFFFFF, 0xFFFFFFFF, 0)])
+            # CUPTI's records of the host's first touches, a CPU fault a page; the HtoD of pages 4-7 that
+            # followed never arrives.
+            now = fake.get_timestamp()
+            fake.deliver([(3, 0x4000, now + i, base + i * 4096, 0xFFFFFFFF, 0xFFFFFFFF, 0) for i in range(pages)])
             cupti.flush()
             assert tracker.map(base, pages * 4096).states.tolist() == [HOST] * pages
             assert cupti.status()["complete"]
@@ -282,8 +283,6 @@ def test_check_host_finds_what_cupti_lost_and_repairs_the_map(fake):
                 cupti.check_host(tracker=bus)
     finally:
         tracker.close()
-        del memory
-        region.close()
 
 
 def test_check_host_needs_a_started_collector(fake, bus):
