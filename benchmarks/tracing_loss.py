@@ -12,7 +12,7 @@ unrecorded against those the records miss (they should be equal); the most recor
 and whether the collector called the trace complete. Needs a GPU and cupti-python.
 
     python benchmarks/tracing_loss.py [--size 256MiB] [--trials 8] [--settle 0.5] [--counters faults|migrations]
-                                      [--decoder auto|native|raw|objects] [--save trials.npz]
+                                      [--decoder auto|raw|objects] [--save trials.npz]
 """
 
 from __future__ import annotations
@@ -41,6 +41,11 @@ def covered_pages(htod: np.ndarray, base: int, pages: int) -> np.ndarray:
     return np.cumsum(cover[:-1]) > 0
 
 
+def after_sync_ms(stamps: np.ndarray, synced: int) -> float | None:
+    """The latest of ``stamps`` relative to the synchronize, in ms (negative: before it)."""
+    return float((stamps.astype(np.int64) - synced).max() / 1e6) if len(stamps) else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="256MiB")
@@ -48,7 +53,7 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=0.5, help="seconds to wait before the second flush")
     parser.add_argument("--counters", choices=["faults", "migrations"], default="faults")
     parser.add_argument("--drain", type=float, default=0.001)
-    parser.add_argument("--decoder", choices=["auto", "native", "raw", "objects"], default="auto",
+    parser.add_argument("--decoder", choices=["auto", "raw", "objects"], default="auto",
                         help="how CUPTI's buffers are received (uvm_lab.tracing.CuptiCollector's decoder)")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--save", type=Path, help="keep each trial's events and host bitmaps in this .npz")
@@ -97,8 +102,8 @@ def main() -> None:
             "htod_first": int(htod_first["bytes"].sum()) / (lost * PAGE or 1),
             "htod_settled": int(htod["bytes"].sum()) / (lost * PAGE or 1),
             "late_records": len(late),
-            "late_start_after_sync_ms": float((late["start"].astype(np.int64) - synced).max() / 1e6) if len(late) else None,
-            "last_htod_end_vs_sync_ms": float((htod["end"].astype(np.int64) - synced).max() / 1e6) if len(htod) else None,
+            "late_start_after_sync_ms": after_sync_ms(late["start"], synced),
+            "last_htod_end_vs_sync_ms": after_sync_ms(htod["end"], synced),
             "htod_records": len(htod), "gpu_fault_records": len(faults),
             "faulted_pages": len(fault_pages), "faulted_pages_uncovered": uncovered,
             "check_host_htod_pages": found.htod,

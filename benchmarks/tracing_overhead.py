@@ -13,8 +13,8 @@ for (1.0: nothing lost), ``saturated`` the drains that brought CUPTI's whole que
     python benchmarks/tracing_overhead.py [--size 2GiB] [--repeats 3] [--drain 0.001] [--modes ...] [--json out.json]
 
 Modes: ``transfers`` enables only the HtoD and DtoH byte counters; ``migrations`` adds DtoD, thrashing,
-throttling and remote-map; ``faults`` adds GPU and CPU page faults (``faults (raw)`` and ``faults (objects)``
-receive CUPTI's buffers the other two ways); ``cupti alone`` enables the same counters as ``faults``
+throttling and remote-map; ``faults`` adds GPU and CPU page faults (``faults (objects)``
+receives CUPTI's buffers as cupti-python's objects); ``cupti alone`` enables the same counters as ``faults``
 through cupti-python with nothing of uvm_lab listening, the floor any collector stands on.
 """
 
@@ -36,7 +36,6 @@ MODES = {
     "migrations": {"counters": ["htod", "dtoh", "dtod", "thrashing", "throttling", "remote_map"]},
     "faults": {"gpu_faults": True, "cpu_faults": True},
     "faults (objects)": {"gpu_faults": True, "cpu_faults": True, "decoder": "objects"},
-    "faults (raw)": {"gpu_faults": True, "cpu_faults": True, "decoder": "raw"},
     # CUPTI with no uvm_lab in the way: cupti-python's own calls, the same counters as "faults", buffers
     # large enough that no callback runs until the final flush. What the counters cost by themselves.
     "cupti alone": "bare",

@@ -20,7 +20,6 @@ import pytest
 
 import uvm_lab as ul
 from uvm_lab.events import EventKind, MigrationCause
-from uvm_lab.tracing import cupti as collector_module
 from uvm_lab.tracing import (
     CUPTI_UM_COUNTER3_DTYPE,
     AllocationIndex,
@@ -43,8 +42,6 @@ def cupti(cuda):
     if not status["installed"]:
         pytest.skip(status["reason"])
     collector = CuptiCollector(gpu_faults=True, required=True).start()
-    if collector_module._native is not None:   # built with a C compiler: CUPTI's threads never take the GIL
-        assert collector.receiver == "native"
     yield collector
     collector.stop()
 

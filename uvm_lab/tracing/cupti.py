@@ -15,17 +15,12 @@ brings exactly the queue's capacity is the signature of that loss; :meth:`CuptiC
 says the record is incomplete rather than let a map look exact. The signature is empirical: with GPU
 fault capture on, a fault storm can still lose a few tenths of a percent of its migrations unflagged.
 
-Three ways to receive buffers, the first that works is used:
+Two ways to receive buffers, the first that works is used:
 
-``"native"``
-    CUPTI's buffer callbacks in C (``_buffers.c``, compiled where the package was built with a C
-    compiler), registered on libcupti directly. CUPTI's threads, which also read the driver's event
-    queue, then never wait for Python's GIL: while a Python thread held it, a ctypes callback kept
-    CUPTI's thread waiting for milliseconds, and the records of those milliseconds were lost uncounted
-    (a two-GPU H200 host, ``benchmarks/tracing_loss.py``). Completed buffers arrive as bytes.
 ``"raw"``
-    The same callbacks written in Python and registered through ctypes: a completed buffer reaches
-    Python as bytes and no per-record object is ever made, but each callback takes the GIL.
+    CUPTI's buffer callbacks registered on libcupti directly (ctypes), so a completed buffer reaches
+    Python as bytes and no per-record object is ever made. (The same callbacks in C, which never take
+    the GIL, were measured and changed neither the loss nor the overhead: ``benchmarks/README.md``.)
 ``"objects"``
     cupti-python's callbacks, which hand over one Python object per record. Where the objects sit
     back to back in CUPTI's buffer (the usual case), their bytes are still read in one piece; otherwise
@@ -58,14 +53,14 @@ from ..errors import BackendError, InvalidArgumentError, InvalidStateError
 from ..events.bus import EventBus, get_bus
 from ..events.schema import EventKind
 from .attribution import AllocationIndex, attribute
-from .pagemap import host_resident
-from .reconcile import Reconciliation, reconcile
 from .decode import (
     CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER,
     CUPTI_UM_COUNTER3_DTYPE,
     clock_offset,
     decode_records,
 )
+from .pagemap import host_resident
+from .reconcile import Reconciliation, reconcile
 
 __all__ = ["CUPTI_UM_QUEUE_RECORDS", "CuptiCollector", "TracingUnavailableWarning", "cupti_status"]
 
@@ -160,7 +155,7 @@ def cupti_status() -> dict[str, Any]:
 
 # -- one set of CUPTI callbacks per process, routed to the running collector --------------------------
 _active: CuptiCollector | None = None
-_registered: str | None = None      # which receiver is registered with CUPTI: "native", "raw" or "objects"
+_registered: str | None = None      # which receiver is registered with CUPTI: "raw" or "objects"
 _keepalive: list[Any] = []           # ctypes callbacks must outlive every call CUPTI makes
 _register_lock = threading.Lock()
 
@@ -230,11 +225,6 @@ class _RawBuffers:
 _raw_buffers = _RawBuffers()
 _libcupti: Any = None
 
-try:   # the compiled callbacks (the "native" receiver), where the package was built with a C compiler
-    from . import _buffers as _native
-except ImportError:
-    _native = None
-
 
 def _find_libcupti(cupti: Any) -> ctypes.CDLL | None:
     """The libcupti cupti-python loaded (the same instance, so one set of callbacks), or None."""
@@ -266,17 +256,6 @@ def _register(cupti: Any, decoder: str) -> str:
     with _register_lock:
         if _registered is not None:
             return _registered
-        if decoder in ("auto", "native"):
-            lib = _find_libcupti(cupti)
-            if lib is not None and _native is not None:
-                requested_at, completed_at = _native.addresses()
-                if lib.cuptiActivityRegisterCallbacks(_BUFFER_REQUESTED(requested_at),
-                                                      _BUFFER_COMPLETED(completed_at)) == 0:
-                    _registered = "native"
-                    return _registered
-            if decoder == "native":
-                raise BackendError("CUPTI's compiled buffer callbacks are not available (uvm_lab was installed "
-                                   "without a C compiler, or libcupti was not found); use decoder='raw'")
         if decoder in ("auto", "raw"):
             lib = _find_libcupti(cupti)
             if lib is not None:
@@ -334,9 +313,9 @@ class CuptiCollector:
     buffer_size
         Bytes per CUPTI activity buffer (a multiple of 8: records are 8-byte aligned).
     decoder
-        How buffers are received: ``"auto"`` (the first of the following that works), ``"native"``,
-        ``"raw"`` or ``"objects"``; see the module docstring. CUPTI takes one set of callbacks per
-        process, so the first collector's choice holds for every later one.
+        How buffers are received: ``"auto"`` (raw buffers where possible), ``"raw"`` or ``"objects"``;
+        see the module docstring. CUPTI takes one set of callbacks per process, so the first
+        collector's choice holds for every later one.
     required
         Raise :class:`~uvm_lab.errors.BackendError` where CUPTI cannot be used, rather than warning
         once (:class:`TracingUnavailableWarning`) and staying inert.
@@ -390,9 +369,9 @@ class CuptiCollector:
             raise InvalidArgumentError(f"buffer_size must be a multiple of 8 bytes, 64 KiB..1 GiB, got {buffer_size!r}",
                                        value=buffer_size, expected="an int number of bytes, a multiple of 8, "
                                                                    "65536..1073741824")
-        if decoder not in ("auto", "native", "raw", "objects"):
-            raise InvalidArgumentError(f"decoder must be 'auto', 'native', 'raw' or 'objects', got {decoder!r}",
-                                       value=decoder, expected="'auto', 'native', 'raw' or 'objects'")
+        if decoder not in ("auto", "raw", "objects"):
+            raise InvalidArgumentError(f"decoder must be 'auto', 'raw' or 'objects', got {decoder!r}",
+                                       value=decoder, expected="'auto', 'raw' or 'objects'")
         self.bus = bus if bus is not None else get_bus()
         self.counters = tuple(dict.fromkeys(names))
         self.device = device
@@ -402,7 +381,7 @@ class CuptiCollector:
         self.decoder = decoder
         self.required = required
         self.reason = ""                 #: why the collector is inert ("" while it works)
-        self.receiver = ""               #: how buffers arrive: "native", "raw" or "objects"
+        self.receiver = ""               #: how buffers arrive: "raw" or "objects"
         self.records = 0                 #: records decoded and published
         self.buffers = 0                 #: activity buffers received
         self.dropped = 0                 #: records CUPTI dropped for want of buffer space
@@ -456,9 +435,6 @@ class CuptiCollector:
         except Exception as exc:
             return self._unavailable(_reason_of(exc))
         _raw_buffers.size = self.buffer_size
-        if self.receiver == "native":
-            _native.configure(self.buffer_size, _MAX_QUEUED_BUFFERS)
-            _native.take()   # anything a stopped collector left behind is not this one's
         config = np.zeros(len(self.counters), dtype=_CONFIG_DTYPE)
         config["scope"] = _SCOPE_PROCESS_SINGLE_DEVICE
         config["kind"] = [int(_COUNTERS[c]) for c in self.counters]
@@ -530,10 +506,8 @@ class CuptiCollector:
             _active = None
             while self._inbox:   # nothing should be left; never leave a block out of the pool
                 block, _, valid = self._inbox.popleft()
-                if valid >= 0 and self.receiver == "raw":
+                if valid >= 0:
                     _raw_buffers.release(block)
-            if self.receiver == "native":
-                _native.take()
             self._index.close()
             self.bus.flush()
 
@@ -602,7 +576,8 @@ class CuptiCollector:
                   + found.first_touch * ("cpu_faults" in traced) + found.host_copy_dropped * ("gpu_faults" in traced))
         if missed:
             self.unrecorded += missed
-            log.warning("%d pages changed place on the host with no CUPTI record: records were lost (%r)", missed, found)
+            log.warning("%d pages changed place on the host with no CUPTI record: records were lost (%r)",
+                        missed, found)
         if repair and len(found.events):
             self.bus.publish(found.events)
             self.bus.flush()
@@ -647,7 +622,7 @@ class CuptiCollector:
     # -- draining -------------------------------------------------------------------------------------
     def _flush_cupti(self, flag: int) -> None:
         """``cuptiActivityFlushAll(flag)``: completed buffers reach the callbacks before it returns."""
-        lib = _libcupti if self.receiver in ("native", "raw") else None
+        lib = _libcupti if self.receiver == "raw" else None
         if lib is not None:
             status = lib.cuptiActivityFlushAll(flag)   # no GIL held while CUPTI works
             if status:
@@ -701,9 +676,6 @@ class CuptiCollector:
 
     def _drain_inbox(self) -> None:
         inbox = self._inbox
-        if self.receiver == "native":
-            inbox.extend((np.frombuffer(data, dtype=np.uint8), 0, len(data)) for data in _native.take())
-        pooled = self.receiver == "raw"
         while inbox:
             data, offset, valid = inbox.popleft()
             try:   # valid < 0: cupti-python's objects, already copied out
@@ -711,7 +683,7 @@ class CuptiCollector:
             except Exception:
                 log.exception("decoding a CUPTI activity buffer failed")
             finally:
-                if valid >= 0 and pooled:   # decoded into new arrays: CUPTI may have the block again
+                if valid >= 0:   # decoded into new arrays: CUPTI may have the block again
                     _raw_buffers.release(data)
 
     # -- receiving ------------------------------------------------------------------------------------
