@@ -8,7 +8,7 @@ REMOTE_MAP. Allocator events (numbered from 16) use ``flags`` as documented on :
 Fields
 ------
 kind      EventKind
-flags     per kind, see above (CPU faults: the access type; CUPTI leaves it 0 = unknown)
+flags     per kind, see above (CPU faults: 0 = unknown, from CUPTI and the simulator alike)
 src, dst  processor ids: a device ordinal, or -1 for the host
 start,end nanoseconds on the backend's clock (simulated time on the simulator)
 address   first byte concerned

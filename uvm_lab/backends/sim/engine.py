@@ -9,7 +9,8 @@ one replay (research R4). A host thread has one access in flight and its faults 
 Servicing a batch, per page, picks the destination by the driver's ordered rules (R3), grows what moves
 with the density prefetcher (R5), allocates 2 MiB chunks and evicts to get them (R1, R6), feeds the
 thrashing detector (R7), and emits what CUPTI would: HtoD/DtoH with cause COHERENCE/PREFETCH/EVICTION,
-fault records with the access type, REMOTE_MAP, THRASHING and THROTTLING.
+GPU fault records with the access type (CPU fault records without one, as CUPTI), REMOTE_MAP, THRASHING and
+THROTTLING, and INVALIDATE where copies go with no transfer (CUPTI has no record of it).
 
 Cost of a GPU batch: a round trip, plus a service time per VA block, plus each copy on the size-dependent
 link, plus a per-page cost for the pages it migrates, plus synchronous evictions. Accesses that hit cost
@@ -425,7 +426,7 @@ class FaultEngine:
         steps[2::2] = (1 * local + 0 * remote) * 1e9
         clock = np.cumsum(steps)
         f = np.zeros(k, dtype=EVENT_DTYPE)
-        f["kind"], f["flags"], f["src"], f["dst"] = EventKind.CPU_PAGE_FAULT, kind, HOST_ID, HOST_ID
+        f["kind"], f["flags"], f["src"], f["dst"] = EventKind.CPU_PAGE_FAULT, AccessType.UNKNOWN, HOST_ID, HOST_ID
         f["start"] = f["end"] = clock[0:2 * k:2].astype(np.uint64)
         f["address"], f["bytes"], f["value"] = t.addresses(run), PAGE_SIZE, 1
         f["alloc_id"], f["stream"] = t.block_alloc[run >> BLOCK_SHIFT], stream
@@ -564,6 +565,8 @@ class FaultEngine:
         moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
         moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
+        if host:               # a host write moves a ReadMostly page: its fault record cannot say "write"
+            ex_rm_moved = np.union1d(ex_rm_moved, pages[(out == _MIGRATE) & wr & t.read_mostly[pages]])
         if len(ex_rm_moved):   # moved, not copied: the source's copy goes (the map would keep a duplicate)
             mem.invalidate(ex_rm_moved, log, src=source)
         collapse = pages[out == _COLLAPSE]
@@ -769,6 +772,8 @@ class FaultEngine:
         if not len(pages):
             return
         t = self.table
+        if kind == EventKind.CPU_PAGE_FAULT:   # CUPTI gives a CPU fault no access type: nor does the simulator
+            access = AccessType.UNKNOWN
         starts, lengths = page_runs(pages)
         if faulted is None:        # every page of these records faulted
             per_run = lengths
