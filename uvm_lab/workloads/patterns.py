@@ -40,7 +40,10 @@ def stream_shape(phase: Phase) -> dict[str, int]:
         return {"in_flight": int(phase.param("warps_in_flight", 2048)),
                 "bytes_per_access": int(phase.param("bytes_per_access", 128))}
     if phase.pattern == "strided":
-        return {"in_flight": 256, "bytes_per_access": min(PAGE_SIZE, int(phase.param("stride", PAGE_SIZE)))}
+        # One 4-byte read every ``stride`` bytes moves a 32-byte sector; below a page, one access stands for
+        # all of the page's reads (only one reaches the fault path).
+        stride = int(phase.param("stride", PAGE_SIZE))
+        return {"in_flight": 256, "bytes_per_access": min(PAGE_SIZE, 32 * max(1, PAGE_SIZE // stride))}
     return {"in_flight": 256, "bytes_per_access": PAGE_SIZE}
 
 

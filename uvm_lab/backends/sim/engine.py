@@ -115,6 +115,8 @@ class FaultEngine:
         local, remote = bytes_per_access / local_bw, bytes_per_access / remote_bw
         if host:   # one thread: a small access still costs a miss
             local, remote = max(local, p.host_access_latency), max(remote, p.host_access_latency)
+        else:      # a small remote read is a round trip over the link, several in flight
+            remote = max(remote, p.remote_request_latency / max(1, in_flight))
         for pages in chunks:
             wr = bool(write) if writes is None else next(writes)
             self._run_chunk(np.asarray(pages, dtype=np.int64), wr, processor, log, stats, in_flight=max(1, in_flight),

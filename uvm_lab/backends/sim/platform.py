@@ -117,6 +117,12 @@ class Platform:
     #: against 45.3 ms, 0.119 us a page. With ``fault_page_latency`` it makes the 0.3 us a migrated page
     #: cost before (the fault-driven sweep's calibration to 8.9 GB/s).
     fault_unmap_latency: float = 0.13e-6
+    #: One small read of host memory through a remote mapping, start to finish: such reads are bound by the
+    #: round trip, not the link, and each warp has one in flight, so an access costs this divided by the
+    #: pages in flight, or its bytes at ``remote_bw`` if that is longer. Calibrated from the H200 (driver
+    #: 580, ``sim_vs_gpu_h200.json``, strided under PreferredLocation=host + AccessedBy): 16,384 4-byte reads,
+    #: one every 64 KiB of a 1 GiB buffer, took 0.161 ms, 9.8 ns each at 256 in flight.
+    remote_request_latency: float = 2.5e-6
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.
