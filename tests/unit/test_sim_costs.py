@@ -102,3 +102,23 @@ def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration
         took[case] = r.seconds
     assert took["migrate"] - took["duplicate"] == pytest.approx(N * unmap)
     assert took["duplicate_written"] == pytest.approx(took["migrate"])
+
+
+@pytest.mark.parametrize("latency", [1e-6, 2.5e-6])
+def test_small_remote_reads_cost_a_round_trip_over_the_reads_in_flight_and_large_ones_their_bytes(latency):
+    """Through a remote mapping (PreferredLocation=host, AccessedBy=GPU) a GPU read of a few bytes is bound by
+    the link's round trip, several in flight; a read of a whole page by the link's bandwidth."""
+    b, got = _backend(remote_request_latency=latency)
+    p = b.platform
+    ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(ptr, BLOCK_SIZE, HOST)
+    b.advise(ptr, BLOCK_SIZE, Advice.SET_PREFERRED_LOCATION, HOST)
+    b.advise(ptr, BLOCK_SIZE, Advice.SET_ACCESSED_BY, GPU)
+    _take(got)
+    small = b.access_stream(_pages(ptr), GPU, "read", in_flight=64, bytes_per_access=32)
+    large = b.access_stream(_pages(ptr), GPU, "read", in_flight=64, bytes_per_access=PAGE_SIZE)
+    ev = _take(got)
+    assert small.faults == large.faults == 0
+    assert EventKind.HTOD not in (ev["kind"] if len(ev) else [])                     # nothing moves
+    assert small.seconds == pytest.approx(N * max(latency / 64, 32 / p.remote_bw))
+    assert large.seconds == pytest.approx(N * max(latency / 64, PAGE_SIZE / p.remote_bw))
