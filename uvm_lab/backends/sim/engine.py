@@ -567,8 +567,10 @@ class FaultEngine:
         moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
         moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
-        if host:               # a host write moves a ReadMostly page: its fault record cannot say "write"
-            ex_rm_moved = np.union1d(ex_rm_moved, pages[(out == _MIGRATE) & wr & t.read_mostly[pages]])
+        if host and wr.any():  # a host write moves a ReadMostly page: its fault record cannot say "write"
+            rm_written = pages[(out == _MIGRATE) & wr & t.read_mostly[pages]]
+            if len(rm_written):
+                ex_rm_moved = np.union1d(ex_rm_moved, rm_written)
         if len(ex_rm_moved):   # moved, not copied: the source's copy goes (the map would keep a duplicate)
             mem.invalidate(ex_rm_moved, log, src=source)
         collapse = pages[out == _COLLAPSE]
