@@ -110,7 +110,7 @@ def test_scripted_sequence_map_agrees_with_the_host_and_bytes_add_up(cuda, cupti
         agreement = oracle_agreement(ul.residency(buf))
         summary = trace.summary()
         um = trace.of_kind(*UM_KINDS)
-        recorded = um[um["flags"] != MigrationCause.INFERRED] if len(um) else um
+        recorded = um[um["flags"] != MigrationCause.INFERRED]
         status = cupti.status()
         report.append(f"{name}: agree {from_records.fraction:.5f} from CUPTI's records, {agreement.fraction:.5f} "
                       f"after check_host ({found.unrecorded} pages unrecorded), HtoD {summary['bytes_htod']} B "
