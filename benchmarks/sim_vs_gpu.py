@@ -3,6 +3,8 @@
     python benchmarks/sim_vs_gpu.py --size 1GiB --json out/sim_vs_gpu.json --markdown out/sim_vs_gpu.md
     python benchmarks/sim_vs_gpu.py --from-json out/sim_vs_gpu.json --readme benchmarks/README.md
     python benchmarks/sim_vs_gpu.py --skip stencil:read_mostly --previous benchmarks/sim_vs_gpu_h200.json ...
+    python benchmarks/sim_vs_gpu.py --cases "strided:stride=16KiB,host_then_device:size=2GiB" \
+        --policies faults,read_mostly --marker sim_vs_gpu_variants --json out/variants.json
 
 The first form needs CuPy, cuda-python and a GPU (cupti-python for bytes). Each workload of the catalog
 (buffers of ``--size`` each) runs under each policy of ``uvm_lab.workloads.POLICIES`` on GPU 0, twice: once
@@ -14,6 +16,9 @@ Where CUPTI reports dropped records or saturated drains, or the bytes it reports
 the host gained or lost (``/proc/self/pagemap``), the row is marked rather than hidden. The second form
 rebuilds the table from a saved run (the simulator side is recomputed) and writes it into the README
 between the markers.
+
+``--cases`` runs variants of the catalog's workloads instead (``name:param=value:...``, sizes as ``64KiB``),
+under ``--policies``: parameters no constant was calibrated from, so their rows are an independent check.
 
 Targets (issue 5): bytes within 5 %, time within 25 %.
 """
@@ -31,8 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from uvm_lab import workloads as W
 from uvm_lab.units import BLOCK_SIZE, format_bytes, parse_size
 
-BEGIN = "<!-- sim_vs_gpu:begin -->"
-END = "<!-- sim_vs_gpu:end -->"
 BYTES_TOL, TIME_TOL = 0.05, 0.25
 
 
@@ -41,11 +44,38 @@ def _rows(results: list) -> list[dict]:
             for r in results]
 
 
-def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None = None) -> dict:
+def parse_cases(spec: str) -> list[tuple[str, dict]]:
+    """``"strided:stride=16KiB,host_then_device:size=2GiB"`` as ``[(name, params), ...]``."""
+    out = []
+    for item in filter(None, (c.strip() for c in spec.split(","))):
+        name, *pairs = item.split(":")
+        if name not in W.WORKLOADS:
+            raise SystemExit(f"unknown workload {name!r}: one of {', '.join(W.WORKLOADS)}")
+        params = {}
+        for pair in pairs:
+            key, _, value = pair.partition("=")
+            params[key] = parse_size(value) if value[-1:].upper() == "B" else int(value)
+        out.append((name, params))
+    return out
+
+
+def _label(case: dict) -> str:
+    params = case.get("params") or {}
+    return case["workload"] + "".join(f" {k}={format_bytes(v) if k in ('size', 'stride', 'row_bytes') else v}"
+                                      for k, v in params.items())
+
+
+def _workload(case: dict, size: int) -> W.Workload:
+    return W.make(case["workload"], **{"size": size, **(case.get("params") or {})})
+
+
+def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None = None,
+                 cases: list[tuple[str, dict]] | None = None, policies: tuple[str, ...] = W.POLICIES) -> dict:
     """Real time (untraced) and real bytes (CUPTI) for every workload x policy.
 
     Cases named in ``skip`` (``"workload:policy"``) are not run; their figures come from ``previous``
-    (an earlier run's JSON at the same size), marked as such.
+    (an earlier run's JSON at the same size), marked as such. ``cases`` replaces the catalog with
+    variants (name and parameters); a ``size`` parameter replaces ``size`` for that case.
     """
     import cupy
 
@@ -56,25 +86,27 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
     free, total = backend.mem_info(0)
     props = cupy.cuda.runtime.getDeviceProperties(0)
     out = {"device": props["name"].decode(), "free": free, "total": total, "size": size, "cases": []}
-    cases = [(name, policy) for name in W.WORKLOADS for policy in W.POLICIES]
+    todo = [{"workload": name, "params": params, "policy": policy}
+            for name, params in (cases or [(name, {}) for name in W.WORKLOADS]) for policy in policies]
     earlier = {(c["workload"], c["policy"]): c for c in (previous or {}).get("cases", [])}
     if previous is not None and previous["size"] != size:
         raise SystemExit(f"--previous ran at {format_bytes(previous['size'])}, not {format_bytes(size)}")
-    for name, policy in cases:
+    for case in todo:
+        name, policy = case["workload"], case["policy"]
         if f"{name}:{policy}" in skip:
             if (name, policy) not in earlier:
                 raise SystemExit(f"{name}:{policy} is skipped but --previous does not have it")
             out["cases"].append({**earlier[(name, policy)], "earlier_run": True})
             continue
-        w = W.make(name, size=size)
+        w = _workload(case, size)
         if w.total_bytes > free // 2:
-            raise SystemExit(f"{name} needs {format_bytes(w.total_bytes)}, over half the card's "
+            raise SystemExit(f"{_label(case)} needs {format_bytes(w.total_bytes)}, over half the card's "
                              f"{format_bytes(free)} free: use a smaller --size")
         t0 = time.perf_counter()
         timed = W.run_gpu(w, policy=policy, backend=backend)
-        out["cases"].append({"workload": name, "policy": policy, "time": _rows(timed),
-                             "wall": time.perf_counter() - t0})
-        print(f"gpu {name:18} {policy:12} " + " ".join(f"{r.seconds * 1e3:8.2f}" for r in timed) + " ms", flush=True)
+        out["cases"].append({**case, "time": _rows(timed), "wall": time.perf_counter() - t0})
+        print(f"gpu {_label(case):32} {policy:12} " + " ".join(f"{r.seconds * 1e3:8.2f}" for r in timed) + " ms",
+              flush=True)
     collector = CuptiCollector(bus=backend.bus, counters=["htod", "dtoh"])
     collector.start()
     out["cupti"] = collector.reason or collector.receiver
@@ -82,7 +114,7 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
         for case in out["cases"]:
             if case.get("earlier_run"):
                 continue
-            w = W.make(case["workload"], size=size)
+            w = _workload(case, size)
             before = collector.status()
             # Host pages present at free time, against all of them after the host wrote the buffers:
             # the difference is what left the host, net, which CUPTI's HtoD minus DtoH must equal.
@@ -111,7 +143,7 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
             # Drains that brought a whole CUPTI queue (records likely lost), where the collector counts them.
             case["saturated"] = after.get("saturated", 0) - before.get("saturated", 0)
             case["host_pages_lost_bytes"] = host_loss
-            print(f"cupti {case['workload']:18} {case['policy']:12} "
+            print(f"cupti {_label(case):32} {case['policy']:12} "
                   + " ".join(f"{r.bytes_htod}/{r.bytes_dtoh}" for r in traced), flush=True)
     finally:
         collector.stop()
@@ -123,7 +155,7 @@ def run_sim_side(real: dict) -> None:
     """The simulator's time and bytes for every case of ``real``, beside the real ones."""
     device = max(BLOCK_SIZE, int(real["free"]) // BLOCK_SIZE * BLOCK_SIZE)
     for case in real["cases"]:
-        w = W.make(case["workload"], size=real["size"])
+        w = _workload(case, real["size"])
         t0 = time.perf_counter()
         case["sim"] = _rows(W.run_sim(w, policy=case["policy"], device_memory=device, platform="x86-pcie5"))
         case["sim_wall"] = time.perf_counter() - t0
@@ -173,7 +205,7 @@ def table(real: dict) -> str:
             passed["time"] += ok_t
             passed["bytes"] += ok_b
             phase = t["phase"] + (f" #{t['pass'] + 1}" if t["pass"] or case["workload"] == "multi_pass_stream" else "")
-            lines.append(f"| {case['workload']} | {case['policy']} | {phase} | {t['seconds'] * 1e3:,.2f} | "
+            lines.append(f"| {_label(case)} | {case['policy']} | {phase} | {t['seconds'] * 1e3:,.2f} | "
                          f"{s['seconds'] * 1e3:,.2f} | {'-' if tr is None else f'{tr:.2f}'} | {rb / (1 << 20):,.1f} "
                          f"| {sb / (1 << 20):,.1f} | {'-' if br is None else f'{br:.2f}'} | "
                          f"{'pass' if ok_b else 'FAIL'} | {'pass' if ok_t else 'FAIL'} | {'; '.join(note)} |")
@@ -182,13 +214,15 @@ def table(real: dict) -> str:
     return "\n".join(lines)
 
 
-def write_readme(path: Path, text: str) -> None:
+def write_readme(path: Path, text: str, marker: str = "sim_vs_gpu") -> None:
+    """Put ``text`` between ``<!-- marker:begin -->`` and ``<!-- marker:end -->`` (appended if absent)."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     doc = path.read_text()
-    if BEGIN in doc and END in doc:
-        head, rest = doc.split(BEGIN, 1)
-        doc = head + BEGIN + "\n" + text + "\n" + END + rest.split(END, 1)[1]
+    if begin in doc and end in doc:
+        head, rest = doc.split(begin, 1)
+        doc = head + begin + "\n" + text + "\n" + end + rest.split(end, 1)[1]
     else:
-        doc = doc.rstrip("\n") + "\n\n" + BEGIN + "\n" + text + "\n" + END + "\n"
+        doc = doc.rstrip("\n") + "\n\n" + begin + "\n" + text + "\n" + end + "\n"
     path.write_text(doc)
 
 
@@ -201,12 +235,19 @@ def main() -> None:
     ap.add_argument("--readme", default=None, help="write the table into this README between the markers")
     ap.add_argument("--skip", default="", help="workload:policy,... not to run; their figures come from --previous")
     ap.add_argument("--previous", default=None, help="an earlier run's JSON, for the skipped cases")
+    ap.add_argument("--cases", default="", help="variants instead of the catalog: name:param=value:...,...")
+    ap.add_argument("--policies", default=",".join(W.POLICIES), help="policies to run each case under")
+    ap.add_argument("--marker", default="sim_vs_gpu", help="the README section the table goes in")
     args = ap.parse_args()
+    policies = tuple(filter(None, args.policies.split(",")))
+    if unknown := set(policies) - set(W.POLICIES):
+        raise SystemExit(f"unknown policies {sorted(unknown)}: one of {', '.join(W.POLICIES)}")
     if args.from_json:
         real = json.loads(Path(args.from_json).read_text())
     else:
         previous = json.loads(Path(args.previous).read_text()) if args.previous else None
-        real = run_gpu_side(parse_size(args.size), set(filter(None, args.skip.split(","))), previous)
+        real = run_gpu_side(parse_size(args.size), set(filter(None, args.skip.split(","))), previous,
+                            parse_cases(args.cases) or None, policies)
     run_sim_side(real)
     text = table(real)
     print(text)
@@ -215,7 +256,7 @@ def main() -> None:
     if args.markdown:
         Path(args.markdown).write_text(text + "\n")
     if args.readme:
-        write_readme(Path(args.readme), text)
+        write_readme(Path(args.readme), text, args.marker)
 
 
 if __name__ == "__main__":

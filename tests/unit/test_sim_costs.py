@@ -122,3 +122,31 @@ def test_small_remote_reads_cost_a_round_trip_over_the_reads_in_flight_and_large
     assert EventKind.HTOD not in (ev["kind"] if len(ev) else [])                     # nothing moves
     assert small.seconds == pytest.approx(N * max(latency / 64, 32 / p.remote_bw))
     assert large.seconds == pytest.approx(N * max(latency / 64, PAGE_SIZE / p.remote_bw))
+
+
+@pytest.mark.parametrize("policy", ["migrate", "duplicate"])
+def test_a_fault_batch_pays_per_fault_and_per_unmapped_range_whatever_its_size(policy):
+    """One read every 128 KiB of a host-held block: 16 faults, each growing to its 64 KiB big page, which stay
+    16 separate runs (half the block is not above the prefetcher's 51 %). The batch pays ``fault_latency`` per
+    fault and, where the source loses its mapping (a migration; not a duplicate of a read-only ReadMostly page),
+    ``fault_unmap_run_latency`` per run: a TLB shootdown per range, however many pages it holds."""
+    costs = {"fault_latency": 0.7e-6, "fault_unmap_run_latency": 5e-6}
+    took = {}
+    for with_costs in (False, True):
+        b, got = _backend(**(costs if with_costs else {}))
+        ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, BLOCK_SIZE, HOST)
+        if policy == "duplicate":
+            b.advise(ptr, BLOCK_SIZE, Advice.SET_READ_MOSTLY, None)
+        _take(got)
+        r = b.access_stream(_pages(ptr)[::32], GPU, "read")
+        ev = _take(got)
+        htod = ev[ev["kind"] == EventKind.HTOD]
+        assert r.faults == 16 and r.bytes_htod == BLOCK_SIZE // 2
+        assert len(np.unique(ev[ev["kind"] == EventKind.GPU_PAGE_FAULT]["start"])) == 1      # one batch
+        starts = np.unique(htod["address"] // (16 * PAGE_SIZE))
+        assert len(starts) == 16 and (np.diff(starts) == 2).all()       # 16 big pages, every other one
+        took[with_costs] = r.seconds
+    unmapped = 16 if policy == "migrate" else 0
+    assert took[True] - took[False] == pytest.approx(
+        16 * costs["fault_latency"] + unmapped * costs["fault_unmap_run_latency"])

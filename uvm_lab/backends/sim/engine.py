@@ -45,6 +45,12 @@ def _blocks_of(pages: np.ndarray) -> np.ndarray:
     b = pages >> BLOCK_SHIFT
     return b[np.concatenate(([True], b[1:] != b[:-1]))] if len(b) > 1 else b
 
+def _block_runs(pages: np.ndarray) -> int:
+    """Runs of consecutive sorted pages, split where a 2 MiB block ends (the driver copies block by block)."""
+    if len(pages) < 2:
+        return len(pages)
+    return 1 + int(np.count_nonzero((pages[1:] != pages[:-1] + 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)))
+
 _SCAN = 1 << 16   # accesses checked at once while looking for the next fault
 _HALF = PAGES_PER_BLOCK // 2
 # Outcomes of R3 per faulting page.
@@ -295,9 +301,9 @@ class FaultEngine:
         # -- the clock, batch by batch, with the very float operations of the general path ----------------------
         half_bytes = _HALF * PAGE_SIZE
         copy_s = float(link_seconds(np.array([half_bytes], dtype=np.uint64), p.fault_htod_bw, p.link_k)[0])
-        service = p.fault_batch_latency + p.fault_block_latency * 1
+        service = p.fault_batch_latency + p.fault_block_latency * 1 + _HALF * p.fault_latency
         service += 0 * PAGE_SIZE / p.gpu_populate_bw + half_bytes // PAGE_SIZE * p.fault_page_latency \
-            + _HALF * p.fault_unmap_latency
+            + _HALF * p.fault_unmap_latency + 1 * p.fault_unmap_run_latency
         hits = (_HALF * local + 0 * remote) * 1e9
         n_ev = len(ev_start)
         ev_t = np.empty((n_ev, 2), dtype=np.float64)
@@ -604,10 +610,16 @@ class FaultEngine:
             service = (p.read_mostly_host_write_latency * len(pages) if upgrade.all() and not len(extra)
                        else p.cpu_fault_latency)
         else:
-            service = p.fault_batch_latency + p.fault_block_latency * len(_blocks_of(pages))
+            service = p.fault_batch_latency + p.fault_block_latency * len(_blocks_of(pages)) \
+                + len(pages) * p.fault_latency
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
+        # Per range of source pages unmapped (or write-protected): a TLB shootdown, whatever its size. Faulted
+        # and prefetched pages are disjoint, each sorted: their union is a merge.
+        migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
+        ro_dups = dup_pages[(t.writable[dup_pages] & sb) == 0] if len(dup_pages) else dup_pages
+        unmapped_pages = np.setdiff1d(migrated, ro_dups, assume_unique=True) if len(ro_dups) else migrated
         service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
-            + unmapped * p.fault_unmap_latency
+            + unmapped * p.fault_unmap_latency + _block_runs(unmapped_pages) * p.fault_unmap_run_latency
         if not host and wr.any():
             # R3 (a): a GPU write taking a ReadMostly page to the writer costs per page (as measured on an H200).
             written = t.read_mostly[pages] & wr & ((out == _MIGRATE) | (out == _COLLAPSE))
@@ -646,8 +658,6 @@ class FaultEngine:
         else:
             mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved, collapse)) >> BLOCK_SHIFT))
         # R7: migrations caused by faults and the prefetcher feed the detector.
-        # Faulted and prefetched pages are disjoint, each sorted: their union is a merge.
-        migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
         if self.thrashing.enabled and len(migrated):
             hot = self.thrashing.on_migration(migrated, processor, int(log.t))
             if len(hot):

@@ -123,6 +123,10 @@ class Platform:
     #: 580, ``sim_vs_gpu_h200.json``, strided under PreferredLocation=host + AccessedBy): 16,384 4-byte reads,
     #: one every 64 KiB of a 1 GiB buffer, took 0.161 ms, 9.8 ns each at 256 in flight.
     remote_request_latency: float = 2.5e-6
+    #: Per fault a GPU batch services (reading, sorting and de-duplicating its fault buffer entry).
+    fault_latency: float = 0.0
+    #: Per run of source pages a fault path unmaps (or write-protects): a TLB shootdown, whatever its size.
+    fault_unmap_run_latency: float = 0.0
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.
