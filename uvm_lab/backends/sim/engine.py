@@ -91,6 +91,9 @@ class FaultEngine:
         #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
         #: clock and state are the same either way, so this exists to test that they are.
         self.fast_sweeps = True
+        #: Service batches with no advice, duplicate or thrashing state in them by :meth:`_service_plain`,
+        #: which skips the rules that cannot apply; switchable for the same reason as ``fast_sweeps``.
+        self.fast_batches = True
 
     # -- the stream ------------------------------------------------------------------------------------------
     def run(self, chunks: Iterable[np.ndarray], processor: int, write: bool | Iterable[np.ndarray], log: EventLog,
@@ -210,7 +213,8 @@ class FaultEngine:
                 written = np.unique(win[wsel][ww[wsel]])
                 wpages = np.isin(uniq, written, assume_unique=True)
             n_remote = int(np.count_nonzero(r2[:cut]))
-            self._service(uniq, wpages, processor, log, stats, kind, stream)
+            if not (self.fast_batches and self._service_plain(uniq, wpages, processor, log, stats, kind, stream)):
+                self._service(uniq, wpages, processor, log, stats, kind, stream)
             # Faulted accesses proceed after the replay, some of them through a new remote mapping.
             served = win[bad[bad < cut]]
             if len(served):
@@ -655,6 +659,98 @@ class FaultEngine:
                 log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
                              address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
                              alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+
+    def _service_plain(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
+                       kind: AccessType, stream: int) -> bool:
+        """:meth:`_service` for the common batch, or False (having changed nothing) where it is not one.
+
+        The common batch: no thrashing state anywhere, and faulting pages with no advice, no remote mapping
+        and one copy each, none of it at the faulting processor; their prefetched neighbours are not
+        ReadMostly; on a GPU, the chunks they need can be had by evicting. Then every page migrates (or is
+        populated), nothing is duplicated, collapsed, invalidated or mapped remotely, and this does what
+        :meth:`_service` does with the rules that cannot apply left out: the same records, clock
+        (the same float operations in the same order), state and counters.
+        """
+        t, p, mem = self.table, self.platform, self.memory
+        if self.thrashing.blocks:
+            return False
+        host = processor == HOST_ID
+        g = 1 if host else 1 << (processor + 1)
+        st = t.state[pages]
+        if ((st & (st - 1)) | (st & g)).any() or (t.preferred[pages] != NO_LOCATION).any() \
+                or t.read_mostly[pages].any() or (t.accessed_by[pages] | t.remote[pages]).any():
+            return False
+        blocks = _blocks_of(pages)
+        # claim() can fail only when every chunk it could evict is one the batch needs.
+        if not host and len(blocks) > mem.free_blocks + len(mem._order):
+            return False
+        extra = self._prefetch_pages(pages, np.ones(len(pages), dtype=bool), processor, g) if self.prefetch \
+            else pages[:0]
+        if len(extra) and t.read_mostly[extra].any():
+            return False
+        stats.batches += 1
+        stats.faults += len(pages)
+        if not host:
+            # The prefetched pages lie in the faulting pages' blocks.
+            before = mem.evicted_blocks
+            mem.claim(blocks, set(blocks.tolist()), log)
+            stats.evictions += mem.evicted_blocks - before
+        nowhere = st == 0
+        moved = pages[~nowhere] if nowhere.any() else pages
+        ex_st = t.state[extra]
+        ex_held = ex_st != 0
+        ex_moved, ex_pop = extra[ex_held], extra[~ex_held]
+        if host:
+            source, src_bw = self._gpu_of(np.concatenate((st[~nowhere], ex_st))), p.fault_dtoh_bw
+        else:
+            source, src_bw = HOST_ID, p.fault_htod_bw
+        unmapped = len(moved) + len(ex_moved)
+        moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
+        moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
+        stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
+        # Fault records: one per run of faulted or first-touched pages, reads and writes apart.
+        n_populated = len(pages) - len(moved) + len(ex_pop)
+        any_write = bool(wr.any())
+        if not any_write:
+            reads, writes = pages, pages[:0]
+        elif wr.all():
+            reads, writes = pages[:0], pages
+        else:
+            reads, writes = pages[~wr], pages[wr]
+        if len(ex_pop):   # disjoint from the faulted pages, each sorted: the union is a merge
+            if len(writes):
+                writes = np.sort(np.concatenate((writes, ex_pop)))
+            else:
+                reads = np.sort(np.concatenate((reads, ex_pop)))
+        service = p.cpu_fault_latency if host else p.fault_batch_latency + p.fault_block_latency * len(blocks)
+        populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
+        service += n_populated * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
+            + unmapped * p.fault_unmap_latency
+        # (No ReadMostly page is written: the general path's read_mostly_write_latency term adds 0.0.)
+        fault_kind = EventKind.CPU_PAGE_FAULT if host else EventKind.GPU_PAGE_FAULT
+        faulted = pages if len(ex_pop) else None
+        self._fault_records(reads, faulted, AccessType.READ, fault_kind, processor, log, stream)
+        self._fault_records(writes, faulted, kind, fault_kind, processor, log, stream)
+        log.t += service * 1e9
+        # State: every page here is now at the faulting processor only.
+        t.state[pages] = g
+        if len(extra):
+            t.state[extra] = g
+            t.remote[extra] &= np.uint8(~g & 0xFF)
+        if not host:
+            mem.migrated_into(blocks)
+        else:
+            mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved)) >> BLOCK_SHIFT))
+        # R7: migrations caused by faults and the prefetcher feed the detector.
+        migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
+        if self.thrashing.enabled and len(migrated):
+            hot = self.thrashing.on_migration(migrated, processor, int(log.t))
+            if len(hot):
+                starts, lengths = page_runs(np.sort(hot))
+                log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
+                             address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
+                             alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+        return True
 
     def _destinations(self, pages: np.ndarray, st: np.ndarray, pref: np.ndarray, nowhere: np.ndarray, wr: np.ndarray,
                       processor: int, g: int, pin: np.ndarray | None) -> np.ndarray:
