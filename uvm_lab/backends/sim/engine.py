@@ -34,7 +34,7 @@ from ...units import PAGE_SIZE
 from .eviction import GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
-from .prefetcher import DEFAULT_THRESHOLD, density_region
+from .prefetcher import DEFAULT_THRESHOLD, block_prefetch, dense_subtrees
 from .thrashing import ThrashingDetector
 
 __all__ = ["FaultEngine", "StreamStats"]
@@ -45,6 +45,7 @@ def _blocks_of(pages: np.ndarray) -> np.ndarray:
     b = pages >> BLOCK_SHIFT
     return b[np.concatenate(([True], b[1:] != b[:-1]))] if len(b) > 1 else b
 
+_LANES = np.arange(PAGES_PER_BLOCK)
 _SCAN = 1 << 16   # accesses checked at once while looking for the next fault
 _HALF = PAGES_PER_BLOCK // 2
 # Outcomes of R3 per faulting page.
@@ -210,15 +211,22 @@ class FaultEngine:
                 wpages = np.full(len(uniq), bool(ww))
             else:
                 wsel = bad[bad < cut]
-                written = np.unique(win[wsel][ww[wsel]])
-                wpages = np.isin(uniq, written, assume_unique=True)
+                wflags = ww[wsel]
+                if wflags.all():     # every page of the batch is among these accesses
+                    wpages = np.ones(len(uniq), dtype=bool)
+                elif not wflags.any():
+                    wpages = np.zeros(len(uniq), dtype=bool)
+                else:
+                    written = np.unique(win[wsel][wflags])
+                    wpages = np.isin(uniq, written, assume_unique=True)
             n_remote = int(np.count_nonzero(r2[:cut]))
+            # Faulted accesses proceed after the replay, some of them through a new remote mapping (which a
+            # plain batch never makes: its pages end up at the faulting processor).
             if not (self.fast_batches and self._service_plain(uniq, wpages, processor, log, stats, kind, stream)):
                 self._service(uniq, wpages, processor, log, stats, kind, stream)
-            # Faulted accesses proceed after the replay, some of them through a new remote mapping.
-            served = win[bad[bad < cut]]
-            if len(served):
-                n_remote += int(np.count_nonzero(self._usable(served, processor, False)[1]))
+                served = win[bad[bad < cut]]
+                if len(served):
+                    n_remote += int(np.count_nonzero(self._usable(served, processor, False)[1]))
             self._hits(win[:cut], cut - n_remote, n_remote, local, remote, bytes_per_access, log, stats, processor)
             pos += cut
 
@@ -807,45 +815,70 @@ class FaultEngine:
         if not self.prefetch:
             return pages[:0]
         rows = len(blocks)
-        base = blocks * PAGES_PER_BLOCK
-        idx = (base[:, None] + np.arange(PAGES_PER_BLOCK)[None, :]).reshape(-1)
-        idx = np.minimum(idx, len(t.state) - 1)
+        # The batch's blocks, whole, as rows of 512 pages (the table holds whole blocks).
+        st = t.state.reshape(-1, PAGES_PER_BLOCK)[blocks]
         npages = t.block_pages[blocks].astype(np.int64)
-        valid = (np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]).reshape(-1)
-        st = t.state[idx]
-        resident = ((st & g) != 0) & valid
-        faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
-        row = np.searchsorted(blocks, target >> BLOCK_SHIFT)
-        faulted[row * PAGES_PER_BLOCK + (target & (PAGES_PER_BLOCK - 1))] = True
+        partial = not (npages == PAGES_PER_BLOCK).all()
+        valid = _LANES[None, :] < npages[:, None] if partial else None
+        resident = (st & g) != 0
+        if partial:
+            resident &= valid
+        row = np.searchsorted(blocks, target >> BLOCK_SHIFT) if rows > 1 else np.zeros(len(target), np.int64)
+        lane = target & (PAGES_PER_BLOCK - 1)
         thrash = None
         if self.thrashing.blocks:
-            thrash = self.thrashing.thrashing(idx) & valid
+            thrash = self.thrashing.thrashing_rows(blocks)
+            if partial:
+                thrash &= valid
             if not thrash.any():
                 thrash = None
-        region = density_region(resident.reshape(rows, -1), faulted.reshape(rows, -1), npages,
-                                thrashing=None if thrash is None else thrash.reshape(rows, -1),
-                                threshold=self.threshold).reshape(-1)
-        # The region is small beside the batch's blocks: judge only its pages.
-        cand = np.flatnonzero(region & ~resident & ~faulted)
-        near, near_st = idx[cand], st[cand]
+        faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
+        faulted[row * PAGES_PER_BLOCK + lane] = True
+        if rows == 1 and thrash is None:
+            cand = block_prefetch(resident[0], faulted, int(npages[0]), self.threshold)
+        else:
+            cand = self._region(resident, faulted, row, lane, npages, thrash)
+        near = blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
+        near_st = st.reshape(-1)[cand]
         pref = t.preferred[near]
         # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
         eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
         eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
         if thrash is not None:
-            eligible &= ~thrash[cand]
+            eligible &= ~thrash.reshape(-1)[cand]
         cand = cand[eligible]
         # A block with nothing resident anywhere, faulting towards its preferred location, is populated whole.
-        empty = np.flatnonzero(~(st.reshape(rows, -1) != 0).any(axis=1))
+        empty = np.flatnonzero(~st.view(np.uint64).any(axis=1))
         if len(empty):
-            pref_e = t.preferred[idx.reshape(rows, -1)[empty]]
+            pref_e = t.preferred.reshape(-1, PAGES_PER_BLOCK)[blocks[empty]]
             whole = (pref_e == processor).any(axis=1)
             if whole.any():
-                add = whole[:, None] & valid.reshape(rows, -1)[empty] & (pref_e == processor) \
-                    & ~faulted.reshape(rows, -1)[empty]
-                flat = (empty[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :])[add]
-                cand = np.union1d(cand, flat)
-        return idx[cand]
+                add = whole[:, None] & (pref_e == processor) & ~faulted.reshape(rows, -1)[empty]
+                if partial:
+                    add &= valid[empty]
+                flat_add = (empty[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :])[add]
+                cand = np.union1d(cand, flat_add)
+        return blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
+
+    def _region(self, resident: np.ndarray, faulted: np.ndarray, row: np.ndarray, lane: np.ndarray,
+                npages: np.ndarray, thrash: np.ndarray | None) -> np.ndarray:
+        """The density region's pages that are neither resident nor faulted, as sorted offsets into the rows."""
+        lo, hi = dense_subtrees(resident, row, lane, npages, thrashing=thrash, threshold=self.threshold)
+        # The faults' ranges are nested or disjoint (aligned subtrees): keep the outer ones, in order.
+        flat = row * PAGES_PER_BLOCK
+        start, stop = flat + lo, flat + hi
+        some = stop > start
+        if not some.all():
+            start, stop = start[some], stop[some]
+        if len(start) > 1:
+            order = np.lexsort((start - stop, start))
+            start, stop = start[order], stop[order]
+            outer = np.ones(len(start), dtype=bool)
+            outer[1:] = start[1:] >= np.maximum.accumulate(stop)[:-1]
+            start, stop = start[outer], stop[outer]
+        length = stop - start
+        region = np.arange(int(length.sum()), dtype=np.int64) + np.repeat(start - (np.cumsum(length) - length), length)
+        return region[~resident.reshape(-1)[region] & ~faulted[region]]
 
     # -- records ----------------------------------------------------------------------------------------------
     def _copy(self, pages: np.ndarray, src: int, dst: int, cause: MigrationCause, bw: float, log: EventLog,
@@ -854,7 +887,7 @@ class FaultEngine:
         if not len(pages):
             return 0
         t = self.table
-        starts, lengths = page_runs(pages)
+        starts, lengths = page_runs(pages, distinct=True)
         nbytes = lengths.astype(np.uint64) * PAGE_SIZE
         log.add_many(EventKind.DTOH if dst == HOST_ID else EventKind.HTOD, flags=cause, src=src, dst=dst,
                      address=t.addresses(starts), nbytes=nbytes, alloc_id=t.block_alloc[starts >> BLOCK_SHIFT],
@@ -874,7 +907,7 @@ class FaultEngine:
         t = self.table
         if kind == EventKind.CPU_PAGE_FAULT:   # CUPTI gives a CPU fault no access type: nor does the simulator
             access = AccessType.UNKNOWN
-        starts, lengths = page_runs(pages)
+        starts, lengths = page_runs(pages, distinct=True)
         if faulted is None:        # every page of these records faulted
             per_run = lengths
         else:
