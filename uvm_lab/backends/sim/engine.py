@@ -200,7 +200,13 @@ class FaultEngine:
             if len(fp) < 2 or (fp[1:] > fp[:-1]).all():   # in order and distinct: a sweep (the common case)
                 uniq, first = fp, np.arange(len(fp))
             else:
-                uniq, first = np.unique(fp, return_index=True)
+                # The batch is the first batch_size distinct pages: a prefix holding more than that decides it.
+                head = 2 * batch_size
+                while True:
+                    uniq, first = np.unique(fp[:head], return_index=True)
+                    if len(uniq) > batch_size or head >= len(fp):
+                        break
+                    head *= 4
             if len(uniq) > batch_size:
                 order = np.argsort(first, kind="stable")
                 cut = int(bad[first[order[batch_size]]])
