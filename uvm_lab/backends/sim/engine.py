@@ -844,15 +844,16 @@ class FaultEngine:
             cand = block_prefetch(resident[0], faulted, int(npages[0]), self.threshold)
         else:
             cand = self._region(resident, faulted, row, lane, npages, thrash)
-        near = blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
-        near_st = st.reshape(-1)[cand]
-        pref = t.preferred[near]
-        # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
-        eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
-        eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
-        if thrash is not None:
-            eligible &= ~thrash.reshape(-1)[cand]
-        cand = cand[eligible]
+        if len(cand):
+            near = blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
+            near_st = st.reshape(-1)[cand]
+            pref = t.preferred[near]
+            # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
+            eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
+            eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
+            if thrash is not None:
+                eligible &= ~thrash.reshape(-1)[cand]
+            cand = cand[eligible]
         # A block with nothing resident anywhere, faulting towards its preferred location, is populated whole.
         empty = np.flatnonzero(~st.view(np.uint64).any(axis=1))
         if len(empty):
