@@ -19,6 +19,8 @@ in flight can issue.
 
 A streaming kernel's faults (whole blocks of host-only pages, no advice, FIFO eviction) are serviced many
 blocks at a time by :meth:`FaultEngine._sweep`, with the same records, clock and state as batch by batch.
+A batch with no advice, duplicate, remote mapping or thrashing state in it is serviced by
+:meth:`FaultEngine._service_plain`, which leaves out the rules that cannot apply.
 """
 
 from __future__ import annotations
