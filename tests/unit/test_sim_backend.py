@@ -208,8 +208,9 @@ def test_prefetching_before_a_kernel_is_cheaper_than_faulting_in_the_model():
     start = ul.get_backend().now_ns()
     b.prefetch("gpu")
     prefetched = (ul.get_backend().now_ns() - start) / 1e9 + ul.touch(b, on="gpu").seconds
-    # The H200 profile: faults move 6.7 GB/s, prefetch 50.5 GB/s.
-    assert 4 < faulted / prefetched < 10
+    # On the H200 hosts a faulted 1 GiB sweep took 88-96 ms (113-143 on the slower host) and a prefetched one
+    # 23-25 ms (benchmarks/sim_vs_gpu_h200_b*.json, sim_vs_gpu_h200.json): 3.5 to 6 times as long.
+    assert 3 < faulted / prefetched < 6
 
 
 def test_simulated_clock_only_moves_forward_and_stamps_events():

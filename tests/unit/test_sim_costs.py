@@ -85,10 +85,11 @@ def test_read_mostly_advice_on_gpu_held_pages_makes_the_next_gpu_write_fault():
 def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration_pays(unmap):
     """A migration unmaps the source copy; a read duplicate keeps it (R3 (a)), and when the holder's mapping is
     already read-only (ReadMostly, never written) nothing changes at the source: ``fault_unmap_latency`` less
-    per page. A duplicate of a page the host has written revokes that write access and pays it like a move."""
-    took = {}
+    per page and ``fault_unmap_run_latency`` less per range. A duplicate of a page the host has written revokes
+    that write access and pays it like a move."""
+    took, ranges = {}, {}
     for case in ("migrate", "duplicate", "duplicate_written"):
-        b, got = _backend(fault_unmap_latency=unmap)
+        b, got = _backend(fault_unmap_latency=unmap, fault_unmap_run_latency=4e-6)
         ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
         b.prefetch(ptr, BLOCK_SIZE, HOST)
         if case != "migrate":
@@ -100,7 +101,9 @@ def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration
         assert r.bytes_htod == BLOCK_SIZE
         assert (b.page_states(ptr, BLOCK_SIZE) == (2 if case == "migrate" else 3)).all()
         took[case] = r.seconds
-    assert took["migrate"] - took["duplicate"] == pytest.approx(N * unmap)
+        ranges[case] = int(np.count_nonzero(_take(got)["kind"] == EventKind.HTOD))   # one copy a batch
+    assert ranges["migrate"] == 2                      # two batches of half a block
+    assert took["migrate"] - took["duplicate"] == pytest.approx(N * unmap + ranges["migrate"] * 4e-6)
     assert took["duplicate_written"] == pytest.approx(took["migrate"])
 
 
@@ -132,8 +135,8 @@ def test_a_fault_batch_pays_per_fault_and_per_unmapped_range_whatever_its_size(p
     ``fault_unmap_run_latency`` per run: a TLB shootdown per range, however many pages it holds."""
     costs = {"fault_latency": 0.7e-6, "fault_unmap_run_latency": 5e-6}
     took = {}
-    for with_costs in (False, True):
-        b, got = _backend(**(costs if with_costs else {}))
+    for scale in (1, 2):
+        b, got = _backend(**{name: cost * scale for name, cost in costs.items()})
         ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
         b.prefetch(ptr, BLOCK_SIZE, HOST)
         if policy == "duplicate":
@@ -146,7 +149,7 @@ def test_a_fault_batch_pays_per_fault_and_per_unmapped_range_whatever_its_size(p
         assert len(np.unique(ev[ev["kind"] == EventKind.GPU_PAGE_FAULT]["start"])) == 1      # one batch
         starts = np.unique(htod["address"] // (16 * PAGE_SIZE))
         assert len(starts) == 16 and (np.diff(starts) == 2).all()       # 16 big pages, every other one
-        took[with_costs] = r.seconds
+        took[scale] = r.seconds
     unmapped = 16 if policy == "migrate" else 0
-    assert took[True] - took[False] == pytest.approx(
+    assert took[2] - took[1] == pytest.approx(
         16 * costs["fault_latency"] + unmapped * costs["fault_unmap_run_latency"])

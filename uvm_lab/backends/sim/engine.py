@@ -19,6 +19,8 @@ in flight can issue.
 
 A streaming kernel's faults (whole blocks of host-only pages, no advice, FIFO eviction) are serviced many
 blocks at a time by :meth:`FaultEngine._sweep`, with the same records, clock and state as batch by batch.
+A batch with no advice, duplicate, remote mapping or thrashing state in it is serviced by
+:meth:`FaultEngine._service_plain`, which leaves out the rules that cannot apply.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from ...units import PAGE_SIZE
 from .eviction import GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
-from .prefetcher import DEFAULT_THRESHOLD, density_region
+from .prefetcher import DEFAULT_THRESHOLD, block_prefetch, dense_subtrees
 from .thrashing import ThrashingDetector
 
 __all__ = ["FaultEngine", "StreamStats"]
@@ -51,6 +53,7 @@ def _block_runs(pages: np.ndarray) -> int:
         return len(pages)
     return 1 + int(np.count_nonzero((pages[1:] != pages[:-1] + 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)))
 
+_LANES = np.arange(PAGES_PER_BLOCK)
 _SCAN = 1 << 16   # accesses checked at once while looking for the next fault
 _HALF = PAGES_PER_BLOCK // 2
 # Outcomes of R3 per faulting page.
@@ -97,6 +100,9 @@ class FaultEngine:
         #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
         #: clock and state are the same either way, so this exists to test that they are.
         self.fast_sweeps = True
+        #: Service batches with no advice, duplicate or thrashing state in them by :meth:`_service_plain`,
+        #: which skips the rules that cannot apply; switchable for the same reason as ``fast_sweeps``.
+        self.fast_batches = True
 
     # -- the stream ------------------------------------------------------------------------------------------
     def run(self, chunks: Iterable[np.ndarray], processor: int, write: bool | Iterable[np.ndarray], log: EventLog,
@@ -202,7 +208,13 @@ class FaultEngine:
             if len(fp) < 2 or (fp[1:] > fp[:-1]).all():   # in order and distinct: a sweep (the common case)
                 uniq, first = fp, np.arange(len(fp))
             else:
-                uniq, first = np.unique(fp, return_index=True)
+                # The batch is the first batch_size distinct pages: a prefix holding more than that decides it.
+                head = 2 * batch_size
+                while True:
+                    uniq, first = np.unique(fp[:head], return_index=True)
+                    if len(uniq) > batch_size or head >= len(fp):
+                        break
+                    head *= 4
             if len(uniq) > batch_size:
                 order = np.argsort(first, kind="stable")
                 cut = int(bad[first[order[batch_size]]])
@@ -213,14 +225,22 @@ class FaultEngine:
                 wpages = np.full(len(uniq), bool(ww))
             else:
                 wsel = bad[bad < cut]
-                written = np.unique(win[wsel][ww[wsel]])
-                wpages = np.isin(uniq, written, assume_unique=True)
+                wflags = ww[wsel]
+                if wflags.all():     # every page of the batch is among these accesses
+                    wpages = np.ones(len(uniq), dtype=bool)
+                elif not wflags.any():
+                    wpages = np.zeros(len(uniq), dtype=bool)
+                else:
+                    written = np.unique(win[wsel][wflags])
+                    wpages = np.isin(uniq, written, assume_unique=True)
             n_remote = int(np.count_nonzero(r2[:cut]))
-            self._service(uniq, wpages, processor, log, stats, kind, stream)
-            # Faulted accesses proceed after the replay, some of them through a new remote mapping.
-            served = win[bad[bad < cut]]
-            if len(served):
-                n_remote += int(np.count_nonzero(self._usable(served, processor, False)[1]))
+            # Faulted accesses proceed after the replay, some of them through a new remote mapping (which a
+            # plain batch never makes: its pages end up at the faulting processor).
+            if not (self.fast_batches and self._service_plain(uniq, wpages, processor, log, stats, kind, stream)):
+                self._service(uniq, wpages, processor, log, stats, kind, stream)
+                served = win[bad[bad < cut]]
+                if len(served):
+                    n_remote += int(np.count_nonzero(self._usable(served, processor, False)[1]))
             self._hits(win[:cut], cut - n_remote, n_remote, local, remote, bytes_per_access, log, stats, processor)
             pos += cut
 
@@ -666,6 +686,100 @@ class FaultEngine:
                              address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
                              alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
 
+    def _service_plain(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
+                       kind: AccessType, stream: int) -> bool:
+        """:meth:`_service` for the common batch, or False (having changed nothing) where it is not one.
+
+        The common batch: no thrashing state anywhere, and faulting pages with no advice, no remote mapping
+        and one copy each, none of it at the faulting processor; their prefetched neighbours are not
+        ReadMostly; on a GPU, the chunks they need can be had by evicting. Then every page migrates (or is
+        populated), nothing is duplicated, collapsed, invalidated or mapped remotely, and this does what
+        :meth:`_service` does with the rules that cannot apply left out: the same records, clock
+        (the same float operations in the same order), state and counters.
+        """
+        t, p, mem = self.table, self.platform, self.memory
+        if self.thrashing.blocks:
+            return False
+        host = processor == HOST_ID
+        g = 1 if host else 1 << (processor + 1)
+        st = t.state[pages]
+        if ((st & (st - 1)) | (st & g)).any() or (t.preferred[pages] != NO_LOCATION).any() \
+                or t.read_mostly[pages].any() or (t.accessed_by[pages] | t.remote[pages]).any():
+            return False
+        blocks = _blocks_of(pages)
+        # claim() can fail only when every chunk it could evict is one the batch needs.
+        if not host and len(blocks) > mem.free_blocks + len(mem._order):
+            return False
+        extra = self._prefetch_pages(pages, np.ones(len(pages), dtype=bool), processor, g) if self.prefetch \
+            else pages[:0]
+        if len(extra) and t.read_mostly[extra].any():
+            return False
+        stats.batches += 1
+        stats.faults += len(pages)
+        if not host:
+            # The prefetched pages lie in the faulting pages' blocks.
+            before = mem.evicted_blocks
+            mem.claim(blocks, set(blocks.tolist()), log)
+            stats.evictions += mem.evicted_blocks - before
+        nowhere = st == 0
+        moved = pages[~nowhere] if nowhere.any() else pages
+        ex_st = t.state[extra]
+        ex_held = ex_st != 0
+        ex_moved, ex_pop = extra[ex_held], extra[~ex_held]
+        if host:
+            source, src_bw = self._gpu_of(np.concatenate((st[~nowhere], ex_st))), p.fault_dtoh_bw
+        else:
+            source, src_bw = HOST_ID, p.fault_htod_bw
+        unmapped = len(moved) + len(ex_moved)
+        moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
+        moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
+        stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
+        # Fault records: one per run of faulted or first-touched pages, reads and writes apart.
+        n_populated = len(pages) - len(moved) + len(ex_pop)
+        any_write = bool(wr.any())
+        if not any_write:
+            reads, writes = pages, pages[:0]
+        elif wr.all():
+            reads, writes = pages[:0], pages
+        else:
+            reads, writes = pages[~wr], pages[wr]
+        if len(ex_pop):   # disjoint from the faulted pages, each sorted: the union is a merge
+            if len(writes):
+                writes = np.sort(np.concatenate((writes, ex_pop)))
+            else:
+                reads = np.sort(np.concatenate((reads, ex_pop)))
+        service = p.cpu_fault_latency if host else p.fault_batch_latency + p.fault_block_latency * len(blocks) \
+            + len(pages) * p.fault_latency
+        populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
+        # Every page that moves here loses its source mapping. Disjoint and sorted: the union is a merge.
+        migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
+        service += n_populated * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
+            + unmapped * p.fault_unmap_latency + _block_runs(migrated) * p.fault_unmap_run_latency
+        # (No ReadMostly page is written: the general path's read_mostly_write_latency term adds 0.0.)
+        fault_kind = EventKind.CPU_PAGE_FAULT if host else EventKind.GPU_PAGE_FAULT
+        faulted = pages if len(ex_pop) else None
+        self._fault_records(reads, faulted, AccessType.READ, fault_kind, processor, log, stream)
+        self._fault_records(writes, faulted, kind, fault_kind, processor, log, stream)
+        log.t += service * 1e9
+        # State: every page here is now at the faulting processor only.
+        t.state[pages] = g
+        if len(extra):
+            t.state[extra] = g
+            t.remote[extra] &= np.uint8(~g & 0xFF)
+        if not host:
+            mem.migrated_into(blocks)
+        else:
+            mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved)) >> BLOCK_SHIFT))
+        # R7: migrations caused by faults and the prefetcher feed the detector.
+        if self.thrashing.enabled and len(migrated):
+            hot = self.thrashing.on_migration(migrated, processor, int(log.t))
+            if len(hot):
+                starts, lengths = page_runs(np.sort(hot))
+                log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
+                             address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
+                             alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+        return True
+
     def _destinations(self, pages: np.ndarray, st: np.ndarray, pref: np.ndarray, nowhere: np.ndarray, wr: np.ndarray,
                       processor: int, g: int, pin: np.ndarray | None) -> np.ndarray:
         """R3's ordered rules, first match wins, per page."""
@@ -721,45 +835,71 @@ class FaultEngine:
         if not self.prefetch:
             return pages[:0]
         rows = len(blocks)
-        base = blocks * PAGES_PER_BLOCK
-        idx = (base[:, None] + np.arange(PAGES_PER_BLOCK)[None, :]).reshape(-1)
-        idx = np.minimum(idx, len(t.state) - 1)
+        # The batch's blocks, whole, as rows of 512 pages (the table holds whole blocks).
+        st = t.state.reshape(-1, PAGES_PER_BLOCK)[blocks]
         npages = t.block_pages[blocks].astype(np.int64)
-        valid = (np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]).reshape(-1)
-        st = t.state[idx]
-        resident = ((st & g) != 0) & valid
-        faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
-        row = np.searchsorted(blocks, target >> BLOCK_SHIFT)
-        faulted[row * PAGES_PER_BLOCK + (target & (PAGES_PER_BLOCK - 1))] = True
+        partial = not (npages == PAGES_PER_BLOCK).all()
+        valid = _LANES[None, :] < npages[:, None] if partial else None
+        resident = (st & g) != 0
+        if partial:
+            resident &= valid
+        row = np.searchsorted(blocks, target >> BLOCK_SHIFT) if rows > 1 else np.zeros(len(target), np.int64)
+        lane = target & (PAGES_PER_BLOCK - 1)
         thrash = None
         if self.thrashing.blocks:
-            thrash = self.thrashing.thrashing(idx) & valid
+            thrash = self.thrashing.thrashing_rows(blocks)
+            if partial:
+                thrash &= valid
             if not thrash.any():
                 thrash = None
-        region = density_region(resident.reshape(rows, -1), faulted.reshape(rows, -1), npages,
-                                thrashing=None if thrash is None else thrash.reshape(rows, -1),
-                                threshold=self.threshold).reshape(-1)
-        # The region is small beside the batch's blocks: judge only its pages.
-        cand = np.flatnonzero(region & ~resident & ~faulted)
-        near, near_st = idx[cand], st[cand]
-        pref = t.preferred[near]
-        # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
-        eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
-        eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
-        if thrash is not None:
-            eligible &= ~thrash[cand]
-        cand = cand[eligible]
+        faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
+        faulted[row * PAGES_PER_BLOCK + lane] = True
+        if rows == 1 and thrash is None:
+            cand = block_prefetch(resident[0], faulted, int(npages[0]), self.threshold)
+        else:
+            cand = self._region(resident, faulted, row, lane, npages, thrash)
+        if len(cand):
+            near = blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
+            near_st = st.reshape(-1)[cand]
+            pref = t.preferred[near]
+            # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
+            eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
+            eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
+            if thrash is not None:
+                eligible &= ~thrash.reshape(-1)[cand]
+            cand = cand[eligible]
         # A block with nothing resident anywhere, faulting towards its preferred location, is populated whole.
-        empty = np.flatnonzero(~(st.reshape(rows, -1) != 0).any(axis=1))
+        empty = np.flatnonzero(~st.view(np.uint64).any(axis=1))
         if len(empty):
-            pref_e = t.preferred[idx.reshape(rows, -1)[empty]]
+            pref_e = t.preferred.reshape(-1, PAGES_PER_BLOCK)[blocks[empty]]
             whole = (pref_e == processor).any(axis=1)
             if whole.any():
-                add = whole[:, None] & valid.reshape(rows, -1)[empty] & (pref_e == processor) \
-                    & ~faulted.reshape(rows, -1)[empty]
-                flat = (empty[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :])[add]
-                cand = np.union1d(cand, flat)
-        return idx[cand]
+                add = whole[:, None] & (pref_e == processor) & ~faulted.reshape(rows, -1)[empty]
+                if partial:
+                    add &= valid[empty]
+                flat_add = (empty[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :])[add]
+                cand = np.union1d(cand, flat_add)
+        return blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
+
+    def _region(self, resident: np.ndarray, faulted: np.ndarray, row: np.ndarray, lane: np.ndarray,
+                npages: np.ndarray, thrash: np.ndarray | None) -> np.ndarray:
+        """The density region's pages that are neither resident nor faulted, as sorted offsets into the rows."""
+        lo, hi = dense_subtrees(resident, row, lane, npages, thrashing=thrash, threshold=self.threshold)
+        # The faults' ranges are nested or disjoint (aligned subtrees): keep the outer ones, in order.
+        flat = row * PAGES_PER_BLOCK
+        start, stop = flat + lo, flat + hi
+        some = stop > start
+        if not some.all():
+            start, stop = start[some], stop[some]
+        if len(start) > 1:
+            order = np.lexsort((start - stop, start))
+            start, stop = start[order], stop[order]
+            outer = np.ones(len(start), dtype=bool)
+            outer[1:] = start[1:] >= np.maximum.accumulate(stop)[:-1]
+            start, stop = start[outer], stop[outer]
+        length = stop - start
+        region = np.arange(int(length.sum()), dtype=np.int64) + np.repeat(start - (np.cumsum(length) - length), length)
+        return region[~resident.reshape(-1)[region] & ~faulted[region]]
 
     # -- records ----------------------------------------------------------------------------------------------
     def _copy(self, pages: np.ndarray, src: int, dst: int, cause: MigrationCause, bw: float, log: EventLog,
@@ -768,7 +908,7 @@ class FaultEngine:
         if not len(pages):
             return 0
         t = self.table
-        starts, lengths = page_runs(pages)
+        starts, lengths = page_runs(pages, distinct=True)
         nbytes = lengths.astype(np.uint64) * PAGE_SIZE
         log.add_many(EventKind.DTOH if dst == HOST_ID else EventKind.HTOD, flags=cause, src=src, dst=dst,
                      address=t.addresses(starts), nbytes=nbytes, alloc_id=t.block_alloc[starts >> BLOCK_SHIFT],
@@ -788,7 +928,7 @@ class FaultEngine:
         t = self.table
         if kind == EventKind.CPU_PAGE_FAULT:   # CUPTI gives a CPU fault no access type: nor does the simulator
             access = AccessType.UNKNOWN
-        starts, lengths = page_runs(pages)
+        starts, lengths = page_runs(pages, distinct=True)
         if faulted is None:        # every page of these records faulted
             per_run = lengths
         else:

@@ -198,39 +198,28 @@ class GpuMemory:
     def _evict_many(self, victims: np.ndarray, log: EventLog) -> None:
         """:meth:`evict` each of ``victims`` in turn, with one pass over arrays where none holds a duplicate."""
         table, g = self.table, self.bit
-        lanes = np.arange(PAGES_PER_BLOCK)
-        idx = victims[:, None] * PAGES_PER_BLOCK + lanes[None, :]
-        valid = lanes[None, :] < table.block_pages[victims][:, None]
-        st = np.where(valid, table.state[np.minimum(idx, len(table.state) - 1)], 0)
+        st = table.state.reshape(-1, PAGES_PER_BLOCK)[victims]    # the victims' blocks, whole
+        npages = table.block_pages[victims]
+        if (npages != PAGES_PER_BLOCK).any():
+            st = np.where(np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None], st, 0)
         if (((st & g) != 0) & (st != g)).any():   # duplicates are invalidated between the copies
             for b in victims.tolist():
                 self.evict(b, log)
             return
         flat = np.flatnonzero(st.reshape(-1) == g)
-        only = idx.reshape(-1)[flat]
+        only = victims[flat >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (flat & (PAGES_PER_BLOCK - 1))
         starts, lengths = page_runs(only)
         if len(starts):
             owner = flat[np.concatenate(([0], np.cumsum(lengths)[:-1]))] >> BLOCK_SHIFT
             nbytes = lengths.astype(np.uint64) * 4096
-            durations = (link_seconds(nbytes, self.platform.eviction_bw, self.platform.link_k) * 1e9).tolist()
-            per_victim = np.bincount(owner, minlength=len(victims)).tolist()
+            durations = link_seconds(nbytes, self.platform.eviction_bw, self.platform.link_k) * 1e9
+            per_victim = np.bincount(owner, minlength=len(victims))
             # The clock as EventLog.add_many advances it, victim by victim (tuples up to four, else a cumsum).
-            begin, finish = [], []
-            now, r = log.t, 0
-            for c in per_victim:
-                if c <= 4:
-                    for d in durations[r:r + c]:
-                        begin.append(now)
-                        now = now + d
-                        finish.append(now)
-                elif c:
-                    acc, t0 = 0.0, now
-                    for d in durations[r:r + c]:
-                        begin.append(now)
-                        acc += d
-                        now = t0 + acc
-                        finish.append(now)
-                r += c
+            if per_victim.max() <= 4:   # one addition after another throughout: a cumsum from the clock
+                clock = np.cumsum(np.concatenate(([log.t], durations)))
+                begin, finish, now = clock[:-1], clock[1:], float(clock[-1])
+            else:
+                begin, finish, now = self._clock_by_victim(per_victim.tolist(), durations.tolist(), log.t)
             log._flush_rows()
             out = np.empty(len(starts), dtype=EVENT_DTYPE)
             out["kind"], out["flags"], out["src"], out["dst"] = EventKind.DTOH, MigrationCause.EVICTION, \
@@ -245,6 +234,27 @@ class GpuMemory:
         for b in victims.tolist():
             self.drop(b)
         self.evicted_blocks += len(victims)
+
+    @staticmethod
+    def _clock_by_victim(per_victim: list[int], durations: list[float], now: float) -> tuple[list, list, float]:
+        """Start and end of each eviction copy, and the clock after them, as one add_many per victim sets them."""
+        begin, finish = [], []
+        r = 0
+        for c in per_victim:
+            if c <= 4:
+                for d in durations[r:r + c]:
+                    begin.append(now)
+                    now = now + d
+                    finish.append(now)
+            elif c:
+                acc, t0 = 0.0, now
+                for d in durations[r:r + c]:
+                    begin.append(now)
+                    acc += d
+                    now = t0 + acc
+                    finish.append(now)
+            r += c
+        return begin, finish, now
 
     def invalidate(self, pages: np.ndarray, log: EventLog, src: int | None = None) -> None:
         """Record that the copies of ``pages`` on ``src`` (this device by default) were dropped."""

@@ -45,10 +45,18 @@ def runs(mask: np.ndarray) -> Iterator[tuple[int, int]]:
         yield int(start), int(stop - start)
 
 
-def page_runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Runs of consecutive page numbers in a sorted array, cut at block boundaries: ``(first, length)``."""
-    if not len(pages):
+def page_runs(pages: np.ndarray, *, distinct: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Runs of consecutive page numbers in a sorted array, cut at block boundaries: ``(first, length)``.
+
+    With ``distinct`` (no page twice), an array spanning as many pages as it holds, in one block, is one run.
+    """
+    n = len(pages)
+    if not n:
         return pages[:0], pages[:0]
+    if distinct:
+        first, last = int(pages[0]), int(pages[-1])
+        if last - first == n - 1 and first >> BLOCK_SHIFT == last >> BLOCK_SHIFT:
+            return pages[:1], np.array([n], dtype=np.int64)
     cut = np.flatnonzero((np.diff(pages) != 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)) + 1
     starts = np.concatenate(([0], cut))
     ends = np.concatenate((cut, [len(pages)]))

@@ -1,18 +1,24 @@
 """Platform profiles: the link, fault and memory costs of a CPU-GPU system, as data.
 
-``x86-pcie5`` is calibrated to an H200 on PCIe gen5 (driver 580; the project's device probe and the
-measurements in the UVM semantics notes):
+``x86-pcie5`` is calibrated to an H200 on PCIe gen5 (driver 580): bandwidths measured directly (the
+project's device probe and the measurements in the UVM semantics notes), and the fault paths' costs fitted
+by least squares to 82 timed passes of the workloads and their variants on one H200 host
+(``benchmarks/sim_calibrate.py`` over ``benchmarks/sim_vs_gpu_h200_b*.json`` and
+``sim_vs_gpu_h200_variants.json``):
 
 - prefetch HtoD 50.5 GB/s, DtoH 15.5 GB/s; pinned copies 55.3 GB/s; zero-copy reads 51 GB/s;
-- one fault batch: about 2.5 us of round trip plus 17.5 us per VA block serviced (1 touch per 2 MiB:
-  20.2 us serially, 17.6 us per block when 512 faults arrive at once), plus about 0.3 us per page
-  migrated on the fault path (0.13 us of it unmapping the source, which a read duplicate of a read-only
-  page does not pay), which makes a grid-stride kernel fault data in at
-  about 8.9 GB/s;
+- one GPU fault batch: about 30 us, plus 5.5 us per VA block, 0.05 us per fault, 0.017 us per page copied,
+  and for the source mapping each migration takes away 0.034 us per page plus 5.3 us per contiguous range
+  (a TLB shootdown, whatever its size; a read duplicate of a read-only page pays neither); copies at up to
+  55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 11.5 GB/s; a read every 128 KiB, whose faults
+  move 16 separate 64 KiB ranges per block, at 9 GB/s of what it moves;
 - evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path
   (oversubscribed grid-stride passes run at 7 to 9 GB/s) and overlapped with the refill on the
   prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);
-- a CPU fault costs about 30 us plus its copies (fault-driven DtoH 4.4 GB/s).
+- a CPU fault costs about 14 us plus its copies (fault-driven DtoH 21.6 GB/s asymptote).
+
+Another H200 host with the same driver serviced the same faults 25-40 % more slowly (``sim_vs_gpu_h200.json``):
+the fault path runs on the host's CPU, so a profile is a host's, not a GPU's.
 
 The other profiles scale the link (``x86-pcie4``, ``x86-pcie3``: the UVMSmart PCIe3 fit of a GTX
 1080 Ti) or describe a coherent system (``gh200-ats``: C2C at 375/297 GB/s, the CPU maps GPU memory,
@@ -91,11 +97,13 @@ class Platform:
     pageable_memory_access: bool = False     #: the GPU reaches malloc'd memory
     calibrated: bool = False                 #: True when the figures were measured on such a machine
     #: Per 2 MiB block that ``cudaMemPrefetchAsync`` walks, whether or not it moves anything: on the H200 a
-    #: prefetch of an already resident 256 MiB range costs about 0.3 ms (128 blocks).
-    prefetch_block_latency: float = 2.5e-6
+    #: prefetch of an already resident 256 MiB range costs about 0.3-0.4 ms (128 blocks). Fitted (see the
+    #: module's docstring), as are the other costs of this group but the remote round trip and the ReadMostly
+    #: GPU write.
+    prefetch_block_latency: float = 3.19e-6
     #: The least one host access to a resident page costs (a TLB and cache miss): a loop touching one byte
-    #: of every page of 1 GiB took 3.0-4.9 ms on the H200 machine's host, 11-19 ns a page.
-    host_access_latency: float = 15e-9
+    #: of every page of 1 GiB took 2.6-4.9 ms on the H200 hosts, 10-19 ns a page.
+    host_access_latency: float = 12e-9
     #: Per ReadMostly page a GPU write fault takes to the writer (R3 (a): a write collapses the page to one
     #: copy, invalidating any other). Calibrated from the H200 measurements (driver 580,
     #: ``benchmarks/sim_vs_gpu_h200.json``): the stencil wrote its 1 GiB ReadMostly output in 60.3 s and the
@@ -105,28 +113,28 @@ class Platform:
     #: One host write fault on a ReadMostly page that the host alone holds: SetReadMostly (and read
     #: duplication) leave the host's mapping read-only, so the first write to each page faults, and the driver
     #: only upgrades the mapping (nothing moves, nothing is invalidated). It replaces ``cpu_fault_latency`` for
-    #: such a fault. Calibrated from the H200 (driver 580): the host loop writing one byte of every page of a
-    #: 1 GiB ReadMostly buffer took 1.307 s and 1.359 s (``sim_vs_gpu_h200_first.json``, ``sim_vs_gpu_h200.json``,
-    #: host_then_device read_mostly host_write), 5.09 us a page on average, less the 15 ns access itself.
-    read_mostly_host_write_latency: float = 5.07e-6
+    #: such a fault. The host loop writing one byte of every page of a 1 GiB ReadMostly buffer took 0.99-1.01 s
+    #: on the fitted host (1.31-1.36 s on the other).
+    read_mostly_host_write_latency: float = 3.81e-6
     #: Per page a fault path copies whose source mapping must change: a migration unmaps the source copy; a
     #: read duplicate of a page its holder may write revokes that write access; a duplicate of a read-only
     #: page (ReadMostly, not written since the advice) changes nothing at the source and does not pay it (R3
-    #: (a)). Calibrated from the H200 (driver 580, both runs): 1 GiB faulted in by a sweep took 126 ms on
-    #: average (five rows), duplicated 88.5 ms (four rows), 0.144 us a page apart; the strided read 76.5
-    #: against 45.3 ms, 0.119 us a page. With ``fault_page_latency`` it makes the 0.3 us a migrated page
-    #: cost before (the fault-driven sweep's calibration to 8.9 GB/s).
-    fault_unmap_latency: float = 0.13e-6
+    #: (a)). With ``fault_unmap_run_latency``, what separates a migration from a duplicate: on the H200 a read
+    #: every 128 KiB of a ReadMostly buffer took 18.3 ms, of a plain one 59.5 ms (8,192 ranges of 64 KiB).
+    fault_unmap_latency: float = 0.034e-6
     #: One small read of host memory through a remote mapping, start to finish: such reads are bound by the
     #: round trip, not the link, and each warp has one in flight, so an access costs this divided by the
-    #: pages in flight, or its bytes at ``remote_bw`` if that is longer. Calibrated from the H200 (driver
-    #: 580, ``sim_vs_gpu_h200.json``, strided under PreferredLocation=host + AccessedBy): 16,384 4-byte reads,
-    #: one every 64 KiB of a 1 GiB buffer, took 0.161 ms, 9.8 ns each at 256 in flight.
+    #: pages in flight, or its bytes at ``remote_bw`` if that is longer. From the H200 (driver 580,
+    #: ``sim_vs_gpu_h200.json``, strided under PreferredLocation=host + AccessedBy): 16,384 4-byte reads,
+    #: one every 64 KiB of a 1 GiB buffer, took 0.161 ms, 9.8 ns each at 256 in flight. That pass is near the
+    #: 0.10 ms that any timed pass takes on the GPU (128 such reads took 0.10 ms), so this is an upper bound.
     remote_request_latency: float = 2.5e-6
-    #: Per fault a GPU batch services (reading, sorting and de-duplicating its fault buffer entry).
-    fault_latency: float = 0.0
-    #: Per run of source pages a fault path unmaps (or write-protects): a TLB shootdown, whatever its size.
-    fault_unmap_run_latency: float = 0.0
+    #: Per fault a GPU batch services (reading, sorting and de-duplicating its fault buffer entry): a read every
+    #: 16 KiB (65,536 faults) took 79.6 ms on the H200 where one every 64 KiB (16,384 faults) moving the same
+    #: bytes in the same ranges took 45-50 ms.
+    fault_latency: float = 0.051e-6
+    #: Per range of source pages a fault path unmaps (or write-protects): a TLB shootdown, whatever its size.
+    fault_unmap_run_latency: float = 5.27e-6
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.
@@ -155,16 +163,16 @@ _PCIE5 = Platform(
     link_k=UVMSMART_LINK_K,
     prefetch_htod_bw=50.5e9,
     prefetch_dtoh_bw=15.5e9,
-    fault_htod_bw=50.5e9,
-    fault_dtoh_bw=15.5e9,
+    fault_htod_bw=55.3e9,
+    fault_dtoh_bw=21.6e9,
     eviction_bw=40e9,
     remote_bw=51.0e9,
     remote_host_bw=51.0e9,
     fault_batch_size=256,
-    fault_batch_latency=2.5e-6,
-    fault_block_latency=17.5e-6,
-    fault_page_latency=0.17e-6,   # with fault_unmap_latency, 0.3 us a migrated page
-    cpu_fault_latency=30e-6,
+    fault_batch_latency=29.7e-6,
+    fault_block_latency=5.48e-6,
+    fault_page_latency=0.017e-6,
+    cpu_fault_latency=13.6e-6,
     gpu_populate_bw=205e9,
     host_populate_bw=10e9,
     gpu_memory_bw=2.5e12,

@@ -95,8 +95,9 @@ class ThrashingDetector:
             return pages[:0]
         c = self.c
         blocks = pages >> BLOCK_SHIFT
+        bounds = [0, *(np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist(), len(pages)]
         found = []
-        for b in np.unique(blocks).tolist():
+        for j, b in enumerate(blocks[bounds[:-1]].tolist()):
             s = self.blocks.get(b)
             if s is None:
                 last = self._touch.get(b)
@@ -107,7 +108,7 @@ class ThrashingDetector:
             elif now - s.last_thrash > c.epoch and self._resets.get(b, 0) < c.max_resets:
                 self._resets[b] = self._resets.get(b, 0) + 1
                 s = self.blocks[b] = _Block(last_thrash=now)
-            i = pages[blocks == b] & (PAGES_PER_BLOCK - 1)
+            i = pages[bounds[j]:bounds[j + 1]] & (PAGES_PER_BLOCK - 1)
             recent = (now - s.last_t[i] <= c.lapse) & (s.last_proc[i] != dest)
             s.count[i] = np.where(recent, np.minimum(s.count[i].astype(np.int32) + 1, 255), 1)
             s.last_t[i] = now
@@ -127,6 +128,15 @@ class ThrashingDetector:
                 s = self.blocks.get(b)
                 if s is not None:
                     out[j] = s.thrashing[pages[j] & (PAGES_PER_BLOCK - 1)]
+        return out
+
+    def thrashing_rows(self, blocks: np.ndarray) -> np.ndarray:
+        """Which pages of each of ``blocks`` are flagged as thrashing, as ``(len(blocks), 512)``."""
+        out = np.zeros((len(blocks), PAGES_PER_BLOCK), dtype=bool)
+        for j, b in enumerate(blocks.tolist()):
+            s = self.blocks.get(b)
+            if s is not None:
+                out[j] = s.thrashing
         return out
 
     def hints(self, pages: np.ndarray, processor: int, now: int, preferred: np.ndarray,
