@@ -10,8 +10,8 @@ by least squares to 82 timed passes of the workloads and their variants on one H
 - one GPU fault batch: about 30 us, plus 5.5 us per VA block, 0.05 us per fault, 0.017 us per page copied,
   and for the source mapping each migration takes away 0.034 us per page plus 5.3 us per contiguous range
   (a TLB shootdown, whatever its size; a read duplicate of a read-only page pays neither); copies at up to
-  55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 11.5 GB/s; a read every 128 KiB, whose faults
-  move 16 separate 64 KiB ranges per block, at 9 GB/s of what it moves;
+  55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 12.2 GB/s; a read every 128 KiB, whose faults
+  move 16 separate 64 KiB ranges per block, at 7.9 GB/s of what it moves;
 - evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path
   (oversubscribed grid-stride passes run at 7 to 9 GB/s) and overlapped with the refill on the
   prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);

@@ -1,0 +1,58 @@
+"""benchmarks/sim_calibrate.py: fitting a profile's fault-path costs to measured times recovers them."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("scipy")
+
+from uvm_lab.backends.sim import PLATFORMS
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def calibrate():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location("sim_calibrate", ROOT / "benchmarks" / "sim_calibrate.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _cases(*specs):
+    return [{"workload": name, "params": params, "policy": policy, "size": 32 * MiB} for name, params, policy in specs]
+
+
+def test_the_fit_finds_costs_that_reproduce_a_machine_the_profile_does_not_describe(calibrate):
+    """Times made by a profile with other fault costs (a slower host) are what the fitted profile predicts, on
+    the passes it was fitted to and on a workload it never saw; the starting profile was far off on both."""
+    start = PLATFORMS["x86-pcie5"]
+    host = start.with_(fault_batch_latency=3 * start.fault_batch_latency, fault_unmap_run_latency=2e-6,
+                       cpu_fault_latency=2 * start.cpu_fault_latency)
+    device = 1 << 30
+    seen = _cases(("strided", {"stride": 64 << 10}, "faults"), ("strided", {"stride": 256 << 10}, "faults"),
+                  ("strided", {"stride": 16 << 10}, "read_mostly"), ("sequential_stream", {}, "faults"),
+                  ("sequential_stream", {}, "read_mostly"), ("host_then_device", {}, "faults"))
+    unseen = _cases(("strided", {"stride": 128 << 10}, "faults"), ("stencil", {"row_bytes": 256 << 10}, "faults"))
+    real = calibrate.simulate(seen, host, device)
+    base, X = calibrate.weights(seen, start, device)
+    names = list(calibrate.FITTED)
+    costs = np.array([calibrate._cost(start, n) for n in names])
+    fitted = calibrate.fit(base, X, real, costs, real > 0, np.zeros(len(names)))
+    tuned = calibrate._with_costs(start, dict(zip(names, fitted, strict=True)))
+
+    assert np.abs(base / real - 1).max() > 0.2
+    np.testing.assert_allclose(calibrate.simulate(seen, tuned, device), real, rtol=0.01)
+    truth = calibrate.simulate(unseen, host, device)
+    assert np.abs(calibrate.simulate(unseen, start, device) / truth - 1).max() > 0.2
+    np.testing.assert_allclose(calibrate.simulate(unseen, tuned, device), truth, rtol=0.05)
