@@ -40,6 +40,7 @@ from uvm_lab.units import BLOCK_SIZE
 FITTED = {
     "fault_batch_latency": "latency", "fault_block_latency": "latency", "fault_latency": "latency",
     "fault_page_latency": "latency", "fault_unmap_latency": "latency", "fault_unmap_run_latency": "latency",
+    "fault_chunk_latency": "latency",
     "fault_htod_bw": "bandwidth", "cpu_fault_latency": "latency", "fault_dtoh_bw": "bandwidth",
     "host_access_latency": "latency", "read_mostly_host_write_latency": "latency",
     "prefetch_block_latency": "latency",

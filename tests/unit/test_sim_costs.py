@@ -153,3 +153,21 @@ def test_a_fault_batch_pays_per_fault_and_per_unmapped_range_whatever_its_size(p
     unmapped = 16 if policy == "migrate" else 0
     assert took[2] - took[1] == pytest.approx(
         16 * costs["fault_latency"] + unmapped * costs["fault_unmap_run_latency"])
+
+
+def test_a_fault_batch_pays_per_gpu_chunk_it_allocates_not_per_block_it_revisits():
+    """One read in each of four host-held blocks allocates four 2 MiB chunks on the GPU: ``fault_chunk_latency``
+    four times. Reads elsewhere in the same blocks later find their chunks and do not pay it again."""
+    took = {}
+    for scale in (1, 2):
+        b, _ = _backend(fault_chunk_latency=3e-6 * scale)
+        ptr = b.allocate(4 * BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, 4 * BLOCK_SIZE, HOST)
+        pages = ptr + np.arange(4 * N, dtype=np.uint64) * PAGE_SIZE
+        first = b.access_stream(pages[::N], GPU, "read")
+        again = b.access_stream(pages[N // 2::N], GPU, "read")
+        assert first.faults == again.faults == 4
+        assert first.bytes_htod == again.bytes_htod == 4 * 16 * PAGE_SIZE     # one 64 KiB big page each
+        took[scale] = (first.seconds, again.seconds)
+    assert took[2][0] - took[1][0] == pytest.approx(4 * 3e-6)
+    assert took[2][1] == pytest.approx(took[1][1])

@@ -321,9 +321,12 @@ class FaultEngine:
         # -- the clock, batch by batch, with the very float operations of the general path ----------------------
         half_bytes = _HALF * PAGE_SIZE
         copy_s = float(link_seconds(np.array([half_bytes], dtype=np.uint64), p.fault_htod_bw, p.link_k)[0])
-        service = p.fault_batch_latency + p.fault_block_latency * 1 + _HALF * p.fault_latency
-        service += 0 * PAGE_SIZE / p.gpu_populate_bw + half_bytes // PAGE_SIZE * p.fault_page_latency \
-            + _HALF * p.fault_unmap_latency + 1 * p.fault_unmap_run_latency
+        halves = []   # a block's first batch allocates its chunk, the second finds it
+        for new_chunks in (1, 0):
+            service = p.fault_batch_latency + p.fault_block_latency * 1 + _HALF * p.fault_latency
+            service += 0 * PAGE_SIZE / p.gpu_populate_bw + half_bytes // PAGE_SIZE * p.fault_page_latency \
+                + _HALF * p.fault_unmap_latency + 1 * p.fault_unmap_run_latency + new_chunks * p.fault_chunk_latency
+            halves.append(service)
         hits = (_HALF * local + 0 * remote) * 1e9
         n_ev = len(ev_start)
         ev_t = np.empty((n_ev, 2), dtype=np.float64)
@@ -350,7 +353,7 @@ class FaultEngine:
                 bt[j, h, 0] = now
                 now = now + copy_s * 1e9
                 bt[j, h, 1] = now
-                now += service * 1e9
+                now += halves[h] * 1e9
                 if h:
                     touch[j] = int(now)
                 now += hits
@@ -559,12 +562,15 @@ class FaultEngine:
             extra = self._prefetch_pages(pages, to_here, processor, g)
         # -- R1/R6: chunks for the blocks that receive pages on a GPU ---------------------------------------
         lost = None
+        new_chunks = 0
         if not host:
             keep = to_here | (out == _COLLAPSE)
             blocks = np.union1d(_blocks_of(pages[keep]), _blocks_of(extra))
             if len(blocks):
                 before = mem.evicted_blocks
+                had = t.chunk[blocks]
                 got = mem.claim(blocks, set(blocks.tolist()), log)
+                new_chunks = int(np.count_nonzero(got & ~had))
                 stats.evictions += mem.evicted_blocks - before
                 if not got.all():
                     # No GPU memory can be freed (it is all cudaMalloc): map the host copy remotely instead.
@@ -639,7 +645,8 @@ class FaultEngine:
         ro_dups = dup_pages[(t.writable[dup_pages] & sb) == 0] if len(dup_pages) else dup_pages
         unmapped_pages = np.setdiff1d(migrated, ro_dups, assume_unique=True) if len(ro_dups) else migrated
         service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
-            + unmapped * p.fault_unmap_latency + _block_runs(unmapped_pages) * p.fault_unmap_run_latency
+            + unmapped * p.fault_unmap_latency + _block_runs(unmapped_pages) * p.fault_unmap_run_latency \
+            + new_chunks * p.fault_chunk_latency
         if not host and wr.any():
             # R3 (a): a GPU write taking a ReadMostly page to the writer costs per page (as measured on an H200).
             written = t.read_mostly[pages] & wr & ((out == _MIGRATE) | (out == _COLLAPSE))
@@ -716,9 +723,11 @@ class FaultEngine:
             return False
         stats.batches += 1
         stats.faults += len(pages)
+        new_chunks = 0
         if not host:
-            # The prefetched pages lie in the faulting pages' blocks.
+            # The prefetched pages lie in the faulting pages' blocks; the claim cannot fail (checked above).
             before = mem.evicted_blocks
+            new_chunks = len(blocks) - int(np.count_nonzero(t.chunk[blocks]))
             mem.claim(blocks, set(blocks.tolist()), log)
             stats.evictions += mem.evicted_blocks - before
         nowhere = st == 0
@@ -754,7 +763,8 @@ class FaultEngine:
         # Every page that moves here loses its source mapping. Disjoint and sorted: the union is a merge.
         migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
         service += n_populated * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
-            + unmapped * p.fault_unmap_latency + _block_runs(migrated) * p.fault_unmap_run_latency
+            + unmapped * p.fault_unmap_latency + _block_runs(migrated) * p.fault_unmap_run_latency \
+            + new_chunks * p.fault_chunk_latency
         # (No ReadMostly page is written: the general path's read_mostly_write_latency term adds 0.0.)
         fault_kind = EventKind.CPU_PAGE_FAULT if host else EventKind.GPU_PAGE_FAULT
         faulted = pages if len(ex_pop) else None

@@ -7,15 +7,15 @@ by least squares to 82 timed passes of the workloads and their variants on one H
 ``sim_vs_gpu_h200_variants.json``):
 
 - prefetch HtoD 50.5 GB/s, DtoH 15.5 GB/s; pinned copies 55.3 GB/s; zero-copy reads 51 GB/s;
-- one GPU fault batch: about 30 us, plus 5.5 us per VA block, 0.05 us per fault, 0.017 us per page copied,
-  and for the source mapping each migration takes away 0.034 us per page plus 5.3 us per contiguous range
-  (a TLB shootdown, whatever its size; a read duplicate of a read-only page pays neither); copies at up to
-  55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 12.2 GB/s; a read every 128 KiB, whose faults
-  move 16 separate 64 KiB ranges per block, at 7.9 GB/s of what it moves;
+- one GPU fault batch: about 31 us, plus 3.6 us per VA block, 6.7 us per 2 MiB chunk it allocates, 0.05 us
+  per fault, 0.002 us per page copied, and for the source mapping each migration takes away 0.042 us per page
+  plus 4.9 us per contiguous range (a TLB shootdown, whatever its size; a read duplicate of a read-only page
+  pays neither); copies at up to 55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 12.1 GB/s; a read
+  every 128 KiB, whose faults move 16 separate 64 KiB ranges per block, at 8.0 GB/s of what it moves;
 - evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path
   (oversubscribed grid-stride passes run at 7 to 9 GB/s) and overlapped with the refill on the
   prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);
-- a CPU fault costs about 14 us plus its copies (fault-driven DtoH 21.6 GB/s asymptote).
+- a CPU fault costs about 13 us plus its copies (fault-driven DtoH 20.1 GB/s asymptote).
 
 Another H200 host with the same driver serviced the same faults 25-40 % more slowly (``sim_vs_gpu_h200.json``):
 the fault path runs on the host's CPU, so a profile is a host's, not a GPU's.
@@ -121,7 +121,7 @@ class Platform:
     #: page (ReadMostly, not written since the advice) changes nothing at the source and does not pay it (R3
     #: (a)). With ``fault_unmap_run_latency``, what separates a migration from a duplicate: on the H200 a read
     #: every 128 KiB of a ReadMostly buffer took 18.3 ms, of a plain one 59.5 ms (8,192 ranges of 64 KiB).
-    fault_unmap_latency: float = 0.034e-6
+    fault_unmap_latency: float = 0.042e-6
     #: One small read of host memory through a remote mapping, start to finish: such reads are bound by the
     #: round trip, not the link, and each warp has one in flight, so an access costs this divided by the
     #: pages in flight, or its bytes at ``remote_bw`` if that is longer. From the H200 (driver 580,
@@ -132,9 +132,13 @@ class Platform:
     #: Per fault a GPU batch services (reading, sorting and de-duplicating its fault buffer entry): a read every
     #: 16 KiB (65,536 faults) took 79.6 ms on the H200 where one every 64 KiB (16,384 faults) moving the same
     #: bytes in the same ranges took 45-50 ms.
-    fault_latency: float = 0.051e-6
+    fault_latency: float = 0.049e-6
     #: Per range of source pages a fault path unmaps (or write-protects): a TLB shootdown, whatever its size.
-    fault_unmap_run_latency: float = 5.27e-6
+    fault_unmap_run_latency: float = 4.92e-6
+    #: Per 2 MiB GPU chunk a fault batch allocates (from free memory or by evicting) and maps for its block: a
+    #: read every 2 MiB (one fault a block) took 18.7 us a fault on the H200, a sweep's second batch in a block
+    #: far less.
+    fault_chunk_latency: float = 6.66e-6
 
     def with_(self, **changes: Any) -> Platform:
         """A copy with some costs changed, for what-if experiments; unknown names raise.
@@ -164,15 +168,15 @@ _PCIE5 = Platform(
     prefetch_htod_bw=50.5e9,
     prefetch_dtoh_bw=15.5e9,
     fault_htod_bw=55.3e9,
-    fault_dtoh_bw=21.6e9,
+    fault_dtoh_bw=20.1e9,
     eviction_bw=40e9,
     remote_bw=51.0e9,
     remote_host_bw=51.0e9,
     fault_batch_size=256,
-    fault_batch_latency=29.7e-6,
-    fault_block_latency=5.48e-6,
-    fault_page_latency=0.017e-6,
-    cpu_fault_latency=13.6e-6,
+    fault_batch_latency=31.3e-6,
+    fault_block_latency=3.63e-6,
+    fault_page_latency=0.002e-6,
+    cpu_fault_latency=13.3e-6,
     gpu_populate_bw=205e9,
     host_populate_bw=10e9,
     gpu_memory_bw=2.5e12,
