@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..backends.sim import SimBackend
+from ..backends.sim.platform import Platform
 from ..errors import InvalidArgumentError
 from ..events.bus import EventBus
 from ..events.schema import Advice, EventKind, MemoryKind
@@ -96,7 +97,7 @@ def _batched(chunks: Iterator[Chunk], ptrs: dict[str, int]) -> Iterator[tuple[np
 
 def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: str = "faults",
             prefetch_chunk: int | str = "256MiB", device_memory: int | str | None = None,
-            platform: str = "x86-pcie5", initial: str = "host") -> list[PhaseResult]:
+            platform: str | Platform = "x86-pcie5", initial: str = "host") -> list[PhaseResult]:
     """Run ``workload`` on a simulated device and return one result per pass of each phase.
 
     Parameters
@@ -110,6 +111,8 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
         One of :data:`POLICIES`.
     prefetch_chunk
         The chunk the ``"prefetch"`` policy moves ahead of each part of a kernel.
+    platform
+        A profile name or a :class:`~uvm_lab.backends.sim.platform.Platform` (say, one with fitted costs).
     initial
         Where the buffers' pages start: ``"host"`` (written by the host, as the published measurements
         start) or ``"nowhere"`` (never touched).
