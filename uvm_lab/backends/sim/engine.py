@@ -113,6 +113,10 @@ class FaultEngine:
         self._host_schedules: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
         self._host_copy_steps: dict[int, float] = {}
         self._host_service_steps: dict[tuple[bool, int], float] = {}
+        #: Service a GPU batch that is one run of pages in one block by :meth:`_service_run`, with slices and
+        #: scalars; switchable for the same reason as ``fast_batches``.
+        self.fast_run_batches = True
+        self._run_copy_seconds: dict[int, float] = {}
 
     # -- the stream ------------------------------------------------------------------------------------------
     def run(self, chunks: Iterable[np.ndarray], processor: int, write: bool | Iterable[np.ndarray], log: EventLog,
@@ -251,7 +255,10 @@ class FaultEngine:
             n_remote = int(np.count_nonzero(r2[:cut]))
             # Faulted accesses proceed after the replay, some of them through a new remote mapping (which a
             # plain batch never makes: its pages end up at the faulting processor).
-            if not (self.fast_batches and self._service_plain(uniq, wpages, processor, log, stats, kind, stream)):
+            lean = self.fast_run_batches and self._service_run(uniq, wpages, processor, log, stats, kind, stream)
+            if not lean and self.fast_batches:
+                lean = self._service_plain(uniq, wpages, processor, log, stats, kind, stream)
+            if not lean:
                 self._service(uniq, wpages, processor, log, stats, kind, stream)
                 served = win[bad[bad < cut]]
                 if len(served):
@@ -1049,6 +1056,119 @@ class FaultEngine:
         else:
             mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved)) >> BLOCK_SHIFT))
         # R7: migrations caused by faults and the prefetcher feed the detector.
+        if self.thrashing.enabled and len(migrated):
+            hot = self.thrashing.on_migration(migrated, processor, int(log.t))
+            if len(hot):
+                starts, lengths = page_runs(np.sort(hot))
+                log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
+                             address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
+                             alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+        return True
+
+    def _service_run(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
+                     kind: AccessType, stream: int) -> bool:
+        """:meth:`_service_plain` for a GPU batch that is one run of consecutive pages in one block, or False
+        (having changed nothing).
+
+        Such a batch (a sweep's half block where :meth:`_sweep` does not apply: a stencil's rows, a tile's
+        row) is the common one. Where the block holds no advice, remote mapping or thrashing state and every
+        faulting page is on the host only (or nowhere), this does what :meth:`_service_plain` does with
+        slices and scalars where that works with arrays: the same records, clock (the same float operations
+        in the same order), state and counters.
+        """
+        t, p, mem = self.table, self.platform, self.memory
+        k = len(pages)
+        a = int(pages[0])
+        z = a + k
+        b = a >> BLOCK_SHIFT
+        if processor == HOST_ID or k < 2 or self.thrashing.blocks or int(pages[-1]) != z - 1 \
+                or (z - 1) >> BLOCK_SHIFT != b:
+            return False
+        lo = b * PAGES_PER_BLOCK
+        row = slice(lo, lo + PAGES_PER_BLOCK)
+        st = t.state[a:z]
+        first = int(st[0])
+        if first > 1 or (st != first).any() or t.read_mostly[row].any() or (t.preferred[row] != NO_LOCATION).any() \
+                or (t.accessed_by[row] | t.remote[row]).any():
+            return False
+        has_chunk = bool(t.chunk[b])
+        if not has_chunk and mem.free_blocks + len(mem._order) < 1:
+            return False
+        g = 1 << (processor + 1)
+        npages = int(t.block_pages[b])
+        extra = pages[:0]
+        if self.prefetch:
+            # R5 as _prefetch_pages takes it for one block with no advice: every candidate is eligible, and
+            # the block is not populated whole (no page prefers the GPU).
+            resident = (t.state[row] & g) != 0
+            resident[npages:] = False
+            faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+            faulted[a - lo:z - lo] = True
+            cand = block_prefetch(resident, faulted, npages, self.threshold)
+            if len(cand):
+                extra = lo + cand
+        stats.batches += 1
+        stats.faults += k
+        blocks = np.array([b], dtype=np.int64)
+        if not has_chunk:
+            before = mem.evicted_blocks
+            mem.claim(blocks, {b}, log)
+            stats.evictions += mem.evicted_blocks - before
+        moved = pages if first else pages[:0]
+        ex_st = t.state[extra]
+        ex_held = ex_st != 0
+        ex_moved, ex_pop = extra[ex_held], extra[~ex_held]
+        unmapped = len(moved) + len(ex_moved)
+        moved_bytes = 0
+        if first:   # one run: one copy (EventLog.add_many's few-records path, by hand)
+            nbytes = k * PAGE_SIZE
+            secs = self._run_copy_seconds.get(nbytes)
+            if secs is None:
+                secs = self._run_copy_seconds[nbytes] = link_seconds(
+                    np.array([k], dtype=np.int64).astype(np.uint64) * PAGE_SIZE, p.fault_htod_bw, p.link_k).tolist()[0]
+            start = log.t
+            end = start + secs * 1e9
+            address = int(t.block_address[b]) + (a - lo) * PAGE_SIZE
+            alloc = int(t.block_alloc[b])
+            log.rows.append((EventKind.HTOD, MigrationCause.COHERENCE, HOST_ID, processor, int(start), int(end),
+                             address, nbytes, nbytes, alloc, stream))
+            log.t = end
+            stats.bytes_htod += nbytes
+            moved_bytes = nbytes
+        moved_bytes += self._copy(ex_moved, HOST_ID, processor, MigrationCause.PREFETCH, p.fault_htod_bw, log, stats,
+                                  stream)
+        stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
+        n_populated = k - len(moved) + len(ex_pop)
+        service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency
+        migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
+        service += n_populated * PAGE_SIZE / p.gpu_populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
+            + unmapped * p.fault_unmap_latency + _block_runs(migrated) * p.fault_unmap_run_latency
+        any_write = bool(wr.any())
+        if len(ex_pop) or (any_write and not wr.all()):
+            if not any_write:
+                reads, writes = pages, pages[:0]
+            elif wr.all():
+                reads, writes = pages[:0], pages
+            else:
+                reads, writes = pages[~wr], pages[wr]
+            if len(ex_pop):
+                if len(writes):
+                    writes = np.sort(np.concatenate((writes, ex_pop)))
+                else:
+                    reads = np.sort(np.concatenate((reads, ex_pop)))
+            faulted = pages if len(ex_pop) else None
+            self._fault_records(reads, faulted, AccessType.READ, EventKind.GPU_PAGE_FAULT, processor, log, stream)
+            self._fault_records(writes, faulted, kind, EventKind.GPU_PAGE_FAULT, processor, log, stream)
+        else:       # one run, every page faulted: one record
+            now = int(log.t)
+            log.rows.append((EventKind.GPU_PAGE_FAULT, kind if any_write else AccessType.READ, processor, processor,
+                             now, now, int(t.block_address[b]) + (a - lo) * PAGE_SIZE, k * PAGE_SIZE, k,
+                             int(t.block_alloc[b]), stream))
+        log.t += service * 1e9
+        t.state[a:z] = g
+        if len(extra):
+            t.state[extra] = g
+        mem.migrated_into(blocks)
         if self.thrashing.enabled and len(migrated):
             hot = self.thrashing.on_migration(migrated, processor, int(log.t))
             if len(hot):
