@@ -20,7 +20,10 @@ in flight can issue.
 A streaming kernel's faults (whole blocks of host-only pages, no advice, FIFO eviction) are serviced many
 blocks at a time by :meth:`FaultEngine._sweep`, with the same records, clock and state as batch by batch.
 A batch with no advice, duplicate, remote mapping or thrashing state in it is serviced by
-:meth:`FaultEngine._service_plain`, which leaves out the rules that cannot apply.
+:meth:`FaultEngine._service_plain`, which leaves out the rules that cannot apply, or, where it is one run of
+pages in one block, by :meth:`FaultEngine._service_run` with slices and scalars. A host thread's faults along
+blocks it takes from the front (a read-back of GPU-resident pages, a first write) follow a fixed schedule per
+block and are serviced a run at a time by :meth:`FaultEngine._host_run`.
 """
 
 from __future__ import annotations
