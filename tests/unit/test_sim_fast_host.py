@@ -171,3 +171,19 @@ def test_host_then_device_takes_the_fast_path(backend, initial, host_run_faults)
     _assert_same(_run(True, script, device_memory="16MiB", **backend),
                  _run(False, script, device_memory="16MiB", **backend))
     assert host_run_faults[0] > 0
+
+
+def test_changing_the_prefetcher_between_streams_gives_the_same_trace_either_way(host_run_faults):
+    """The fast paths keep what they work out from the prefetcher's settings: a change must not reuse it."""
+    def script(b):
+        out = []
+        p = b.allocate(8 * MiB, MemoryKind.MANAGED)
+        pages = p + np.arange(8 * MiB // 4096, dtype=np.uint64) * 4096
+        for threshold, prefetch in ((51, True), (90, True), (51, False), (30, True)):
+            b._engine.threshold, b._engine.prefetch = threshold, prefetch
+            out.append(b.access_stream(pages, GPU, "read"))
+            out.append(b.access_stream(pages, HOST, "write"))
+        return out
+
+    _assert_same(_run(True, script, device_memory="16MiB"), _run(False, script, device_memory="16MiB"))
+    assert host_run_faults[0] > 0

@@ -113,13 +113,11 @@ class FaultEngine:
         #: Service a host thread's run of faults through blocks moving to it from the front by
         #: :meth:`_host_run`, all at once; switchable for the same reason as ``fast_sweeps``.
         self.fast_host_runs = True
-        self._host_schedules: dict[tuple[int, int], tuple[np.ndarray, np.ndarray] | None] = {}
-        self._host_copy_steps: dict[int, float] = {}
-        self._host_service_steps: dict[tuple[bool, int], float] = {}
         #: Service a GPU batch that is one run of pages in one block by :meth:`_service_run`, with slices and
         #: scalars; switchable for the same reason as ``fast_batches``.
         self.fast_run_batches = True
-        self._run_copy_seconds: dict[int, float] = {}
+        self._kept_for: tuple | None = None
+        self._kept: dict[str, dict] = {}
 
     # -- the stream ------------------------------------------------------------------------------------------
     def run(self, chunks: Iterable[np.ndarray], processor: int, write: bool | Iterable[np.ndarray], log: EventLog,
@@ -492,6 +490,14 @@ class FaultEngine:
         stats.faults += k
         return k
 
+    def _keep(self, name: str) -> dict:
+        """A dict of values the fast paths work out once from the platform and the prefetcher's settings,
+        emptied if any of those has changed since."""
+        settings = (self.platform, self.prefetch, self.threshold)
+        if self._kept_for != settings:
+            self._kept_for, self._kept = settings, {}
+        return self._kept.setdefault(name, {})
+
     # -- the host-run fast path ----------------------------------------------------------------------------------
     def _host_run(self, pages: np.ndarray, pos: int, log: EventLog, stats: StreamStats, *, local: float,
                   remote: float, stream: int) -> int:
@@ -576,7 +582,7 @@ class FaultEngine:
         steps = np.empty(int(first[-1]) + 1, dtype=np.float64)
         steps[0] = log.t
         s = first[:-1] + 1                             # each fault's first step in ``steps``
-        copy_step = self._host_copy_steps
+        copy_step = self._keep("host_copy_steps")
         for k in np.unique(np.concatenate(([1], n_extra[from_gpu & (n_extra > 0)]))).tolist():
             if k not in copy_step:
                 secs = link_seconds(np.array([k], dtype=np.uint64) * PAGE_SIZE, p.fault_dtoh_bw, p.link_k)
@@ -712,9 +718,10 @@ class FaultEngine:
         above): ``(lanes, his)``, each fault bringing lanes ``[lane, hi)`` (the prefetcher's region), or None
         where some region is not of that form. Depends only on the block's size and the prefetcher's settings.
         """
+        schedules = self._keep("host_schedules")
         key = (frontier, npages)
-        if key in self._host_schedules:
-            return self._host_schedules[key]
+        if key in schedules:
+            return schedules[key]
         lanes, his = [], []
         f = frontier
         out: tuple[np.ndarray, np.ndarray] | None = None
@@ -734,13 +741,13 @@ class FaultEngine:
             f = hi
         else:
             out = (np.array(lanes, dtype=np.int64), np.array(his, dtype=np.int64))
-        self._host_schedules[key] = out
+        schedules[key] = out
         return out
 
     def _host_service_step(self, from_gpu: np.ndarray, n_extra: np.ndarray) -> np.ndarray:
         """``service * 1e9`` of each plain host fault, as :meth:`_service_plain` computes it (the same operations)."""
         p = self.platform
-        cache = self._host_service_steps
+        cache = self._keep("host_service_steps")
         keys = list(zip(from_gpu.tolist(), n_extra.tolist(), strict=True))
         for key in set(keys):
             if key not in cache:
@@ -1125,9 +1132,10 @@ class FaultEngine:
         moved_bytes = 0
         if first:   # one run: one copy (EventLog.add_many's few-records path, by hand)
             nbytes = k * PAGE_SIZE
-            secs = self._run_copy_seconds.get(nbytes)
+            copy_seconds = self._keep("run_copy_seconds")
+            secs = copy_seconds.get(nbytes)
             if secs is None:
-                secs = self._run_copy_seconds[nbytes] = link_seconds(
+                secs = copy_seconds[nbytes] = link_seconds(
                     np.array([k], dtype=np.int64).astype(np.uint64) * PAGE_SIZE, p.fault_htod_bw, p.link_k).tolist()[0]
             start = log.t
             end = start + secs * 1e9
