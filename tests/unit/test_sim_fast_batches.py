@@ -17,10 +17,15 @@ MiB = 1 << 20
 GPU, HOST = Location.device(0), Location.host()
 
 
-def _run(fast: bool, script, **backend) -> tuple:
+_LEAN = ("fast_batches", "fast_run_batches")
+
+
+def _run(fast: bool, script, lean: tuple[str, ...] = _LEAN, **backend) -> tuple:
+    """Run ``script`` with the lean batch paths named in ``lean`` (fast) or with none (the general path)."""
     bus = EventBus(capacity=1 << 22)
     b = SimBackend(bus=bus, **backend)
-    b._engine.fast_batches = fast
+    for flag in _LEAN:
+        setattr(b._engine, flag, fast and flag in lean)
     results = script(b)
     t, mem = b._table, b._memory
     state = np.concatenate((t.state, t.writable, t.remote, t.chunk.view(np.uint8), t.last_use.view(np.uint8)))
@@ -36,10 +41,11 @@ def _assert_same(fast: tuple, slow: tuple) -> None:
     assert fast[4:] == slow[4:]
 
 
+@pytest.mark.parametrize("lean", [_LEAN, ("fast_batches",), ("fast_run_batches",)])
 @pytest.mark.parametrize("eviction", ["fifo", "lru", "tree"])
 @pytest.mark.parametrize("ratio", [0.5, 1.5])
 @pytest.mark.parametrize("name", list(W.WORKLOADS))
-def test_workloads_give_the_same_trace_either_way(name, ratio, eviction):
+def test_workloads_give_the_same_trace_either_way(name, ratio, eviction, lean):
     for policy in W.POLICIES:
         w = W.make(name, size="16MiB")
         device = max(2 * MiB, int(w.total_bytes / ratio) // (2 * MiB) * (2 * MiB))
@@ -47,7 +53,7 @@ def test_workloads_give_the_same_trace_either_way(name, ratio, eviction):
         def script(b, w=w, policy=policy):
             return W.run_sim(w, b, policy=policy, prefetch_chunk="4MiB")
 
-        _assert_same(_run(True, script, device_memory=device, eviction=eviction),
+        _assert_same(_run(True, script, lean, device_memory=device, eviction=eviction),
                      _run(False, script, device_memory=device, eviction=eviction))
 
 
@@ -75,6 +81,7 @@ def _ping_pong(b: SimBackend) -> list:
 def test_mixed_advice_and_thrashing_give_the_same_trace_either_way(backend):
     args = {"device_memory": "6MiB", **backend}
     _assert_same(_run(True, _ping_pong, **args), _run(False, _ping_pong, **args))
+    _assert_same(_run(True, _ping_pong, ("fast_run_batches",), **args), _run(False, _ping_pong, **args))
 
 
 def _prefetch_reference(engine, pages: np.ndarray, to_here: np.ndarray, processor: int, g: int) -> np.ndarray:
@@ -174,3 +181,44 @@ def test_dense_subtrees_and_one_block_answers_are_the_density_region(threshold):
         if thrashing is None:
             assert np.array_equal(block_prefetch(resident[0], faulted[0], int(npages[0]), threshold),
                                   np.flatnonzero(want[0] & ~resident[0] & ~faulted[0]))
+
+
+def _run_batches(b: SimBackend) -> list:
+    """Batches that are one run in one block: half blocks, a partial block, first touches, mixed flags, prefetches."""
+    out = []
+    odd = b.allocate(5 * MiB + 12288, MemoryKind.MANAGED)
+    fresh = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    b.prefetch(odd, 5 * MiB + 12288, HOST)
+    op = odd + np.arange((5 * MiB + 12288) // 4096, dtype=np.uint64) * 4096
+    fp = fresh + np.arange(8 * MiB // 4096, dtype=np.uint64) * 4096
+    rows = np.concatenate([op[r * 256:(r + 1) * 256] for r in (0, 2, 1, 4, 3, 5, 8, 9, 10, 6, 7)])
+    writes = np.zeros(len(rows), dtype=bool)
+    writes[300:400] = True
+    writes[::5] = True
+    out.append(b.access_stream([rows], GPU, [writes]))
+    out.append(b.access_stream(fp[:1500], GPU, "write", in_flight=128))              # first touches
+    out.append(b.access_stream(fp[::-1].copy(), GPU, "read", in_flight=100))
+    out.append(b.access_stream(op, HOST, "read"))
+    out.append(b.access_stream(op[::-1].copy(), GPU, "write"))
+    out.append(b.access_stream(fp, GPU, "read"))
+    return out
+
+
+@pytest.mark.parametrize("backend", [{}, {"prefetch_threshold": 1}, {"prefetch_threshold": 30},
+                                     {"prefetch_threshold": 100}, {"prefetcher": False}, {"thrashing": False},
+                                     {"eviction": "lru"}, {"platform": "gh200-ats"}, {"device_memory": "4MiB"}])
+def test_one_run_batches_give_the_same_trace_either_way(backend, monkeypatch):
+    from uvm_lab.backends.sim.engine import FaultEngine
+
+    taken = [0]
+    original = FaultEngine._service_run
+
+    def counting(self, *args):
+        done = original(self, *args)
+        taken[0] += bool(done)
+        return done
+
+    monkeypatch.setattr(FaultEngine, "_service_run", counting)
+    args = {"device_memory": "12MiB", **backend}
+    _assert_same(_run(True, _run_batches, ("fast_run_batches",), **args), _run(False, _run_batches, **args))
+    assert taken[0] >= 8

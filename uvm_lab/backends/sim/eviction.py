@@ -112,6 +112,17 @@ class GpuMemory:
                         break
             if victims:
                 self._evict_many(np.array(victims, dtype=np.int64), log)
+        if 0 < len(need) <= self.free_blocks:
+            # Room for every claim: no eviction between them, so the loop below at once.
+            claimed = blocks[need]
+            ticks = self._tick + 1 + np.arange(len(need), dtype=np.int64)
+            table.chunk[claimed] = True
+            table.last_use[claimed] = ticks
+            self.used += len(need)
+            self._tick += len(need)
+            self._order.update(zip(claimed.tolist(), ticks.tolist(), strict=True))
+            got[need] = True
+            return got
         for i in need.tolist():
             if self.free_blocks <= 0 and not self.make_room(1, protect, log):
                 continue
@@ -231,8 +242,11 @@ class GpuMemory:
             log.chunks.append(out)
             log.t = now
         table.state[only] = 1
-        for b in victims.tolist():
-            self.drop(b)
+        held = victims[table.chunk[victims]]    # drop() for each victim, at once
+        table.chunk[held] = False
+        self.used -= len(held)
+        for b in held.tolist():
+            self._order.pop(b, None)
         self.evicted_blocks += len(victims)
 
     @staticmethod

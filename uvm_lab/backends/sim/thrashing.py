@@ -95,14 +95,16 @@ class ThrashingDetector:
             return pages[:0]
         c = self.c
         blocks = pages >> BLOCK_SHIFT
-        bounds = [0, *(np.flatnonzero(blocks[1:] != blocks[:-1]) + 1).tolist(), len(pages)]
+        cuts = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
+        bounds = [0, *cuts.tolist(), len(pages)]
         found = []
-        for j, b in enumerate(blocks[bounds[:-1]].tolist()):
-            s = self.blocks.get(b)
+        state, touch, lapse, entry = self.blocks, self._touch, c.lapse, (dest, now)
+        for j, b in enumerate(blocks[np.concatenate(([0], cuts))].tolist()):
+            s = state.get(b)
             if s is None:
-                last = self._touch.get(b)
-                self._touch[b] = (dest, now)
-                if last is None or last[0] == dest or now - last[1] > c.lapse:
+                last = touch.get(b)
+                touch[b] = entry
+                if last is None or last[0] == dest or now - last[1] > lapse:
                     continue
                 s = self.blocks[b] = _Block(last_thrash=now)
             elif now - s.last_thrash > c.epoch and self._resets.get(b, 0) < c.max_resets:
