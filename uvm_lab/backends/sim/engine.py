@@ -1163,7 +1163,8 @@ class FaultEngine:
         service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency
         migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
         service += n_populated * PAGE_SIZE / p.gpu_populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
-            + unmapped * p.fault_unmap_latency + _block_runs(migrated) * p.fault_unmap_run_latency
+            + unmapped * p.fault_unmap_latency + _block_runs(migrated) * p.fault_unmap_run_latency \
+            + (0 if has_chunk else 1) * p.fault_chunk_latency
         any_write = bool(wr.any())
         if len(ex_pop) or (any_write and not wr.all()):
             if not any_write:
