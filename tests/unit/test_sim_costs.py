@@ -7,7 +7,7 @@ import pytest
 
 from uvm_lab.backends.sim import PLATFORMS, SimBackend
 from uvm_lab.events import EventBus, EventKind
-from uvm_lab.events.schema import AccessType, Advice, MemoryKind
+from uvm_lab.events.schema import AccessType, Advice, MemoryKind, MigrationCause
 from uvm_lab.location import Location
 from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
 
@@ -171,3 +171,30 @@ def test_a_fault_batch_pays_per_gpu_chunk_it_allocates_not_per_block_it_revisits
         took[scale] = (first.seconds, again.seconds)
     assert took[2][0] - took[1][0] == pytest.approx(4 * 3e-6)
     assert took[2][1] == pytest.approx(took[1][1])
+
+
+@pytest.mark.parametrize("path", ["fault", "prefetch"])
+def test_a_fault_waits_for_each_chunk_it_evicts_and_a_prefetch_does_not(path):
+    """Reading 16 MiB through a GPU with room for 8 MiB evicts a chunk for every block past the eighth. On the
+    fault path each eviction adds ``fault_eviction_latency`` to the clock; on the prefetch path evictions
+    overlap the refill and add nothing."""
+    took, evicted = {}, {}
+    for scale in (1, 2):
+        bus = EventBus()
+        got: list[np.ndarray] = []
+        bus.subscribe(got.append)
+        b = SimBackend("8MiB", platform=PLATFORMS["x86-pcie5"].with_(fault_eviction_latency=20e-6 * scale), bus=bus)
+        ptr = b.allocate(16 << 20, MemoryKind.MANAGED)
+        b.prefetch(ptr, 16 << 20, HOST)
+        start = b.now_ns()
+        if path == "fault":
+            b.access_stream(ptr + np.arange(4096, dtype=np.uint64) * PAGE_SIZE, GPU, "read")
+        else:
+            b.prefetch(ptr, 16 << 20, GPU)
+        took[scale] = (b.now_ns() - start) / 1e9
+        ev = _take(got)
+        eviction = (ev["kind"] == EventKind.DTOH) & (ev["flags"] == MigrationCause.EVICTION)
+        evicted[scale] = int(np.count_nonzero(eviction))
+    assert evicted[1] == evicted[2] == 4
+    expected = 4 * 20e-6 if path == "fault" else 0.0    # blocks 5-8 evict blocks 1-4 (FIFO): four chunks
+    assert took[2] - took[1] == pytest.approx(expected, abs=1e-12)

@@ -199,6 +199,8 @@ class GpuMemory:
                          seconds=seconds, advance=not self.overlap)
             if self.overlap:
                 self.overlapped_seconds += float(np.sum(seconds))
+        if not self.overlap:   # a fault waits for the chunk to be unmapped and given up
+            log.advance(self.platform.fault_eviction_latency)
         self.invalidate(copies, log)
         table.state[only_here] = 1
         table.state[copies] &= np.uint8(~g & 0xFF)
@@ -225,12 +227,17 @@ class GpuMemory:
             nbytes = lengths.astype(np.uint64) * 4096
             durations = link_seconds(nbytes, self.platform.eviction_bw, self.platform.link_k) * 1e9
             per_victim = np.bincount(owner, minlength=len(victims))
-            # The clock as EventLog.add_many advances it, victim by victim (tuples up to four, else a cumsum).
+            wait = self.platform.fault_eviction_latency * 1e9
+            # The clock as EventLog.add_many advances it, victim by victim (tuples up to four, else a cumsum),
+            # and as evict() then advances it by the wait for the chunk.
             if per_victim.max() <= 4:   # one addition after another throughout: a cumsum from the clock
-                clock = np.cumsum(np.concatenate(([log.t], durations)))
-                begin, finish, now = clock[:-1], clock[1:], float(clock[-1])
+                at = np.arange(len(starts)) + owner                  # each copy, after its victims' waits
+                steps = np.full(len(starts) + len(victims), wait)
+                steps[at] = durations
+                clock = np.cumsum(np.concatenate(([log.t], steps)))
+                begin, finish, now = clock[at], clock[at + 1], float(clock[-1])
             else:
-                begin, finish, now = self._clock_by_victim(per_victim.tolist(), durations.tolist(), log.t)
+                begin, finish, now = self._clock_by_victim(per_victim.tolist(), durations.tolist(), log.t, wait)
             log._flush_rows()
             out = np.empty(len(starts), dtype=EVENT_DTYPE)
             out["kind"], out["flags"], out["src"], out["dst"] = EventKind.DTOH, MigrationCause.EVICTION, \
@@ -241,6 +248,9 @@ class GpuMemory:
             out["alloc_id"], out["stream"] = table.block_alloc[victims[owner]], 0
             log.chunks.append(out)
             log.t = now
+        else:
+            for _ in range(len(victims)):
+                log.advance(self.platform.fault_eviction_latency)
         table.state[only] = 1
         held = victims[table.chunk[victims]]    # drop() for each victim, at once
         table.chunk[held] = False
@@ -250,8 +260,10 @@ class GpuMemory:
         self.evicted_blocks += len(victims)
 
     @staticmethod
-    def _clock_by_victim(per_victim: list[int], durations: list[float], now: float) -> tuple[list, list, float]:
-        """Start and end of each eviction copy, and the clock after them, as one add_many per victim sets them."""
+    def _clock_by_victim(per_victim: list[int], durations: list[float], now: float,
+                         wait: float) -> tuple[list, list, float]:
+        """Start and end of each eviction copy, and the clock after them, as one add_many per victim sets them
+        and the wait for its chunk follows."""
         begin, finish = [], []
         r = 0
         for c in per_victim:
@@ -268,6 +280,7 @@ class GpuMemory:
                     now = t0 + acc
                     finish.append(now)
             r += c
+            now = now + wait
         return begin, finish, now
 
     def invalidate(self, pages: np.ndarray, log: EventLog, src: int | None = None) -> None:

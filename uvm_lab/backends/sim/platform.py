@@ -12,9 +12,9 @@ by least squares to 82 timed passes of the workloads and their variants on one H
   plus 4.9 us per contiguous range (a TLB shootdown, whatever its size; a read duplicate of a read-only page
   pays neither); copies at up to 55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 12.1 GB/s; a read
   every 128 KiB, whose faults move 16 separate 64 KiB ranges per block, at 8.0 GB/s of what it moves;
-- evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path
-  (oversubscribed grid-stride passes run at 7 to 9 GB/s) and overlapped with the refill on the
-  prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);
+- evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path, where the
+  fault also waits 50 us for the chunk (oversubscribed grid-stride passes run at 7 to 9 GB/s), and overlapped
+  with the refill on the prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);
 - a CPU fault costs about 13 us plus its copies (fault-driven DtoH 20.1 GB/s asymptote).
 
 Another H200 host with the same driver serviced the same faults 25-40 % more slowly (``sim_vs_gpu_h200.json``):
@@ -135,6 +135,12 @@ class Platform:
     fault_latency: float = 0.049e-6
     #: Per range of source pages a fault path unmaps (or write-protects): a TLB shootdown, whatever its size.
     fault_unmap_run_latency: float = 4.92e-6
+    #: Per 2 MiB chunk evicted on a fault path, on top of copying its pages back: the fault waits for the chunk
+    #: to be unmapped and given up (on the prefetch path evictions overlap the refill and do not wait).
+    #: Calibrated to the published oversubscription passes (research/uvm-semantics.md section 3, a 4 GiB
+    #: grid-stride read at 1.1-2.0x on an H200, ``benchmarks/sim_oversubscription.py``): their RMS log error is
+    #: least at 50-60 us; the oversubscribed passes then read 7.6 GB/s against 6.9-9.1 measured.
+    fault_eviction_latency: float = 50e-6
     #: Per 2 MiB GPU chunk a fault batch allocates (from free memory or by evicting) and maps for its block: a
     #: read every 2 MiB (one fault a block) took 18.7 us a fault on the H200, a sweep's second batch in a block
     #: far less.

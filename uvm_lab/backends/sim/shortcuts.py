@@ -162,6 +162,7 @@ class Shortcuts:
                     ev_t[r:r + c, 1] = ends
                     now = float(ends[-1])
                 r += c
+                now = now + p.fault_eviction_latency * 1e9   # as GpuMemory.evict waits for the chunk
             for h in range(2):
                 bt[j, h, 0] = now
                 now = now + copy_s * 1e9
