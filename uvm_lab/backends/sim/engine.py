@@ -437,9 +437,14 @@ class FaultEngine(Shortcuts):
         else:
             mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved, collapse)) >> BLOCK_SHIFT))
         # R7: migrations caused by faults and the prefetcher feed the detector.
+        self._feed_thrashing(migrated, processor, log)
+
+    def _feed_thrashing(self, migrated: np.ndarray, processor: int, log: EventLog) -> None:
+        """R7: pages that faults and the prefetcher migrated feed the detector; what turns hot is recorded."""
         if self.thrashing.enabled and len(migrated):
             hot = self.thrashing.on_migration(migrated, processor, int(log.t))
             if len(hot):
+                t = self.table
                 starts, lengths = page_runs(np.sort(hot))
                 log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
                              address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,

@@ -668,13 +668,7 @@ class Shortcuts:
         else:
             mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved)) >> BLOCK_SHIFT))
         # R7: migrations caused by faults and the prefetcher feed the detector.
-        if self.thrashing.enabled and len(migrated):
-            hot = self.thrashing.on_migration(migrated, processor, int(log.t))
-            if len(hot):
-                starts, lengths = page_runs(np.sort(hot))
-                log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
-                             address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
-                             alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+        self._feed_thrashing(migrated, processor, log)
         return True
 
     def _service_run(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
@@ -783,12 +777,6 @@ class Shortcuts:
         if len(extra):
             t.state[extra] = g
         mem.migrated_into(blocks)
-        if self.thrashing.enabled and len(migrated):
-            hot = self.thrashing.on_migration(migrated, processor, int(log.t))
-            if len(hot):
-                starts, lengths = page_runs(np.sort(hot))
-                log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
-                             address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
-                             alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+        self._feed_thrashing(migrated, processor, log)
         return True
 
