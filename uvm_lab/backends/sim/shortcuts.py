@@ -54,6 +54,22 @@ def block_runs(pages: np.ndarray) -> int:
     return 1 + int(np.count_nonzero((pages[1:] != pages[:-1] + 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)))
 
 
+def _reads_and_writes(pages: np.ndarray, wr: np.ndarray, first_touched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A batch's faulted pages split by access, its first-touched neighbours riding with the writes if any."""
+    if not wr.any():
+        reads, writes = pages, pages[:0]
+    elif wr.all():
+        reads, writes = pages[:0], pages
+    else:
+        reads, writes = pages[~wr], pages[wr]
+    if len(first_touched):   # disjoint from the faulted pages, each sorted: the union is a merge
+        if len(writes):
+            writes = np.sort(np.concatenate((writes, first_touched)))
+        else:
+            reads = np.sort(np.concatenate((reads, first_touched)))
+    return reads, writes
+
+
 class Shortcuts:
     """The exact shortcuts, mixed into :class:`~.engine.FaultEngine` (whose state and general path they use)."""
 
@@ -632,18 +648,7 @@ class Shortcuts:
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
         # Fault records: one per run of faulted or first-touched pages, reads and writes apart.
         n_populated = len(pages) - len(moved) + len(ex_pop)
-        any_write = bool(wr.any())
-        if not any_write:
-            reads, writes = pages, pages[:0]
-        elif wr.all():
-            reads, writes = pages[:0], pages
-        else:
-            reads, writes = pages[~wr], pages[wr]
-        if len(ex_pop):   # disjoint from the faulted pages, each sorted: the union is a merge
-            if len(writes):
-                writes = np.sort(np.concatenate((writes, ex_pop)))
-            else:
-                reads = np.sort(np.concatenate((reads, ex_pop)))
+        reads, writes = _reads_and_writes(pages, wr, ex_pop)
         service = p.cpu_fault_latency if host else p.fault_batch_latency + p.fault_block_latency * len(blocks) \
             + len(pages) * p.fault_latency
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
@@ -753,17 +758,7 @@ class Shortcuts:
             + (0 if has_chunk else 1) * p.fault_chunk_latency
         any_write = bool(wr.any())
         if len(ex_pop) or (any_write and not wr.all()):
-            if not any_write:
-                reads, writes = pages, pages[:0]
-            elif wr.all():
-                reads, writes = pages[:0], pages
-            else:
-                reads, writes = pages[~wr], pages[wr]
-            if len(ex_pop):
-                if len(writes):
-                    writes = np.sort(np.concatenate((writes, ex_pop)))
-                else:
-                    reads = np.sort(np.concatenate((reads, ex_pop)))
+            reads, writes = _reads_and_writes(pages, wr, ex_pop)
             faulted = pages if len(ex_pop) else None
             self._fault_records(reads, faulted, AccessType.READ, EventKind.GPU_PAGE_FAULT, processor, log, stream)
             self._fault_records(writes, faulted, kind, EventKind.GPU_PAGE_FAULT, processor, log, stream)
