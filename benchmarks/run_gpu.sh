@@ -13,3 +13,8 @@ python3 benchmarks/tracing_overhead.py --repeats 2
 python3 benchmarks/tracing_loss.py --trials 8
 # The simulator against this GPU (about 3 minutes on an H200; writes its table into benchmarks/README.md):
 #   python3 benchmarks/sim_vs_gpu.py --size 1GiB --readme benchmarks/README.md
+# and variants of it (about a minute each; see benchmarks/README.md for the ones measured), e.g.
+#   python3 benchmarks/sim_vs_gpu.py --cases "strided:stride=48KiB,random_gather:count=32768" \
+#       --policies faults,read_mostly --json out/variants.json
+# then fit the profile's fault-path costs to what this machine measured:
+#   python3 benchmarks/sim_calibrate.py out/sim_vs_gpu.json out/variants.json --holdout workload
