@@ -115,7 +115,7 @@ def fit(base: np.ndarray, X: np.ndarray, real: np.ndarray, costs: np.ndarray, ro
     A = X[rows] / real[rows, None]
     b = 1.0 - fixed[rows] / real[rows]
     scale = np.where(costs > 0, costs, 1e-6)  # fit in units of the starting costs: a well-conditioned problem
-    lower = np.maximum(floor, 0.1 * costs) / scale
+    lower = np.maximum(np.maximum(floor, 0.1 * costs), 1e-15) / scale   # a profile's costs are positive
     used = np.abs(A).sum(axis=0) > 0
     out = costs.copy()
     res = lsq_linear(A[:, used] * scale[used], b, bounds=(lower[used], np.inf))
