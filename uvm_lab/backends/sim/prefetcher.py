@@ -25,8 +25,7 @@ BIG = BIG_PAGE_SIZE // PAGE_SIZE            # 16 pages per big page
 #: ``uvm_perf_prefetch_threshold``: a subtree is prefetched when more than 51% of it is set.
 DEFAULT_THRESHOLD = 51
 _LEVELS = [1 << i for i in range(PAGES_PER_BLOCK.bit_length())]   # subtree sizes 1, 2, ... 512
-_cache: dict[bytes, np.ndarray] = {}
-_CACHE_LIMIT = 1 << 16
+_CACHE_LIMIT = 1 << 16   # one-block answers block_prefetch keeps
 
 
 def grow_to_big_pages(faulted: np.ndarray, npages: np.ndarray, blocked: np.ndarray | None = None) -> np.ndarray:
@@ -73,19 +72,7 @@ def density_region(resident: np.ndarray, faulted: np.ndarray, npages: np.ndarray
     faulted = np.atleast_2d(faulted)
     rows = faulted.shape[0]
     n = np.full(rows, PAGES_PER_BLOCK) if npages is None else np.broadcast_to(np.asarray(npages), (rows,))
-    key = None
-    if rows == 1 and thrashing is None:
-        key = b"".join((np.packbits(resident).tobytes(), np.packbits(faulted).tobytes(),
-                        int(n[0]).to_bytes(2, "little"), threshold.to_bytes(1, "little")))
-        hit = _cache.get(key)
-        if hit is not None:
-            return hit[0] if one else hit
     region = _compute(resident, faulted, n, None if thrashing is None else np.atleast_2d(thrashing), threshold)
-    if key is not None:
-        if len(_cache) >= _CACHE_LIMIT:
-            _cache.clear()
-        region.setflags(write=False)
-        _cache[key] = region
     return region[0] if one else region
 
 

@@ -122,16 +122,6 @@ class ThrashingDetector:
                 found.append(i[new] + b * PAGES_PER_BLOCK)
         return np.concatenate(found) if found else pages[:0]
 
-    def thrashing(self, pages: np.ndarray) -> np.ndarray:
-        """Which of ``pages`` are flagged as thrashing."""
-        out = np.zeros(len(pages), dtype=bool)
-        if self.blocks:
-            for j, b in enumerate((pages >> BLOCK_SHIFT).tolist()):
-                s = self.blocks.get(b)
-                if s is not None:
-                    out[j] = s.thrashing[pages[j] & (PAGES_PER_BLOCK - 1)]
-        return out
-
     def thrashing_rows(self, blocks: np.ndarray) -> np.ndarray:
         """Which pages of each of ``blocks`` are flagged as thrashing, as ``(len(blocks), 512)``."""
         out = np.zeros((len(blocks), PAGES_PER_BLOCK), dtype=bool)
