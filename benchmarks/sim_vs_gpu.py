@@ -7,8 +7,9 @@
         --policies faults,read_mostly --marker sim_vs_gpu_variants --json out/variants.json
 
 The first form needs CuPy, cuda-python and a GPU (cupti-python for bytes). Each workload of the catalog
-(buffers of ``--size`` each) runs under each policy of ``uvm_lab.workloads.POLICIES`` on GPU 0, twice: once
-untraced for time, once under CUPTI's unified-memory counters for the bytes migrated each way; then the
+(buffers of ``--size`` each) runs under each policy of ``uvm_lab.workloads.POLICIES`` on GPU 0: ``--repeats``
+times untraced for time (the table shows the median and the spread; a fault-bound pass varies by a third
+from run to run), then once under CUPTI's unified-memory counters for the bytes migrated each way; then the
 same description runs on the simulator (``x86-pcie5``, device memory = the card's free memory, so neither
 side is oversubscribed). Buffers never exceed the card's free memory (checked with cudaMemGetInfo).
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -42,6 +44,21 @@ BYTES_TOL, TIME_TOL = 0.05, 0.25
 def _rows(results: list) -> list[dict]:
     return [{"phase": r.phase, "pass": r.pass_index, "seconds": r.seconds, "htod": r.bytes_htod, "dtoh": r.bytes_dtoh}
             for r in results]
+
+
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Each pass's row with the median of its seconds over ``runs`` (lists of the same passes)."""
+    return [{**rows[0], "seconds": float(statistics.median(r["seconds"] for r in rows))}
+            for rows in zip(*runs, strict=True)]
+
+
+def _spread(case: dict, i: int) -> str:
+    """``min-max`` ms of pass ``i`` over the case's timed runs ('-' for a single run)."""
+    runs = case.get("runs") or []
+    if len(runs) < 2:
+        return "-"
+    secs = [r[i]["seconds"] * 1e3 for r in runs]
+    return f"{min(secs):,.1f}-{max(secs):,.1f}"
 
 
 def parse_cases(spec: str) -> list[tuple[str, dict]]:
@@ -61,7 +78,7 @@ def parse_cases(spec: str) -> list[tuple[str, dict]]:
 
 def _label(case: dict) -> str:
     params = case.get("params") or {}
-    return case["workload"] + "".join(f" {k}={format_bytes(v) if k in ('size', 'stride', 'row_bytes') else v}"
+    return case["workload"] + "".join(f" {k}={format_bytes(v) if k in ('size', 'stride', 'row_bytes', 'offset') else v}"
                                       for k, v in params.items())
 
 
@@ -70,12 +87,15 @@ def _workload(case: dict, size: int) -> W.Workload:
 
 
 def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None = None,
-                 cases: list[tuple[str, dict]] | None = None, policies: tuple[str, ...] = W.POLICIES) -> dict:
-    """Real time (untraced) and real bytes (CUPTI) for every workload x policy.
+                 cases: list[tuple[str, dict]] | None = None, policies: tuple[str, ...] = W.POLICIES,
+                 repeats: int = 3) -> dict:
+    """Real time (untraced, the median of ``repeats`` runs) and real bytes (CUPTI) for every workload x policy.
 
-    Cases named in ``skip`` (``"workload:policy"``) are not run; their figures come from ``previous``
-    (an earlier run's JSON at the same size), marked as such. ``cases`` replaces the catalog with
-    variants (name and parameters); a ``size`` parameter replaces ``size`` for that case.
+    The timed runs go in rounds, every case once a round, so that a drift of the machine spreads over all
+    cases instead of landing on some. Cases named in ``skip`` (``"workload:policy"``) are not run; their
+    figures come from ``previous`` (an earlier run's JSON at the same size), marked as such. ``cases``
+    replaces the catalog with variants (name and parameters); a ``size`` parameter replaces ``size`` for
+    that case.
     """
     import cupy
 
@@ -91,6 +111,7 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
     earlier = {(c["workload"], c["policy"]): c for c in (previous or {}).get("cases", [])}
     if previous is not None and previous["size"] != size:
         raise SystemExit(f"--previous ran at {format_bytes(previous['size'])}, not {format_bytes(size)}")
+    run = []
     for case in todo:
         name, policy = case["workload"], case["policy"]
         if f"{name}:{policy}" in skip:
@@ -102,11 +123,19 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
         if w.total_bytes > free // 2:
             raise SystemExit(f"{_label(case)} needs {format_bytes(w.total_bytes)}, over half the card's "
                              f"{format_bytes(free)} free: use a smaller --size")
-        t0 = time.perf_counter()
-        timed = W.run_gpu(w, policy=policy, backend=backend)
-        out["cases"].append({**case, "time": _rows(timed), "wall": time.perf_counter() - t0})
-        print(f"gpu {_label(case):32} {policy:12} " + " ".join(f"{r.seconds * 1e3:8.2f}" for r in timed) + " ms",
-              flush=True)
+        case = {**case, "runs": [], "wall": 0.0}
+        out["cases"].append(case)
+        run.append(case)
+    for _ in range(repeats):
+        for case in run:
+            t0 = time.perf_counter()
+            timed = W.run_gpu(_workload(case, size), policy=case["policy"], backend=backend)
+            case["wall"] += time.perf_counter() - t0
+            case["runs"].append(_rows(timed))
+            print(f"gpu {_label(case):32} {case['policy']:12} "
+                  + " ".join(f"{r.seconds * 1e3:8.2f}" for r in timed) + " ms", flush=True)
+    for case in run:
+        case["time"] = median_rows(case["runs"])
     collector = CuptiCollector(bus=backend.bus, counters=["htod", "dtoh"])
     collector.start()
     out["cupti"] = collector.reason or collector.receiver
@@ -175,10 +204,10 @@ def table(real: dict) -> str:
     """The markdown table: one row per pass of each phase, per workload x policy."""
     lines = [f"Card: **{real['device']}** ({format_bytes(real['free'])} free of {format_bytes(real['total'])}); "
              f"buffers of {format_bytes(real['size'])} each; simulator profile `x86-pcie5` with device memory = "
-             f"the free memory; CUPTI receiver: {real.get('cupti', '-')}.", "",
-             "| workload | policy | phase | real ms | sim ms | time sim/real | real MiB moved (HtoD+DtoH) "
-             "| sim MiB moved | bytes sim/real | bytes | time | note |",
-             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+             f"the free memory; CUPTI receiver: {real.get('cupti', '-')}. Real time: {_timed(real)}.", "",
+             "| workload | policy | phase | real ms | real spread | sim ms | time sim/real "
+             "| real MiB moved (HtoD+DtoH) | sim MiB moved | bytes sim/real | bytes | time | note |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
     passed = {"bytes": 0, "time": 0, "rows": 0}
     for case in real["cases"]:
         note = ["measured in the earlier run"] if case.get("earlier_run") else []
@@ -195,7 +224,7 @@ def table(real: dict) -> str:
         elif moved != case["host_pages_lost_bytes"]:
             note.append(f"incomplete: CUPTI net HtoD {_fmt_bytes(moved)} vs host pages lost "
                         f"{_fmt_bytes(case['host_pages_lost_bytes'])}")
-        for t, b, s in zip(case["time"], case["bytes"], case["sim"], strict=True):
+        for i, (t, b, s) in enumerate(zip(case["time"], case["bytes"], case["sim"], strict=True)):
             rb = (b["htod"] or 0) + (b["dtoh"] or 0)
             sb = s["htod"] + s["dtoh"]
             tr, br = _ratio(s["seconds"], t["seconds"]), _ratio(sb, rb)
@@ -206,12 +235,20 @@ def table(real: dict) -> str:
             passed["bytes"] += ok_b
             phase = t["phase"] + (f" #{t['pass'] + 1}" if t["pass"] or case["workload"] == "multi_pass_stream" else "")
             lines.append(f"| {_label(case)} | {case['policy']} | {phase} | {t['seconds'] * 1e3:,.2f} | "
-                         f"{s['seconds'] * 1e3:,.2f} | {'-' if tr is None else f'{tr:.2f}'} | {rb / (1 << 20):,.1f} "
+                         f"{_spread(case, i)} | {s['seconds'] * 1e3:,.2f} | {'-' if tr is None else f'{tr:.2f}'} | "
+                         f"{rb / (1 << 20):,.1f} "
                          f"| {sb / (1 << 20):,.1f} | {'-' if br is None else f'{br:.2f}'} | "
                          f"{'pass' if ok_b else 'FAIL'} | {'pass' if ok_t else 'FAIL'} | {'; '.join(note)} |")
     lines += ["", f"Rows within target: bytes {passed['bytes']}/{passed['rows']}, time {passed['time']}/"
               f"{passed['rows']}."]
     return "\n".join(lines)
+
+
+def _timed(real: dict) -> str:
+    counts = sorted({len(c.get("runs") or [None]) for c in real["cases"]})
+    if counts == [1]:
+        return "one untraced run per case"
+    return f"the median of {'/'.join(map(str, counts))} untraced runs per case, taken in rounds (spread: min-max)"
 
 
 def write_readme(path: Path, text: str, marker: str = "sim_vs_gpu") -> None:
@@ -238,16 +275,19 @@ def main() -> None:
     ap.add_argument("--cases", default="", help="variants instead of the catalog: name:param=value:...,...")
     ap.add_argument("--policies", default=",".join(W.POLICIES), help="policies to run each case under")
     ap.add_argument("--marker", default="sim_vs_gpu", help="the README section the table goes in")
+    ap.add_argument("--repeats", type=int, default=3, help="timed runs per case (the table shows their median)")
     args = ap.parse_args()
     policies = tuple(filter(None, args.policies.split(",")))
     if unknown := set(policies) - set(W.POLICIES):
         raise SystemExit(f"unknown policies {sorted(unknown)}: one of {', '.join(W.POLICIES)}")
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be at least 1, got {args.repeats}")
     if args.from_json:
         real = json.loads(Path(args.from_json).read_text())
     else:
         previous = json.loads(Path(args.previous).read_text()) if args.previous else None
         real = run_gpu_side(parse_size(args.size), set(filter(None, args.skip.split(","))), previous,
-                            parse_cases(args.cases) or None, policies)
+                            parse_cases(args.cases) or None, policies, args.repeats)
     run_sim_side(real)
     text = table(real)
     print(text)

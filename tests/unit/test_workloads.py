@@ -58,6 +58,17 @@ def test_policy_ordering_when_oversubscribed():
     assert rate["faults"] < rate["prefetch"] < rate["remote"]
 
 
+def test_a_strided_read_starts_at_its_offset():
+    # One read every 2 MiB from 1 MiB on: each read lands mid-block, and the block holding it migrates as much
+    # as a read at the block's start would move.
+    plain, shifted = (W.strided("64MiB", stride=2 << 20, offset=off) for off in (0, 1 << 20))
+    firsts = [next(W.phase_stream(w, w.phases[0])).offsets[:2].tolist() for w in (plain, shifted)]
+    assert firsts == [[0, 2 << 20], [1 << 20, 3 << 20]]
+    a, b = (W.run_sim(w, device_memory="1GiB")[0] for w in (plain, shifted))
+    assert a.faults == b.faults == 32
+    assert a.bytes_htod == b.bytes_htod > 0
+
+
 def test_descriptions_are_validated():
     with pytest.raises(InvalidArgumentError, match="unknown workload"):
         W.make("bogosort")
@@ -69,6 +80,9 @@ def test_descriptions_are_validated():
         W.multi_pass_stream("4MiB", passes=0)
     with pytest.raises(InvalidArgumentError, match="multiple of 4"):
         W.strided("4MiB", stride=6)
+    for offset in (-4, 6, 4 << 20, 1.5):
+        with pytest.raises(InvalidArgumentError, match="offset"):
+            W.strided("4MiB", offset=offset)
     with pytest.raises(InvalidSizeError):
         W.sequential_stream("lots")
     with pytest.raises(InvalidArgumentError, match="policy"):

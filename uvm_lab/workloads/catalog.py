@@ -27,10 +27,10 @@ def multi_pass_stream(size: int | str = "1GiB", passes: int = 3) -> Workload:
     return Workload("multi_pass_stream", {"data": _size(size)}, (Phase("stream", ("data",), {"passes": passes}),))
 
 
-def strided(size: int | str = "1GiB", stride: int = 64 << 10, passes: int = 1) -> Workload:
-    """One 4-byte read every ``stride`` bytes."""
+def strided(size: int | str = "1GiB", stride: int = 64 << 10, passes: int = 1, offset: int = 0) -> Workload:
+    """One 4-byte read every ``stride`` bytes, from ``offset`` bytes into the buffer on."""
     return Workload("strided", {"data": _size(size)},
-                    (Phase("strided", ("data",), {"stride": stride, "passes": passes}),))
+                    (Phase("strided", ("data",), {"stride": stride, "passes": passes, "offset": offset}),))
 
 
 def random_gather(size: int | str = "1GiB", count: int | None = None, seed: int = 0) -> Workload:

@@ -204,6 +204,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
     elif phase.pattern == "strided":
         prefetch(first)
         step = int(phase.param("stride", 64 << 10)) // 4
+        a = a[int(phase.param("offset", 0)) // 4:]
         module.get_function("strided_read")((grid,), (block,), (a, np.uint64(-(-a.size // step)), np.uint64(step),
                                                                  sink))
     elif phase.pattern == "gather":

@@ -64,7 +64,7 @@ def phase_stream(workload: Workload, phase: Phase) -> Iterator[Chunk]:
                 yield Chunk(first, offsets, write)
     elif phase.pattern == "strided":
         stride = int(phase.param("stride", 64 << 10))
-        offsets = np.arange(0, sizes[first], stride, dtype=np.int64)
+        offsets = np.arange(int(phase.param("offset", 0)), sizes[first], stride, dtype=np.int64)
         if stride < PAGE_SIZE:   # several accesses per page: one per page is what reaches the fault path
             offsets = np.unique(offsets // PAGE_SIZE) * PAGE_SIZE
         for _ in range(phase.param("passes", 1)):

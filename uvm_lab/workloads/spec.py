@@ -28,10 +28,11 @@ class Phase:
 
     Parameters (by pattern)
     -----------------------
-    stream: ``passes`` (1). strided: ``stride`` (bytes, a multiple of 4), ``passes``. gather: ``count``
-    (accesses), ``bytes_per_access`` (128, a warp's coalesced read), ``seed``. stencil: ``row_bytes``
-    (a row of the 2-D grid), ``passes``; reads ``buffers[0]``, writes ``buffers[1]``. matmul: ``tiles``
-    (tiles per side); ``buffers`` are A, B, C, each ``tiles**2`` tiles stored tile by tile.
+    stream: ``passes`` (1). strided: ``stride`` (bytes, a multiple of 4), ``passes``, ``offset`` (bytes before
+    the first read, a multiple of 4). gather: ``count`` (accesses), ``bytes_per_access`` (128, a warp's
+    coalesced read), ``seed``. stencil: ``row_bytes`` (a row of the 2-D grid), ``passes``; reads ``buffers[0]``,
+    writes ``buffers[1]``. matmul: ``tiles`` (tiles per side); ``buffers`` are A, B, C, each ``tiles**2``
+    tiles stored tile by tile.
     host_write / host_read: a host loop writing (reading) one byte of every page of the buffer.
     """
 
@@ -91,6 +92,14 @@ class Workload:
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 4 or v % 4):
                     raise InvalidArgumentError(f"{key} must be a positive multiple of 4 bytes, got {v!r}", value=v,
                                                expected="a positive multiple of 4")
+            offset = phase.params.get("offset")
+            if offset is not None:
+                limit = sizes[phase.buffers[0]]
+                if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0 or offset % 4 \
+                        or offset >= limit:
+                    raise InvalidArgumentError(f"offset must be a multiple of 4 bytes inside buffer "
+                                               f"{phase.buffers[0]!r} ({limit} bytes), got {offset!r}", value=offset,
+                                               expected=f"a multiple of 4 in [0, {limit})")
 
     @property
     def total_bytes(self) -> int:
