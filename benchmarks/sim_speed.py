@@ -3,6 +3,7 @@
     python benchmarks/sim_speed.py                 # resident sweeps, fault sweeps, 1.5x oversubscribed sweeps
     python benchmarks/sim_speed.py --size 64GiB    # the issue's case: 64 GiB, 3 passes at 1.5x
     python benchmarks/sim_speed.py --workloads     # every workload of the catalog, 1 GiB buffers, at 1.5x
+    python benchmarks/sim_speed.py --workloads --workload-size 4GiB --ratio 0.5   # 4 GiB buffers that fit
 
 Prints one line per case and, with --json PATH, writes the figures as JSON.
 """
@@ -67,9 +68,13 @@ def main() -> None:
     ap.add_argument("--size", default=None, help="one case: this buffer size, 3 passes at 1.5x")
     ap.add_argument("--json", default=None, help="write the results here")
     ap.add_argument("--workloads", action="store_true", help="the catalog's workloads instead of sweeps")
+    ap.add_argument("--workload-size", default="1GiB", help="bytes per buffer with --workloads")
+    ap.add_argument("--ratio", type=float, default=1.5, help="working set / device memory with --workloads")
     args = ap.parse_args()
+    if args.ratio <= 0:
+        raise SystemExit(f"--ratio must be positive, got {args.ratio}")
     if args.workloads:
-        res = workload_speeds()
+        res = workload_speeds(parse_size(args.workload_size, allow_zero=False), args.ratio)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=1)
