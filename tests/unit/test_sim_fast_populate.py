@@ -12,6 +12,8 @@ from uvm_lab.events import EventBus
 from uvm_lab.events.schema import MemoryKind
 from uvm_lab.location import Location
 
+from .test_sim_fast_path import _same as same_records
+
 MiB = 1 << 20
 GPU, HOST = Location.device(0), Location.host()
 
@@ -38,12 +40,7 @@ def _state(b: SimBackend) -> tuple:
 
 def _same(a: tuple, b: tuple) -> None:
     """Equal records (but for where each backend placed its segments and how it numbered them), clock and state."""
-    ra, rb = a[0], b[0]
-    assert len(ra) == len(rb)
-    assert all(np.array_equal(ra[n], rb[n]) for n in ra.dtype.names if n not in ("address", "alloc_id"))
-    assert len(np.unique(ra["address"].astype(np.int64) - rb["address"].astype(np.int64))) == 1
-    ids = np.unique(np.stack((ra["alloc_id"], rb["alloc_id"]), axis=1), axis=0)
-    assert len(np.unique(ids[:, 0])) == len(ids) == len(np.unique(ids[:, 1]))
+    assert same_records(a[0], b[0])
     assert a[1] == b[1]
     for x, y in zip(a[2:], b[2:], strict=True):
         assert np.array_equal(np.asarray(x), np.asarray(y))
