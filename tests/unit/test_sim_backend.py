@@ -7,6 +7,7 @@ import pytest
 
 import uvm_lab as ul
 from uvm_lab.events import EventKind, MigrationCause
+from uvm_lab.events.schema import MemoryKind
 from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
 
 MiB = 1 << 20
@@ -232,3 +233,45 @@ def test_bad_arguments_raise_typed_errors():
         ul.use_backend("sim", platform="abacus")
     with pytest.raises(ul.errors.InvalidArgumentError, match="sim"):
         ul.use_backend("tpu")
+
+
+def test_a_stream_over_many_allocations_faults_exactly_the_pages_it_names():
+    """Addresses in any order over several allocations: each access lands on its own page (prefetcher off)."""
+    from uvm_lab.backends.sim import SimBackend
+    from uvm_lab.events import EventBus
+
+    b = SimBackend(device_memory="256MiB", bus=EventBus(), prefetcher=False)
+    sizes = [3 * BLOCK_SIZE + 5 * PAGE_SIZE, BLOCK_SIZE, 7 * PAGE_SIZE, 2 * BLOCK_SIZE, 5 * BLOCK_SIZE + PAGE_SIZE,
+             PAGE_SIZE, 4 * BLOCK_SIZE, 3 * BLOCK_SIZE]
+    ptrs = [b.allocate(s, MemoryKind.MANAGED) for s in sizes]
+    rng = np.random.default_rng(3)
+    for chosen in ([0], [1, 3], [0, 2, 4], list(range(len(sizes)))):   # one, two, three and all allocations
+        for ptr, size in zip(ptrs, sizes, strict=True):
+            b.prefetch(ptr, size, ul.Location.host())
+        which = rng.choice(chosen, 50_000)
+        offsets = rng.integers(0, np.array(sizes)[which]) // 8 * 8
+        addresses = np.array(ptrs, dtype=np.uint64)[which] + offsets.astype(np.uint64)
+        b.access_stream(addresses, ul.Location.device(0), "read", in_flight=4096)
+        for k, (ptr, size) in enumerate(zip(ptrs, sizes, strict=True)):
+            touched = np.zeros(size // PAGE_SIZE, dtype=bool)
+            touched[offsets[which == k] // PAGE_SIZE] = True
+            assert np.array_equal(b.page_states(ptr, size) == 2, touched), (chosen, k)
+
+
+def test_a_stream_with_an_address_outside_managed_memory_is_refused():
+    from uvm_lab.backends.sim import SimBackend
+    from uvm_lab.events import EventBus
+
+    b = SimBackend(device_memory="64MiB", bus=EventBus())
+    a = b.allocate(BLOCK_SIZE + PAGE_SIZE, MemoryKind.MANAGED)
+    c = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    d = b.allocate(BLOCK_SIZE, MemoryKind.DEVICE)
+    good = a + np.arange(100, dtype=np.uint64) * PAGE_SIZE
+    beyond = c + np.arange(10, dtype=np.uint64) * PAGE_SIZE
+    for bad, rest in ((a + BLOCK_SIZE + PAGE_SIZE, beyond), (a + BLOCK_SIZE + PAGE_SIZE, beyond[:0]),
+                      (d + PAGE_SIZE, beyond), (a - 1, beyond), (c + BLOCK_SIZE + 12345, beyond[:0])):
+        addresses = np.concatenate((good, [np.uint64(bad)], rest))
+        before = b.page_states(a, BLOCK_SIZE + PAGE_SIZE), b.now_ns()
+        with pytest.raises(ul.errors.InvalidArgumentError, match=f"{bad:#x}"):
+            b.access_stream(addresses, ul.Location.device(0), "read")
+        assert np.array_equal(b.page_states(a, BLOCK_SIZE + PAGE_SIZE), before[0]) and b.now_ns() == before[1]

@@ -81,18 +81,28 @@ class MigrationCounter:
 
 def _batched(chunks: Iterator[Chunk], ptrs: dict[str, int]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Chunks of (possibly several) buffers as address arrays of up to ``CHUNK`` accesses, with write flags."""
-    addrs: list[np.ndarray] = []
-    writes: list[np.ndarray] = []
+    parts: list[Chunk] = []
     n = 0
     for c in chunks:
-        addrs.append(c.offsets.astype(np.uint64) + np.uint64(ptrs[c.buffer]))
-        writes.append(np.broadcast_to(np.asarray(c.write, dtype=bool), c.offsets.shape))
+        parts.append(c)
         n += len(c.offsets)
         if n >= CHUNK:
-            yield np.concatenate(addrs), np.concatenate(writes)
-            addrs, writes, n = [], [], 0
-    if addrs:
-        yield np.concatenate(addrs), np.concatenate(writes)
+            yield _joined(parts, ptrs)
+            parts, n = [], 0
+    if parts:
+        yield _joined(parts, ptrs)
+
+
+def _joined(parts: list[Chunk], ptrs: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Chunks as one address array and one write-flag array (a stencil yields thousands of short chunks)."""
+    lengths = [len(c.offsets) for c in parts]
+    addrs = np.concatenate([c.offsets for c in parts], dtype=np.uint64, casting="unsafe")
+    addrs += np.repeat(np.array([ptrs[c.buffer] for c in parts], dtype=np.uint64), lengths)
+    if all(isinstance(c.write, (bool, np.bool_)) for c in parts):
+        writes = np.repeat(np.array([c.write for c in parts], dtype=bool), lengths)
+    else:
+        writes = np.concatenate([np.broadcast_to(np.asarray(c.write, dtype=bool), c.offsets.shape) for c in parts])
+    return addrs, writes
 
 
 def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: str = "faults",

@@ -95,6 +95,9 @@ class FaultEngine(Shortcuts):
         #: Service a GPU batch that is one run of pages in one block by :meth:`_service_run`, with slices and
         #: scalars; switchable for the same reason as ``fast_batches``.
         self.fast_run_batches = True
+        #: Service a GPU stream's run of half-block batches with hits between them (a stencil's rows) by
+        #: :meth:`_half_blocks`, all at once; it stands for ``_service_run``, so it runs only with that on.
+        self.fast_half_blocks = True
         self._kept_for: tuple | None = None
         self._kept: dict[str, dict] = {}
 
@@ -194,6 +197,13 @@ class FaultEngine(Shortcuts):
             if self.fast_sweeps and in_flight == batch_size == _HALF and processor != HOST_ID:
                 done = self._sweep(pages, pos, wr, processor, log, stats, local=local, remote=remote, kind=kind,
                                    stream=stream)
+                if done:
+                    pos += done
+                    continue
+            if self.fast_half_blocks and self.fast_run_batches and in_flight == batch_size == _HALF \
+                    and processor != HOST_ID:
+                done = self._half_blocks(pages, pos, wr, processor, log, stats, local=local, remote=remote,
+                                         kind=kind, stream=stream)
                 if done:
                     pos += done
                     continue

@@ -4,14 +4,15 @@ Each method here does, for one common case, what :class:`~.engine.FaultEngine`'s
 batch: the same records in the same order, the same clock (the same float operations in the same order), the
 same page table, chunks, FIFO order, thrashing state and counters. Each declines (returns 0 or False, having
 changed nothing) where its case does not apply, and each can be switched off on the engine
-(``fast_sweeps``, ``fast_batches``, ``fast_run_batches``, ``fast_host_runs``), which is how the tests
-compare them with the general path.
+(``fast_sweeps``, ``fast_batches``, ``fast_run_batches``, ``fast_half_blocks``, ``fast_host_runs``), which is
+how the tests compare them with the general path.
 
 - :meth:`Shortcuts._sweep`: a streaming kernel's run of whole blocks of host-only pages, half a block a batch.
 - :meth:`Shortcuts._upgrades`: a host thread's writes to ReadMostly pages only the host holds.
 - :meth:`Shortcuts._host_run`: a host thread's faults along blocks it takes from the front.
 - :meth:`Shortcuts._service_plain`: a batch with no advice, duplicate, remote mapping or thrashing state.
 - :meth:`Shortcuts._service_run`: such a GPU batch that is one run of pages in one block.
+- :meth:`Shortcuts._half_blocks`: a GPU stream of such batches, each a half block, with hits between them.
 """
 
 from __future__ import annotations
@@ -775,3 +776,233 @@ class Shortcuts:
         self._feed_thrashing(migrated, processor, log)
         return True
 
+
+    # -- the half-block fast path -------------------------------------------------------------------------------
+    def _half_blocks(self, pages: np.ndarray, pos: int, wr: bool | np.ndarray, processor: int, log: EventLog,
+                     stats: StreamStats, *, local: float, remote: float, kind: AccessType, stream: int) -> int:
+        """Service, all at once, a run of half-block batches with accesses that hit between them.
+
+        A stencil's rows, a tile's rows, sweeps of several buffers in turn: from ``pages[pos]`` (a fault) on,
+        every access either hits a page held here only or is the first of 256 that read or write, in order,
+        one aligned half block whose pages are all on the host only (or nowhere). Each such half block is
+        then one batch that :meth:`_service_run` services with nothing prefetched, and the accesses between
+        batches hit in the scan windows :meth:`_run_chunk` takes. This produces the records, clock, state and
+        counters of that, batch by batch, with scalar steps and no pass over arrays per batch (where the
+        general path would hand a whole block to :meth:`_sweep` instead, that gives the same result). It needs
+        no advice in the blocks touched, no thrashing state and FIFO eviction, and it stops before a batch
+        that would evict a chunk the accesses still to come use or that mixes reads and writes, and after one
+        that leaves thrashing state. Returns the accesses consumed (0: the general path runs).
+        """
+        t, p, mem, thr = self.table, self.platform, self.memory, self.thrashing
+        n = len(pages)
+        p0 = int(pages[pos])
+        if p0 & (_HALF - 1) or pos + _HALF > n or int(pages[pos + _HALF - 1]) != p0 + _HALF - 1 \
+                or mem.policy != "fifo" or mem.overlap or thr.blocks or mem.free_blocks < 0:
+            return 0
+        g = 1 << (processor + 1)
+        nbytes = _HALF * PAGE_SIZE
+        copy_seconds = self._keep("run_copy_seconds")     # shared with _service_run: the same value
+        secs = copy_seconds.get(nbytes)
+        if secs is None:
+            secs = copy_seconds[nbytes] = link_seconds(
+                np.array([_HALF], dtype=np.int64).astype(np.uint64) * PAGE_SIZE, p.fault_htod_bw, p.link_k).tolist()[0]
+        service = self._half_service()
+        prefetched = self._half_prefetch()
+        hit_steps: dict[int, float] = {}
+
+        def hit(count: int) -> float:
+            step = hit_steps.get(count)
+            if step is None:
+                step = hit_steps[count] = (count * local + 0 * remote) * 1e9
+            return step
+
+        read_kind = AccessType.READ
+        order, touch, lapse = mem._order, thr._touch, thr.c.lapse
+        rows = log.rows
+        done = pos            # the stream position after the last batch serviced here
+        window = 1 << 14
+        while done < n:
+            end = min(n, done + window)
+            seg_at, seg_page, seg_len, seg_write, status, last = self._half_segments(pages, done, end, wr, g)
+            count = len(seg_at) if end == n else len(seg_at) - 1   # the last one may go on past the window
+            served = False
+            for i in range(count):
+                first = seg_page[i]
+                hb = first >> 8
+                code = status[hb]
+                if code == g:
+                    continue              # hits, counted when the next batch comes
+                at = seg_at[i]
+                b = hb >> 1
+                other = status[hb ^ 1]
+                if code not in (0, 1) or first & (_HALF - 1) or seg_len[i] != _HALF or other < 0 or \
+                        (self.prefetch and prefetched[hb & 1, other == g]):
+                    return done - pos
+                write = seg_write[i]
+                if write is None:         # reads and writes in one batch
+                    return done - pos
+                has_chunk = bool(t.chunk[b])
+                if not has_chunk and mem.free_blocks <= 0 and (not order or last.get(next(iter(order)), -1) >= i):
+                    return done - pos     # no chunk to take, or the victim is used further on
+                # The hits since the last batch, in _run_chunk's scan windows (1024 after a fault, doubling).
+                gap, size = at - done, 1024
+                while gap >= size:
+                    log.t += hit(size)
+                    gap -= size
+                    size = min(2 * size, _SCAN)
+                if gap:
+                    log.t += hit(gap)
+                # The batch, as _service_run.
+                stats.batches += 1
+                stats.faults += _HALF
+                if not has_chunk:
+                    before = mem.evicted_blocks
+                    self._claim_one(b, log)
+                    stats.evictions += mem.evicted_blocks - before
+                address = int(t.block_address[b]) + (first & (PAGES_PER_BLOCK - 1)) * PAGE_SIZE
+                alloc = int(t.block_alloc[b])
+                if code:
+                    start = log.t
+                    stop = start + secs * 1e9
+                    rows.append((EventKind.HTOD, MigrationCause.COHERENCE, HOST_ID, processor, int(start), int(stop),
+                                 address, nbytes, nbytes, alloc, stream))
+                    log.t = stop
+                    stats.bytes_htod += nbytes
+                now = int(log.t)
+                rows.append((EventKind.GPU_PAGE_FAULT, kind if write else read_kind, processor, processor, now, now,
+                             address, nbytes, _HALF, alloc, stream))
+                log.t += service[code, has_chunk]
+                t.state[first:first + _HALF] = g
+                mem._tick += 1               # GpuMemory.migrated_into, for one block
+                if b in order:
+                    order.move_to_end(b)
+                    order[b] = mem._tick
+                thrashing = False
+                if code and thr.enabled:     # ThrashingDetector.on_migration, for a block with no state yet
+                    now = int(log.t)
+                    seen = touch.get(b)
+                    if seen is None or seen[0] == processor or now - seen[1] > lapse:
+                        touch[b] = (processor, now)
+                    else:
+                        self._feed_thrashing(np.arange(first, first + _HALF, dtype=np.int64), processor, log)
+                        thrashing = True
+                log.t += hit(_HALF)
+                status[hb] = g
+                done = at + _HALF
+                served = True
+                if thrashing:
+                    return done - pos
+            if end == n:
+                break
+            window *= 4 if served else 16    # the run goes on: look further ahead next time
+        return done - pos
+
+    def _claim_one(self, b: int, log: EventLog) -> None:
+        """``GpuMemory.claim`` of one chunk for block ``b`` under FIFO, by hand where no chunk is free and the
+        victim (the head of the FIFO) holds its whole block here only, as a sweep or a stencil leaves it: the
+        same record, clock, state and queue as ``claim``, which does every other case."""
+        mem, t = self.memory, self.table
+        order = mem._order
+        if mem.free_blocks == 0 and order:
+            v = next(iter(order))
+            lo = v * PAGES_PER_BLOCK
+            if t.block_pages[v] == PAGES_PER_BLOCK and (t.state[lo:lo + PAGES_PER_BLOCK] == mem.bit).all():
+                # GpuMemory.evict: one copy of the whole block back to the host, then the wait for the chunk.
+                p = self.platform
+                kept = self._keep("evict_seconds")
+                secs = kept.get("block")
+                if secs is None:
+                    secs = kept["block"] = link_seconds(np.array([PAGES_PER_BLOCK], dtype=np.int64).astype(
+                        np.uint64) * PAGE_SIZE, p.eviction_bw, p.link_k).tolist()[0]
+                nbytes = PAGES_PER_BLOCK * PAGE_SIZE
+                start = log.t
+                end = start + secs * 1e9
+                log.rows.append((EventKind.DTOH, MigrationCause.EVICTION, mem.device, HOST_ID, int(start), int(end),
+                                 int(t.block_address[v]), nbytes, nbytes, int(t.block_alloc[v]), 0))
+                log.t = end
+                log.advance(p.fault_eviction_latency)
+                t.state[lo:lo + PAGES_PER_BLOCK] = 1
+                mem.drop(v)
+                mem.evicted_blocks += 1
+        if mem.free_blocks > 0:       # claim's path for claims that fit
+            tick = mem._tick + 1
+            t.chunk[b] = True
+            t.last_use[b] = tick
+            mem.used += 1
+            mem._tick = tick
+            order[b] = tick
+            return
+        mem.claim(np.array([b], dtype=np.int64), {b}, log)
+
+    def _half_segments(self, pages: np.ndarray, lo: int, hi: int, wr: bool | np.ndarray,
+                       g: int) -> tuple[list, list, list, list, dict, dict]:
+        """``pages[lo:hi]`` cut into runs of consecutive pages within a half block, for :meth:`_half_blocks`.
+
+        Returns each run's stream position, first page, length and write flag (None where it both reads and
+        writes); the state of each half block they touch (``g``: here only; 1: host only; 0: nowhere; -1:
+        anything else, or a block with advice, a remote mapping or missing pages); and the last run that
+        touches each block.
+        """
+        t = self.table
+        span = pages[lo:hi]
+        cut = np.flatnonzero((span[1:] != span[:-1] + 1) | ((span[1:] & (_HALF - 1)) == 0)) + 1
+        starts = np.concatenate(([0], cut))
+        lengths = np.diff(np.append(starts, len(span)))
+        first = span[starts]
+        if isinstance(wr, np.ndarray):
+            w = wr[lo:hi]
+            flips = np.flatnonzero(w[1:] != w[:-1]) + 1       # where the flag changes: a run with one inside mixes
+            mixed = np.searchsorted(flips, starts, side="right") != np.searchsorted(flips, starts + lengths - 1,
+                                                                                     side="right")
+            writes = [None if m else f for m, f in zip(mixed.tolist(), w[starts].tolist(), strict=True)] \
+                if mixed.any() else w[starts].tolist()
+        else:
+            writes = [bool(wr)] * len(starts)
+        blocks = np.unique(first >> BLOCK_SHIFT)
+        st = t.state.reshape(-1, 2, _HALF)[blocks]
+        low, high = st.min(axis=2), st.max(axis=2)
+        clean = t.block_pages[blocks] == PAGES_PER_BLOCK
+        clean &= ~t.read_mostly.reshape(-1, PAGES_PER_BLOCK)[blocks].any(axis=1)
+        clean &= (t.preferred.reshape(-1, PAGES_PER_BLOCK)[blocks] == NO_LOCATION).all(axis=1)
+        clean &= ~(t.accessed_by.reshape(-1, PAGES_PER_BLOCK)[blocks] | t.remote.reshape(-1, PAGES_PER_BLOCK)[
+            blocks]).any(axis=1)
+        code = np.where((low == high) & clean[:, None] & ((low <= 1) | (low == g)), low.astype(np.int64), -1)
+        halves = (2 * blocks[:, None] + np.arange(2)[None, :]).reshape(-1)
+        status = dict(zip(halves.tolist(), code.reshape(-1).tolist(), strict=True))
+        seg_blocks = (first >> BLOCK_SHIFT).tolist()
+        last = dict(zip(seg_blocks, range(len(seg_blocks)), strict=True))
+        return (starts + lo).tolist(), first.tolist(), lengths.tolist(), writes, status, last
+
+    def _half_service(self) -> dict:
+        """The service time of a half-block batch, in ns, by (pages on the host, chunk already held), as
+        :meth:`_service_run` adds it up."""
+        kept = self._keep("half_service")
+        if not kept:
+            p = self.platform
+            for moving in (0, 1):
+                for has_chunk in (False, True):
+                    k = _HALF
+                    moved = k if moving else 0
+                    moved_bytes = moved * PAGE_SIZE + 0
+                    service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency
+                    service += (k - moved) * PAGE_SIZE / p.gpu_populate_bw + moved_bytes // PAGE_SIZE \
+                        * p.fault_page_latency + moved * p.fault_unmap_latency + (1 if moved else 0) \
+                        * p.fault_unmap_run_latency + (0 if has_chunk else 1) * p.fault_chunk_latency
+                    kept[moving, has_chunk] = service * 1e9
+        return kept
+
+    def _half_prefetch(self) -> dict:
+        """Whether the density prefetcher adds pages to a half block's batch, by (which half, the other half
+        resident here): a half block alone is not above the threshold, and with its other half it is whole."""
+        kept = self._keep("half_prefetch")
+        if not kept:
+            for half in (0, 1):
+                for other_here in (False, True):
+                    faulted = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                    faulted[half * _HALF:(half + 1) * _HALF] = True
+                    resident = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+                    if other_here:
+                        resident[(1 - half) * _HALF:(2 - half) * _HALF] = True
+                    kept[half, other_here] = len(block_prefetch(resident, faulted, PAGES_PER_BLOCK,
+                                                                self.threshold)) > 0
+        return kept
