@@ -42,6 +42,22 @@ def test_streams_are_deterministic_and_cover_what_they_say():
     assert sum(len(c.offsets) for c in writes) == 8 * MiB // 4096       # every output page written once
 
 
+@pytest.mark.parametrize("tiles", [2, 4])
+def test_a_tiled_matmul_touches_what_its_kernel_does(tiles):
+    """One launch per k step reads an A and a B tile and reads and writes a C tile: every C tile is written
+    ``tiles`` times, every A and B tile read ``tiles`` times, each page once a step."""
+    w = W.tiled_matmul("8MiB", tiles=tiles)
+    chunks = list(W.phase_stream(w, w.phases[0]))
+    tile_pages = 8 * MiB // tiles**2 // 4096
+    steps = tiles**3
+    assert [c.buffer for c in chunks] == ["a", "b", "c"] * steps
+    assert all(len(c.offsets) == tile_pages for c in chunks)
+    for name in "abc":
+        pages, counts = np.unique(np.concatenate([c.offsets for c in chunks if c.buffer == name]), return_counts=True)
+        assert len(pages) == 8 * MiB // 4096 and (counts == tiles).all()
+    assert all(c.write is (c.buffer == "c") for c in chunks)
+
+
 def test_oversubscription_cliff_past_one():
     """Re-reads hit in HBM below 1.0x; past it FIFO eviction makes every pass fault again (research section 3)."""
     fits = W.run_sim(W.multi_pass_stream(SIZE, passes=3), device_memory=gib_fraction(0.9))

@@ -102,7 +102,11 @@ def _stencil(phase: Phase, sizes: dict[str, int]) -> Iterator[Chunk]:
 
 
 def _matmul(phase: Phase, sizes: dict[str, int]) -> Iterator[Chunk]:
-    """C[i, j] += A[i, k] B[k, j] over tiles, i and j outer, k inner; tiles are stored contiguously."""
+    """C[i, j] += A[i, k] B[k, j] over tiles, i and j outer, k inner; tiles are stored contiguously.
+
+    As the GPU side's kernel (one launch per k step), every step reads its A and B tiles and reads and
+    writes the C tile: C is swept ``tiles`` times, not once.
+    """
     a, b, c = (phase.buffers + phase.buffers[-1:] * 3)[:3]
     n = int(phase.param("tiles", 4))
     tile = min(sizes[a], sizes[b], sizes[c]) // (n * n) // PAGE_SIZE * PAGE_SIZE
@@ -112,4 +116,4 @@ def _matmul(phase: Phase, sizes: dict[str, int]) -> Iterator[Chunk]:
             for k in range(n):
                 yield Chunk(a, (i * n + k) * tile + cols, False)
                 yield Chunk(b, (k * n + j) * tile + cols, False)
-            yield Chunk(c, (i * n + j) * tile + cols, True)
+                yield Chunk(c, (i * n + j) * tile + cols, True)
