@@ -127,6 +127,31 @@ def test_small_remote_reads_cost_a_round_trip_over_the_reads_in_flight_and_large
     assert large.seconds == pytest.approx(N * max(latency / 64, PAGE_SIZE / p.remote_bw))
 
 
+@pytest.mark.parametrize("reads, writes", [(3, 1), (1, 1), (1, 3), (0, 2), (2, 0)])
+def test_remote_writes_overlap_remote_reads_the_link_being_full_duplex(reads, writes):
+    """GPU reads through a remote mapping move data one way over the link, GPU writes the other way: a stream
+    of both takes the time of the larger direction (a remote stencil's three rows read to one row written cost
+    the reads alone), and its records are those of the reads and writes alike (none: nothing migrates)."""
+    b, got = _backend()
+    p = b.platform
+    ptrs = [b.allocate(BLOCK_SIZE, MemoryKind.MANAGED) for _ in range(max(reads, writes, 1) * 2)]
+    for ptr in ptrs:
+        b.prefetch(ptr, BLOCK_SIZE, HOST)
+        b.advise(ptr, BLOCK_SIZE, Advice.SET_PREFERRED_LOCATION, HOST)
+        b.advise(ptr, BLOCK_SIZE, Advice.SET_ACCESSED_BY, GPU)
+    _take(got)
+    # Interleaved, as a kernel's warps issue them: a block read, a block written, ...
+    order = [(ptrs[2 * i], False) for i in range(reads)] + [(ptrs[2 * i + 1], True) for i in range(writes)]
+    order.sort(key=lambda x: ptrs.index(x[0]))
+    pages = [_pages(ptr) for ptr, _ in order]
+    flags = [np.full(N, w) for _, w in order]
+    r = b.access_stream(pages, GPU, flags, in_flight=256)
+    one_block = N * max(p.remote_request_latency / 256, PAGE_SIZE / p.remote_bw)
+    assert r.faults == 0 and r.bytes_remote == (reads + writes) * BLOCK_SIZE
+    assert r.seconds == pytest.approx(max(reads, writes) * one_block)
+    assert not len(_take(got))
+
+
 @pytest.mark.parametrize("policy", ["migrate", "duplicate"])
 def test_a_fault_batch_pays_per_fault_and_per_unmapped_range_whatever_its_size(policy):
     """One read every 128 KiB of a host-held block: 16 faults, each growing to its 64 KiB big page, which stay

@@ -7,6 +7,8 @@ import pytest
 
 from uvm_lab import workloads as W
 from uvm_lab.errors import InvalidArgumentError, InvalidSizeError
+from uvm_lab.events import EventBus, EventKind
+from uvm_lab.events.schema import AccessType
 
 MiB = 1 << 20
 SIZE = 64 * MiB
@@ -44,18 +46,17 @@ def test_streams_are_deterministic_and_cover_what_they_say():
 
 @pytest.mark.parametrize("tiles", [2, 4])
 def test_a_tiled_matmul_touches_what_its_kernel_does(tiles):
-    """One launch per k step reads an A and a B tile and reads and writes a C tile: every C tile is written
-    ``tiles`` times, every A and B tile read ``tiles`` times, each page once a step."""
+    """One launch per k step (``c[i] += a[i] * b[i]``) reads an A and a B tile and reads, then writes, a C
+    tile: every A and B tile is read ``tiles`` times, every C tile read and written ``tiles`` times."""
     w = W.tiled_matmul("8MiB", tiles=tiles)
     chunks = list(W.phase_stream(w, w.phases[0]))
     tile_pages = 8 * MiB // tiles**2 // 4096
     steps = tiles**3
-    assert [c.buffer for c in chunks] == ["a", "b", "c"] * steps
+    assert [(c.buffer, c.write) for c in chunks] == [("a", False), ("b", False), ("c", False), ("c", True)] * steps
     assert all(len(c.offsets) == tile_pages for c in chunks)
-    for name in "abc":
+    for name, per_step in (("a", 1), ("b", 1), ("c", 2)):
         pages, counts = np.unique(np.concatenate([c.offsets for c in chunks if c.buffer == name]), return_counts=True)
-        assert len(pages) == 8 * MiB // 4096 and (counts == tiles).all()
-    assert all(c.write is (c.buffer == "c") for c in chunks)
+        assert len(pages) == 8 * MiB // 4096 and (counts == tiles * per_step).all()
 
 
 def test_oversubscription_cliff_past_one():
@@ -99,10 +100,31 @@ def test_descriptions_are_validated():
     for offset in (-4, 6, 4 << 20, 1.5):
         with pytest.raises(InvalidArgumentError, match="offset"):
             W.strided("4MiB", offset=offset)
+    for write in ("yes", 2, None):
+        with pytest.raises(InvalidArgumentError, match="write must be True or False"):
+            W.sequential_stream("4MiB", write=write)
+    with pytest.raises(InvalidArgumentError, match="write must be True or False"):
+        W.Workload("x", {"a": 4096}, (W.Phase("stream", ("a",), {"write": 1}),))
     with pytest.raises(InvalidSizeError):
         W.sequential_stream("lots")
     with pytest.raises(InvalidArgumentError, match="policy"):
         W.run_sim(W.sequential_stream("4MiB"), policy="hope")
+
+
+def test_a_written_stream_faults_as_writes_and_moves_what_a_read_does():
+    read, written = W.sequential_stream("32MiB"), W.sequential_stream("32MiB", write=True)
+    assert [c.write for c in W.phase_stream(written, written.phases[0])] == [True]
+    bus = EventBus()
+    got: list = []
+    bus.subscribe(got.append, kinds=(EventKind.GPU_PAGE_FAULT,))
+    from uvm_lab.backends.sim import SimBackend
+
+    r = W.run_sim(written, SimBackend(device_memory="64MiB", bus=bus))
+    faults = np.concatenate(got)
+    assert (faults["flags"] == AccessType.WRITE).all() and faults["value"].sum() == 32 * MiB // 4096
+    assert r[0].bytes_htod == W.run_sim(read)[0].bytes_htod == 32 * MiB
+    # Through a remote mapping a write crosses the link as a read does, the other way.
+    assert W.run_sim(written, policy="remote")[0].seconds == W.run_sim(read, policy="remote")[0].seconds
 
 
 def test_gpu_side_refuses_cleanly_without_a_gpu():
@@ -117,7 +139,7 @@ def test_gpu_side_refuses_cleanly_without_a_gpu():
 @pytest.mark.parametrize("policy", W.POLICIES)
 @pytest.mark.parametrize("name", sorted(W.WORKLOADS))
 def test_gpu_side_runs_every_workload(name, policy):
-    w = W.make(name, size="64MiB")
+    w = W.make(name, size="64MiB", **({"write": True} if name == "sequential_stream" else {}))
     real, sim = W.run_gpu(w, policy=policy), W.run_sim(w, policy=policy)
     assert [(r.phase, r.pass_index) for r in real] == [(r.phase, r.pass_index) for r in sim]
     assert all(r.seconds > 0 and r.bytes == s.bytes for r, s in zip(real, sim, strict=True))

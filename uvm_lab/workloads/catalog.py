@@ -17,9 +17,12 @@ def _size(size: int | str) -> int:
     return -(-n // PAGE_SIZE) * PAGE_SIZE
 
 
-def sequential_stream(size: int | str = "1GiB") -> Workload:
-    """A grid-stride kernel reads every byte of one buffer once."""
-    return Workload("sequential_stream", {"data": _size(size)}, (Phase("stream", ("data",)),))
+def sequential_stream(size: int | str = "1GiB", write: bool = False) -> Workload:
+    """A grid-stride kernel reads (or, with ``write``, writes) every byte of one buffer once."""
+    if not isinstance(write, (bool, int)) or write not in (0, 1):
+        raise InvalidArgumentError(f"write must be True or False, got {write!r}", value=write, expected="a bool")
+    return Workload("sequential_stream", {"data": _size(size)},
+                    (Phase("stream", ("data",), {"write": True} if write else {}),))
 
 
 def multi_pass_stream(size: int | str = "1GiB", passes: int = 3) -> Workload:

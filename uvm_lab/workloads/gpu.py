@@ -32,6 +32,10 @@ extern "C" __global__ void stream_read(const unsigned int* a, unsigned long long
          i += (unsigned long long)gridDim.x * blockDim.x) s += a[i];
     if (s == 0x9E3779B9u) sink[0] = s;      // keeps the loads without writing in practice
 }
+extern "C" __global__ void stream_write(unsigned int* a, unsigned long long n) {
+    for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) a[i] = (unsigned int)i;
+}
 extern "C" __global__ void strided_read(const unsigned int* a, unsigned long long count, unsigned long long step,
                                         unsigned int* sink) {
     unsigned int s = 0;
@@ -134,7 +138,7 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
                                f"than {max_fraction_of_free:.0%} of the {format_bytes(free)} free: real GPUs are "
                                f"never oversubscribed here", size=workload.total_bytes, free=free, limit=free)
     module = cupy.RawModule(code=_KERNELS)
-    for name in ("stream_read", "strided_read", "gather_read", "stencil3", "tile_fma"):
+    for name in ("stream_read", "stream_write", "strided_read", "gather_read", "stencil3", "tile_fma"):
         module.get_function(name)   # compiled now, not inside the first timed pass
     sink = cupy.zeros(1, dtype=cupy.uint32)
     ptrs: dict[str, int] = {}
@@ -194,13 +198,21 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
         else:
             int(view[::PAGE_SIZE].sum())
     elif phase.pattern == "stream":
+        write = bool(phase.param("write", False))
+
+        def sweep(part, n: int) -> None:
+            if write:
+                module.get_function("stream_write")((grid,), (block,), (part, np.uint64(n)))
+            else:
+                module.get_function("stream_read")((grid,), (block,), (part, np.uint64(n), sink))
+
         if policy == "prefetch":
             for lo in range(0, sizes[first], chunk):
                 n = min(chunk, sizes[first] - lo)
                 backend.prefetch(ptrs[first] + lo, n, gpu)
-                module.get_function("stream_read")((grid,), (block,), (a[lo // 4:], np.uint64(n // 4), sink))
+                sweep(a[lo // 4:], n // 4)
         else:
-            module.get_function("stream_read")((grid,), (block,), (a, np.uint64(a.size), sink))
+            sweep(a, a.size)
     elif phase.pattern == "strided":
         prefetch(first)
         step = int(phase.param("stride", 64 << 10)) // 4

@@ -104,8 +104,9 @@ def _stencil(phase: Phase, sizes: dict[str, int]) -> Iterator[Chunk]:
 def _matmul(phase: Phase, sizes: dict[str, int]) -> Iterator[Chunk]:
     """C[i, j] += A[i, k] B[k, j] over tiles, i and j outer, k inner; tiles are stored contiguously.
 
-    As the GPU side's kernel (one launch per k step), every step reads its A and B tiles and reads and
-    writes the C tile: C is swept ``tiles`` times, not once.
+    As the GPU side's kernel (one launch per k step, ``c[i] += a[i] * b[i]``), every step reads its A and B
+    tiles and reads, then writes, the C tile: C is swept ``tiles`` times, not once, and its first touch is a
+    read (a load faults before the store).
     """
     a, b, c = (phase.buffers + phase.buffers[-1:] * 3)[:3]
     n = int(phase.param("tiles", 4))
@@ -116,4 +117,5 @@ def _matmul(phase: Phase, sizes: dict[str, int]) -> Iterator[Chunk]:
             for k in range(n):
                 yield Chunk(a, (i * n + k) * tile + cols, False)
                 yield Chunk(b, (k * n + j) * tile + cols, False)
+                yield Chunk(c, (i * n + j) * tile + cols, False)
                 yield Chunk(c, (i * n + j) * tile + cols, True)

@@ -28,11 +28,11 @@ class Phase:
 
     Parameters (by pattern)
     -----------------------
-    stream: ``passes`` (1). strided: ``stride`` (bytes, a multiple of 4), ``passes``, ``offset`` (bytes before
-    the first read, a multiple of 4). gather: ``count`` (accesses), ``bytes_per_access`` (128, a warp's
-    coalesced read), ``seed``. stencil: ``row_bytes`` (a row of the 2-D grid), ``passes``; reads ``buffers[0]``,
-    writes ``buffers[1]``. matmul: ``tiles`` (tiles per side); ``buffers`` are A, B, C, each ``tiles**2``
-    tiles stored tile by tile.
+    stream: ``passes`` (1), ``write`` (False: the kernel reads; True: it writes every element).
+    strided: ``stride`` (bytes, a multiple of 4), ``passes``, ``offset`` (bytes before the first read, a
+    multiple of 4). gather: ``count`` (accesses), ``bytes_per_access`` (128, a warp's coalesced read), ``seed``.
+    stencil: ``row_bytes`` (a row of the 2-D grid), ``passes``; reads ``buffers[0]``, writes ``buffers[1]``.
+    matmul: ``tiles`` (tiles per side); ``buffers`` are A, B, C, each ``tiles**2`` tiles stored tile by tile.
     host_write / host_read: a host loop writing (reading) one byte of every page of the buffer.
     """
 
@@ -92,6 +92,10 @@ class Workload:
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 4 or v % 4):
                     raise InvalidArgumentError(f"{key} must be a positive multiple of 4 bytes, got {v!r}", value=v,
                                                expected="a positive multiple of 4")
+            write = phase.params.get("write")
+            if write is not None and not isinstance(write, bool):
+                raise InvalidArgumentError(f"write must be True or False, got {write!r}", value=write,
+                                           expected="a bool")
             offset = phase.params.get("offset")
             if offset is not None:
                 limit = sizes[phase.buffers[0]]

@@ -62,6 +62,15 @@ class StreamStats:
     seconds: float = 0.0
 
 
+def _written(remote: np.ndarray, n_remote: int, write: bool | np.ndarray, n: int) -> int:
+    """How many of the ``n_remote`` remote accesses (``remote``, a mask over ``n`` accesses) are writes."""
+    if not n_remote or write is False:
+        return 0
+    if isinstance(write, np.ndarray):
+        return int(np.count_nonzero(remote & write[:n]))
+    return n_remote if write else 0
+
+
 class FaultEngine(Shortcuts):
     """Services access streams on one page table with one device's memory.
 
@@ -98,6 +107,7 @@ class FaultEngine(Shortcuts):
         #: Service a GPU stream's run of half-block batches with hits between them (a stencil's rows) by
         #: :meth:`_half_blocks`, all at once; it stands for ``_service_run``, so it runs only with that on.
         self.fast_half_blocks = True
+        self._remote_read_s = self._remote_written_s = 0.0
         self._kept_for: tuple | None = None
         self._kept: dict[str, dict] = {}
 
@@ -126,10 +136,15 @@ class FaultEngine(Shortcuts):
             local, remote = max(local, p.host_access_latency), max(remote, p.host_access_latency)
         else:      # a small remote read is a round trip over the link, several in flight
             remote = max(remote, p.remote_request_latency / max(1, in_flight))
+        # The link is full duplex: remote writes go the other way from remote reads and overlap them. Their
+        # time is kept apart and only what exceeds the remote reads' is added, at the end of the stream.
+        self._remote_read_s = self._remote_written_s = 0.0
         for pages in chunks:
             wr = bool(write) if writes is None else next(writes)
             self._run_chunk(np.asarray(pages, dtype=np.int64), wr, processor, log, stats, in_flight=max(1, in_flight),
                             local=local, remote=remote, bytes_per_access=bytes_per_access, kind=kind, stream=stream)
+        if self._remote_written_s > self._remote_read_s:
+            log.t += (self._remote_written_s - self._remote_read_s) * 1e9
         stats.seconds = (log.t - start) / 1e9
         return stats
 
@@ -175,7 +190,7 @@ class FaultEngine(Shortcuts):
             if first_bad:
                 n_remote = int(np.count_nonzero(ok_remote[:first_bad]))
                 self._hits(span[:first_bad], first_bad - n_remote, n_remote, local, remote, bytes_per_access, log,
-                           stats, processor)
+                           stats, processor, _written(ok_remote[:first_bad], n_remote, w, first_bad))
                 if counters and n_remote:
                     self._count_remote(span[:first_bad][ok_remote[:first_bad]], processor, log, stats, stream)
             pos += first_bad
@@ -243,6 +258,7 @@ class FaultEngine(Shortcuts):
                     written = np.unique(win[wsel][wflags])
                     wpages = np.isin(uniq, written, assume_unique=True)
             n_remote = int(np.count_nonzero(r2[:cut]))
+            n_written = _written(r2[:cut], n_remote, ww, cut)
             # Faulted accesses proceed after the replay, some of them through a new remote mapping (which a
             # plain batch never makes: its pages end up at the faulting processor).
             lean = self.fast_run_batches and self._service_run(uniq, wpages, processor, log, stats, kind, stream)
@@ -250,15 +266,24 @@ class FaultEngine(Shortcuts):
                 lean = self._service_plain(uniq, wpages, processor, log, stats, kind, stream)
             if not lean:
                 self._service(uniq, wpages, processor, log, stats, kind, stream)
-                served = win[bad[bad < cut]]
-                if len(served):
-                    n_remote += int(np.count_nonzero(self._usable(served, processor, False)[1]))
-            self._hits(win[:cut], cut - n_remote, n_remote, local, remote, bytes_per_access, log, stats, processor)
+                sel = bad[bad < cut]
+                if len(sel):
+                    now_remote = self._usable(win[sel], processor, False)[1]
+                    more = int(np.count_nonzero(now_remote))
+                    n_remote += more
+                    n_written += _written(now_remote, more, ww if scalar_wr else ww[sel], len(sel))
+            self._hits(win[:cut], cut - n_remote, n_remote, local, remote, bytes_per_access, log, stats, processor,
+                       n_written)
             pos += cut
 
     def _hits(self, pages: np.ndarray, n_local: int, n_remote: int, local: float, remote: float,
-              bytes_per_access: int, log: EventLog, stats: StreamStats, processor: int) -> None:
-        log.t += (n_local * local + n_remote * remote) * 1e9
+              bytes_per_access: int, log: EventLog, stats: StreamStats, processor: int, n_written: int = 0) -> None:
+        """Accesses that proceed: local ones at memory bandwidth, remote reads over the link now; remote writes
+        (``n_written`` of the remote ones) go the other way over the link and are weighed at the stream's end."""
+        log.t += (n_local * local + (n_remote - n_written) * remote) * 1e9
+        if n_remote:
+            self._remote_read_s += (n_remote - n_written) * remote
+            self._remote_written_s += n_written * remote
         stats.bytes_remote += n_remote * bytes_per_access
         if processor != HOST_ID and self.memory.policy != "fifo":
             self.memory.accessed(np.unique(pages >> BLOCK_SHIFT))
