@@ -28,5 +28,10 @@ python3 benchmarks/tracing_loss.py --trials 8
 #   V=$V,tiled_matmul:tiles=2,tiled_matmul:tiles=8,sequential_stream:size=256MiB,sequential_stream:size=4GiB
 #   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases "$V" --policies faults --json out/e_variants.json
 # (ReadMostly with GPU writes costs about a minute a pass: keep stencil and matmul variants to faults.)
+# The check of the full-duplex link and the matmul's C tile, as in sim_vs_gpu_h200_g_variants.json (two minutes):
+#   V=sequential_stream:write=1,sequential_stream:write=1:size=256MiB,stencil:row_bytes=256KiB
+#   V=$V,stencil:row_bytes=4MiB,tiled_matmul:tiles=2,tiled_matmul:tiles=8
+#   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases "$V" --policies faults,prefetch,remote \
+#       --json out/g_variants.json
 # then fit the profile's fault-path costs to what this machine measured:
 #   python3 benchmarks/sim_calibrate.py out/sim_vs_gpu.json out/variants.json --holdout workload
