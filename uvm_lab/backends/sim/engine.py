@@ -16,7 +16,8 @@ Cost of a GPU batch: a round trip, plus a service time per VA block, per 2 MiB c
 fault, plus each copy on the size-dependent link, plus a cost per page copied, per page unmapped at the source
 and per contiguous range unmapped (a TLB shootdown), plus synchronous evictions. Accesses that hit cost
 their bytes at the GPU's (or, through a remote mapping, the link's) bandwidth, capped by what the warps
-in flight can issue.
+in flight can issue. The link is full duplex: remote writes overlap remote reads, and a stream pays only for
+the direction that carries more.
 
 Common cases (a streaming kernel's whole blocks, plain batches, a host thread's run of faults) are serviced by
 the exact shortcuts of :mod:`.shortcuts`, with the same records, clock and state as batch by batch.
