@@ -71,6 +71,8 @@ class GpuMemory:
         self.overlapped_seconds = 0.0
         self._order: OrderedDict[int, int] = OrderedDict()   # block -> stamp when (re)queued
         self._tick = 0
+        self._whole_for: Platform | None = None
+        self._whole_s = 0.0
 
     @property
     def free_blocks(self) -> int:
@@ -188,6 +190,9 @@ class GpuMemory:
         table, g = self.table, self.bit
         lo = b * PAGES_PER_BLOCK
         st = table.state[lo:lo + int(table.block_pages[b])]
+        if len(st) == PAGES_PER_BLOCK and not self.overlap and (st == g).all():
+            self._evict_whole(b, log)
+            return
         only_here = np.flatnonzero(st == g) + lo
         copies = np.flatnonzero(((st & g) != 0) & (st != g)) + lo
         starts, lengths = page_runs(only_here)
@@ -205,6 +210,26 @@ class GpuMemory:
         table.state[only_here] = 1
         table.state[copies] &= np.uint8(~g & 0xFF)
         # The GPU's mappings of these pages go with the chunk; AccessedBy mappings follow the data to the host.
+        self.drop(b)
+        self.evicted_blocks += 1
+
+    def _evict_whole(self, b: int, log: EventLog) -> None:
+        """:meth:`evict` of a block held here whole and only here (as a sweep or a stencil leaves one), with
+        scalars: one copy of the block, then the wait for the chunk; the same record and clock."""
+        table, p = self.table, self.platform
+        if self._whole_for is not p:   # the copy's seconds, as link_seconds gives them for one 2 MiB run
+            self._whole_for = p
+            self._whole_s = link_seconds(np.array([PAGES_PER_BLOCK], dtype=np.int64).astype(np.uint64) * 4096,
+                                         p.eviction_bw, p.link_k).tolist()[0]
+        nbytes = PAGES_PER_BLOCK * 4096
+        start = log.t
+        end = start + self._whole_s * 1e9
+        log.rows.append((EventKind.DTOH, MigrationCause.EVICTION, self.device, HOST_ID, int(start), int(end),
+                         int(table.block_address[b]), nbytes, nbytes, table.block_alloc[b], 0))
+        log.t = end
+        log.advance(p.fault_eviction_latency)
+        lo = b * PAGES_PER_BLOCK
+        table.state[lo:lo + PAGES_PER_BLOCK] = 1
         self.drop(b)
         self.evicted_blocks += 1
 

@@ -752,11 +752,8 @@ class Shortcuts:
                                   stream)
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
         n_populated = k - len(moved) + len(ex_pop)
-        service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency
         migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
-        service += n_populated * PAGE_SIZE / p.gpu_populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
-            + unmapped * p.fault_unmap_latency + block_runs(migrated) * p.fault_unmap_run_latency \
-            + (0 if has_chunk else 1) * p.fault_chunk_latency
+        service = self._run_service(k, n_populated, moved_bytes, unmapped, block_runs(migrated), has_chunk)
         any_write = bool(wr.any())
         if len(ex_pop) or (any_write and not wr.all()):
             reads, writes = _reads_and_writes(pages, wr, ex_pop)
@@ -898,41 +895,17 @@ class Shortcuts:
         return done - pos
 
     def _claim_one(self, b: int, log: EventLog) -> None:
-        """``GpuMemory.claim`` of one chunk for block ``b`` under FIFO, by hand where no chunk is free and the
-        victim (the head of the FIFO) holds its whole block here only, as a sweep or a stencil leaves it: the
-        same record, clock, state and queue as ``claim``, which does every other case."""
+        """``GpuMemory.claim`` of one chunk for block ``b``, which holds none, under FIFO: evict the head of the
+        FIFO if no chunk is free, then take one; the same records, clock, state and queue."""
         mem, t = self.memory, self.table
-        order = mem._order
-        if mem.free_blocks == 0 and order:
-            v = next(iter(order))
-            lo = v * PAGES_PER_BLOCK
-            if t.block_pages[v] == PAGES_PER_BLOCK and (t.state[lo:lo + PAGES_PER_BLOCK] == mem.bit).all():
-                # GpuMemory.evict: one copy of the whole block back to the host, then the wait for the chunk.
-                p = self.platform
-                kept = self._keep("evict_seconds")
-                secs = kept.get("block")
-                if secs is None:
-                    secs = kept["block"] = link_seconds(np.array([PAGES_PER_BLOCK], dtype=np.int64).astype(
-                        np.uint64) * PAGE_SIZE, p.eviction_bw, p.link_k).tolist()[0]
-                nbytes = PAGES_PER_BLOCK * PAGE_SIZE
-                start = log.t
-                end = start + secs * 1e9
-                log.rows.append((EventKind.DTOH, MigrationCause.EVICTION, mem.device, HOST_ID, int(start), int(end),
-                                 int(t.block_address[v]), nbytes, nbytes, int(t.block_alloc[v]), 0))
-                log.t = end
-                log.advance(p.fault_eviction_latency)
-                t.state[lo:lo + PAGES_PER_BLOCK] = 1
-                mem.drop(v)
-                mem.evicted_blocks += 1
-        if mem.free_blocks > 0:       # claim's path for claims that fit
-            tick = mem._tick + 1
-            t.chunk[b] = True
-            t.last_use[b] = tick
-            mem.used += 1
-            mem._tick = tick
-            order[b] = tick
-            return
-        mem.claim(np.array([b], dtype=np.int64), {b}, log)
+        if mem.free_blocks <= 0:
+            mem.make_room(1, {b}, log)
+        tick = mem._tick + 1
+        t.chunk[b] = True
+        t.last_use[b] = tick
+        mem.used += 1
+        mem._tick = tick
+        mem._order[b] = tick
 
     def _half_segments(self, pages: np.ndarray, lo: int, hi: int, wr: bool | np.ndarray,
                        g: int) -> tuple[list, list, list, list, dict, dict]:
@@ -973,22 +946,25 @@ class Shortcuts:
         last = dict(zip(seg_blocks, range(len(seg_blocks)), strict=True))
         return (starts + lo).tolist(), first.tolist(), lengths.tolist(), writes, status, last
 
+    def _run_service(self, k: int, n_populated: int, moved_bytes: int, unmapped: int, runs: int,
+                     has_chunk: bool) -> float:
+        """Seconds to service a GPU batch of one run of ``k`` pages in one block (``_service``'s sum, in its order)."""
+        p = self.platform
+        service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency
+        service += n_populated * PAGE_SIZE / p.gpu_populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
+            + unmapped * p.fault_unmap_latency + runs * p.fault_unmap_run_latency \
+            + (0 if has_chunk else 1) * p.fault_chunk_latency
+        return service
+
     def _half_service(self) -> dict:
-        """The service time of a half-block batch, in ns, by (pages on the host, chunk already held), as
-        :meth:`_service_run` adds it up."""
+        """The service time of a half-block batch, in ns, by (pages on the host, chunk already held)."""
         kept = self._keep("half_service")
         if not kept:
-            p = self.platform
             for moving in (0, 1):
+                moved = _HALF if moving else 0
                 for has_chunk in (False, True):
-                    k = _HALF
-                    moved = k if moving else 0
-                    moved_bytes = moved * PAGE_SIZE + 0
-                    service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency
-                    service += (k - moved) * PAGE_SIZE / p.gpu_populate_bw + moved_bytes // PAGE_SIZE \
-                        * p.fault_page_latency + moved * p.fault_unmap_latency + (1 if moved else 0) \
-                        * p.fault_unmap_run_latency + (0 if has_chunk else 1) * p.fault_chunk_latency
-                    kept[moving, has_chunk] = service * 1e9
+                    kept[moving, has_chunk] = self._run_service(_HALF, _HALF - moved, moved * PAGE_SIZE, moved,
+                                                                1 if moved else 0, has_chunk) * 1e9
         return kept
 
     def _half_prefetch(self) -> dict:
