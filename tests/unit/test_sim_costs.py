@@ -86,7 +86,7 @@ def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration
     """A migration unmaps the source copy; a read duplicate keeps it (R3 (a)), and when the holder's mapping is
     already read-only (ReadMostly, never written) nothing changes at the source: ``fault_unmap_latency`` less
     per page and ``fault_unmap_run_latency`` less per range. A duplicate of a page the host has written revokes
-    that write access and pays it like a move."""
+    that write access: it pays what a move does, and ``read_mostly_protect_latency`` a page on top."""
     took, ranges = {}, {}
     for case in ("migrate", "duplicate", "duplicate_written"):
         b, got = _backend(fault_unmap_latency=unmap, fault_unmap_run_latency=4e-6)
@@ -104,7 +104,8 @@ def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration
         ranges[case] = int(np.count_nonzero(_take(got)["kind"] == EventKind.HTOD))   # one copy a batch
     assert ranges["migrate"] == 2                      # two batches of half a block
     assert took["migrate"] - took["duplicate"] == pytest.approx(N * unmap + ranges["migrate"] * 4e-6)
-    assert took["duplicate_written"] == pytest.approx(took["migrate"])
+    protect = PLATFORMS["x86-pcie5"].read_mostly_protect_latency
+    assert took["duplicate_written"] == pytest.approx(took["migrate"] + N * protect)
 
 
 @pytest.mark.parametrize("latency", [1e-6, 2.5e-6])
@@ -125,6 +126,24 @@ def test_small_remote_reads_cost_a_round_trip_over_the_reads_in_flight_and_large
     assert EventKind.HTOD not in (ev["kind"] if len(ev) else [])                     # nothing moves
     assert small.seconds == pytest.approx(N * max(latency / 64, 32 / p.remote_bw))
     assert large.seconds == pytest.approx(N * max(latency / 64, PAGE_SIZE / p.remote_bw))
+
+
+@pytest.mark.parametrize("every", [1, 2, 7])
+def test_a_gpu_read_duplicating_host_written_read_mostly_pages_takes_the_hosts_write_access_back(every):
+    """The host wrote one page in ``every`` of a ReadMostly buffer: the GPU's read duplicates every page, and
+    for each written one the driver revokes the host's write access, ``read_mostly_protect_latency`` a page."""
+    def gpu_read(latency: float) -> float:
+        b, _ = _backend(read_mostly_protect_latency=latency)
+        ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, BLOCK_SIZE, HOST)
+        b.advise(ptr, BLOCK_SIZE, Advice.SET_READ_MOSTLY, None)
+        b.access_stream(_pages(ptr)[::every], HOST, "write", in_flight=1)
+        r = b.access_stream(_pages(ptr), GPU, "read")
+        assert r.bytes_htod == BLOCK_SIZE and r.faults > 0
+        return r.seconds
+
+    written = len(range(0, N, every))
+    assert gpu_read(2e-6) - gpu_read(1e-6) == pytest.approx(written * 1e-6)
 
 
 @pytest.mark.parametrize("reads, writes", [(3, 1), (1, 1), (1, 3), (0, 2), (2, 0)])

@@ -100,6 +100,8 @@ def test_descriptions_are_validated():
     for offset in (-4, 6, 4 << 20, 1.5):
         with pytest.raises(InvalidArgumentError, match="offset"):
             W.strided("4MiB", offset=offset)
+    with pytest.raises(InvalidArgumentError, match="every must be a positive integer"):
+        W.host_then_device("4MiB", write_every=0)
     for write in ("yes", 2, None):
         with pytest.raises(InvalidArgumentError, match="write must be True or False"):
             W.sequential_stream("4MiB", write=write)
@@ -109,6 +111,13 @@ def test_descriptions_are_validated():
         W.sequential_stream("lots")
     with pytest.raises(InvalidArgumentError, match="policy"):
         W.run_sim(W.sequential_stream("4MiB"), policy="hope")
+
+
+def test_the_host_can_write_one_page_in_n():
+    w = W.host_then_device("8MiB", write_every=3)
+    written = np.concatenate([c.offsets for c in W.phase_stream(w, w.phases[0])])
+    assert np.array_equal(written, np.arange(0, 8 * MiB, 3 * 4096))
+    assert [r.phase for r in W.run_sim(w)] == ["host_write", "stream", "host_read"]
 
 
 def test_a_written_stream_faults_as_writes_and_moves_what_a_read_does():

@@ -56,11 +56,12 @@ def tiled_matmul(size: int | str = "1GiB", tiles: int = 4) -> Workload:
     return Workload("tiled_matmul", {"a": n, "b": n, "c": n}, (Phase("matmul", ("a", "b", "c"), {"tiles": tiles}),))
 
 
-def host_then_device(size: int | str = "1GiB", passes: int = 1) -> Workload:
-    """The host writes the buffer, a kernel reads it (``passes`` times), the host reads it back."""
+def host_then_device(size: int | str = "1GiB", passes: int = 1, write_every: int = 1) -> Workload:
+    """The host writes the buffer (one page in ``write_every``), a kernel reads it (``passes`` times), the host
+    reads it back."""
     return Workload("host_then_device", {"data": _size(size)},
-                    (Phase("host_write", ("data",)), Phase("stream", ("data",), {"passes": passes}),
-                     Phase("host_read", ("data",))))
+                    (Phase("host_write", ("data",), {"every": write_every} if write_every != 1 else {}),
+                     Phase("stream", ("data",), {"passes": passes}), Phase("host_read", ("data",))))
 
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {

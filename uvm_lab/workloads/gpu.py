@@ -194,7 +194,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
     if phase.pattern in ("host_write", "host_read"):
         view = _host_view(ptrs[first], sizes[first])
         if phase.pattern == "host_write":
-            view[::PAGE_SIZE] = 2
+            view[::PAGE_SIZE * int(phase.param("every", 1))] = 2
         else:
             int(view[::PAGE_SIZE].sum())
     elif phase.pattern == "stream":

@@ -57,7 +57,11 @@ def phase_stream(workload: Workload, phase: Phase) -> Iterator[Chunk]:
     sizes = workload.buffers
     first = phase.buffers[0]
     npages = sizes[first] // PAGE_SIZE
-    if phase.pattern in ("stream", "host_write", "host_read"):
+    if phase.pattern == "host_write" and int(phase.param("every", 1)) > 1:   # one page in ``every``
+        offsets = np.arange(0, npages, int(phase.param("every", 1)), dtype=np.int64) * PAGE_SIZE
+        for lo in range(0, len(offsets), CHUNK):
+            yield Chunk(first, offsets[lo:lo + CHUNK], True)
+    elif phase.pattern in ("stream", "host_write", "host_read"):
         write = phase.pattern == "host_write" or bool(phase.param("write", False))
         for _ in range(phase.param("passes", 1)):
             for offsets in _pages(0, npages):

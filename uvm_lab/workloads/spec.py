@@ -33,7 +33,8 @@ class Phase:
     multiple of 4). gather: ``count`` (accesses), ``bytes_per_access`` (128, a warp's coalesced read), ``seed``.
     stencil: ``row_bytes`` (a row of the 2-D grid), ``passes``; reads ``buffers[0]``, writes ``buffers[1]``.
     matmul: ``tiles`` (tiles per side); ``buffers`` are A, B, C, each ``tiles**2`` tiles stored tile by tile.
-    host_write / host_read: a host loop writing (reading) one byte of every page of the buffer.
+    host_write / host_read: a host loop writing (reading) one byte of every page of the buffer; host_write
+    takes ``every`` (1), to write one page in ``every``.
     """
 
     pattern: str
@@ -82,7 +83,7 @@ class Workload:
                 raise InvalidArgumentError(f"phase {phase.pattern!r} names buffers {missing or '()'} that the "
                                            f"workload does not have", value=phase.buffers,
                                            expected=", ".join(sizes))
-            for key in ("passes", "count", "tiles"):
+            for key in ("passes", "count", "tiles", "every"):
                 v = phase.params.get(key)
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                     raise InvalidArgumentError(f"{key} must be a positive integer, got {v!r}", value=v,

@@ -383,7 +383,8 @@ class FaultEngine(Shortcuts):
         # (write revoked); a duplicate of a read-only page leaves it alone.
         sb = 1 if source == HOST_ID else 1 << (source + 1)
         dup_pages = np.concatenate((pages[out == _DUP], extra[ex_dup]))
-        unmapped = len(moved) + len(ex_moved) - len(dup_pages) + int(np.count_nonzero(t.writable[dup_pages] & sb))
+        protected = int(np.count_nonzero(t.writable[dup_pages] & sb))   # duplicates whose holder loses write
+        unmapped = len(moved) + len(ex_moved) - len(dup_pages) + protected
         moved_bytes = self._copy(moved, source, processor, MigrationCause.COHERENCE, src_bw, log, stats, stream)
         moved_bytes += self._copy(ex_moved, source, processor, MigrationCause.PREFETCH, src_bw, log, stats, stream)
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
@@ -435,6 +436,8 @@ class FaultEngine(Shortcuts):
         service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
             + unmapped * p.fault_unmap_latency + block_runs(unmapped_pages) * p.fault_unmap_run_latency \
             + new_chunks * p.fault_chunk_latency
+        if protected and source == HOST_ID:   # the host's write access, taken back page by page
+            service += protected * p.read_mostly_protect_latency
         if not host and wr.any():
             # R3 (a): a GPU write taking a ReadMostly page to the writer costs per page (as measured on an H200).
             written = t.read_mostly[pages] & wr & ((out == _MIGRATE) | (out == _COLLAPSE))

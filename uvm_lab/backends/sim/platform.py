@@ -122,6 +122,12 @@ class Platform:
     #: (a)). With ``fault_unmap_run_latency``, what separates a migration from a duplicate: on the H200 a read
     #: every 128 KiB of a ReadMostly buffer took 18.3 ms, of a plain one 59.5 ms (8,192 ranges of 64 KiB).
     fault_unmap_latency: float = 0.042e-6
+    #: Per ReadMostly page a GPU read duplicates while the host may write it (the host wrote it since the
+    #: advice or the last duplication): the driver takes the host's write access back, page by page, on top
+    #: of ``fault_unmap_latency``. Set from the catalog's host_then_device under ReadMostly on five H200
+    #: leases: the GPU's read of the host-written 1 GiB took 34-76 ms (median 57) more than that of a
+    #: buffer the host had not written, where the unmap costs alone give 16 ms; (57 - 16) ms over 262,144 pages.
+    read_mostly_protect_latency: float = 0.156e-6
     #: One small read of host memory through a remote mapping, start to finish: such reads are bound by the
     #: round trip, not the link, and each warp has one in flight, so an access costs this divided by the
     #: pages in flight, or its bytes at ``remote_bw`` if that is longer. From the H200 (driver 580,
