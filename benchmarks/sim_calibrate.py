@@ -43,7 +43,7 @@ FITTED = {
     "fault_chunk_latency": "latency",
     "fault_htod_bw": "bandwidth", "cpu_fault_latency": "latency", "fault_dtoh_bw": "bandwidth",
     "host_access_latency": "latency", "read_mostly_host_write_latency": "latency",
-    "read_mostly_protect_latency": "latency",
+    "read_mostly_protect_latency": "latency", "read_mostly_protect_run_latency": "latency",
     "prefetch_block_latency": "latency",
 }
 #: Passes shorter than this are at the floor of a timed pass on the GPU (a launch and a synchronization from

@@ -86,7 +86,8 @@ def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration
     """A migration unmaps the source copy; a read duplicate keeps it (R3 (a)), and when the holder's mapping is
     already read-only (ReadMostly, never written) nothing changes at the source: ``fault_unmap_latency`` less
     per page and ``fault_unmap_run_latency`` less per range. A duplicate of a page the host has written revokes
-    that write access: it pays what a move does, and ``read_mostly_protect_latency`` a page on top."""
+    that write access: it pays what a move does per page, ``read_mostly_protect_latency`` a page on top, and
+    ``read_mostly_protect_run_latency`` a range in place of the move's ``fault_unmap_run_latency``."""
     took, ranges = {}, {}
     for case in ("migrate", "duplicate", "duplicate_written"):
         b, got = _backend(fault_unmap_latency=unmap, fault_unmap_run_latency=4e-6)
@@ -104,8 +105,10 @@ def test_a_read_duplicate_of_a_read_only_page_skips_the_source_unmap_a_migration
         ranges[case] = int(np.count_nonzero(_take(got)["kind"] == EventKind.HTOD))   # one copy a batch
     assert ranges["migrate"] == 2                      # two batches of half a block
     assert took["migrate"] - took["duplicate"] == pytest.approx(N * unmap + ranges["migrate"] * 4e-6)
-    protect = PLATFORMS["x86-pcie5"].read_mostly_protect_latency
-    assert took["duplicate_written"] == pytest.approx(took["migrate"] + N * protect)
+    p = PLATFORMS["x86-pcie5"]
+    assert took["duplicate_written"] == pytest.approx(
+        took["migrate"] + N * p.read_mostly_protect_latency + ranges["migrate"] * (p.read_mostly_protect_run_latency
+                                                                                  - 4e-6))
 
 
 @pytest.mark.parametrize("latency", [1e-6, 2.5e-6])
@@ -131,9 +134,11 @@ def test_small_remote_reads_cost_a_round_trip_over_the_reads_in_flight_and_large
 @pytest.mark.parametrize("every", [1, 2, 7])
 def test_a_gpu_read_duplicating_host_written_read_mostly_pages_takes_the_hosts_write_access_back(every):
     """The host wrote one page in ``every`` of a ReadMostly buffer: the GPU's read duplicates every page, and
-    for each written one the driver revokes the host's write access, ``read_mostly_protect_latency`` a page."""
-    def gpu_read(latency: float) -> float:
-        b, _ = _backend(read_mostly_protect_latency=latency)
+    for each written one the driver revokes the host's write access, ``read_mostly_protect_latency`` a page
+    and ``read_mostly_protect_run_latency`` a range of such pages (two batches of half a block: one range
+    each where every page was written, else one a page)."""
+    def gpu_read(**costs: float) -> float:
+        b, _ = _backend(**costs)
         ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
         b.prefetch(ptr, BLOCK_SIZE, HOST)
         b.advise(ptr, BLOCK_SIZE, Advice.SET_READ_MOSTLY, None)
@@ -143,7 +148,11 @@ def test_a_gpu_read_duplicating_host_written_read_mostly_pages_takes_the_hosts_w
         return r.seconds
 
     written = len(range(0, N, every))
-    assert gpu_read(2e-6) - gpu_read(1e-6) == pytest.approx(written * 1e-6)
+    ranges = 2 if every == 1 else written
+    assert gpu_read(read_mostly_protect_latency=2e-6) - gpu_read(read_mostly_protect_latency=1e-6) \
+        == pytest.approx(written * 1e-6)
+    assert gpu_read(read_mostly_protect_run_latency=9e-6) - gpu_read(read_mostly_protect_run_latency=1e-6) \
+        == pytest.approx(ranges * 8e-6)
 
 
 @pytest.mark.parametrize("reads, writes", [(3, 1), (1, 1), (1, 3), (0, 2), (2, 0)])

@@ -433,9 +433,16 @@ class FaultEngine(Shortcuts):
         migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
         ro_dups = dup_pages[(t.writable[dup_pages] & sb) == 0] if len(dup_pages) else dup_pages
         unmapped_pages = np.setdiff1d(migrated, ro_dups, assume_unique=True) if len(ro_dups) else migrated
+        if protected and source == HOST_ID:
+            # Ranges of host pages write-protected for a duplicate cost less than ranges unmapped for a move.
+            rw_dups = np.sort(dup_pages[(t.writable[dup_pages] & sb) != 0])
+            rest = np.setdiff1d(unmapped_pages, rw_dups, assume_unique=True)
+            range_cost = block_runs(rest) * p.fault_unmap_run_latency \
+                + block_runs(rw_dups) * p.read_mostly_protect_run_latency
+        else:
+            range_cost = block_runs(unmapped_pages) * p.fault_unmap_run_latency
         service += len(populated) * PAGE_SIZE / populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
-            + unmapped * p.fault_unmap_latency + block_runs(unmapped_pages) * p.fault_unmap_run_latency \
-            + new_chunks * p.fault_chunk_latency
+            + unmapped * p.fault_unmap_latency + range_cost + new_chunks * p.fault_chunk_latency
         if protected and source == HOST_ID:   # the host's write access, taken back page by page
             service += protected * p.read_mostly_protect_latency
         if not host and wr.any():

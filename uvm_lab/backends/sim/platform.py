@@ -128,6 +128,11 @@ class Platform:
     #: leases: the GPU's read of the host-written 1 GiB took 34-76 ms (median 57) more than that of a
     #: buffer the host had not written, where the unmap costs alone give 16 ms; (57 - 16) ms over 262,144 pages.
     read_mostly_protect_latency: float = 0.156e-6
+    #: Per range of such pages, in place of ``fault_unmap_run_latency``: on one H200 lease, with the host
+    #: having written one page in 2 and one in 8 of a 1 GiB ReadMostly buffer, each page its own range, the
+    #: GPU's read took 3.2 and 3.4 us a range more than the per-page costs account for, against 4.92 us for
+    #: a range unmapped by a migration (``benchmarks/sim_vs_gpu_h200_h_variants.json``).
+    read_mostly_protect_run_latency: float = 3.3e-6
     #: One small read of host memory through a remote mapping, start to finish: such reads are bound by the
     #: round trip, not the link, and each warp has one in flight, so an access costs this divided by the
     #: pages in flight, or its bytes at ``remote_bw`` if that is longer. From the H200 (driver 580,
