@@ -278,6 +278,71 @@ def test_zero_size_buffers_are_not_listed(session, device):
     assert [a["id"] for a in session.comm.of_type("snapshot")[0][0]["allocations"]] == [real.id]
 
 
+def _failing_once(monkeypatch, error: Exception) -> list:
+    """Make describing an allocation fail once, as a send or a read can; returns the calls made."""
+    import uvm_lab.jupyter.comm as comm_module
+
+    real, calls = comm_module.describe_buffer, []
+
+    def describe(buf):
+        calls.append(buf.id)
+        if len(calls) == 1:
+            raise error
+        return real(buf)
+
+    monkeypatch.setattr(comm_module, "describe_buffer", describe)
+    return calls
+
+
+def test_a_failed_update_is_sent_by_the_next_flush_without_new_events(session, device, monkeypatch):
+    buf = ul.DeviceBuffer(size="2MiB")
+    session.handle({"type": "hello", "seq": 1})
+    session.comm.clear()
+    buf.prefetch("gpu")
+    calls = _failing_once(monkeypatch, RuntimeError("the panel's read failed"))
+    with pytest.raises(RuntimeError, match="read failed"):
+        session.flush()
+    assert session.comm.of_type("update") == [] and calls == [buf.id]
+    assert session.flush() is True          # nothing moved since: what the failed flush took goes now
+    (_, buffers), = session.comm.of_type("update")
+    assert buffers == [folded(buf)] == [bytes([2]) * 512]
+    assert session.flush() is False         # and it is noted as sent
+
+
+def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
+    import uvm_lab.jupyter.comm as comm_module
+
+    comm = RecordingComm()
+    session = PanelSession(comm, interval=0.02)
+    real, broken, calls = comm_module.describe_buffer, threading.Event(), []
+
+    def describe(buf):
+        calls.append(buf.id)
+        if broken.is_set():
+            raise RuntimeError("the panel's read failed")
+        return real(buf)
+
+    try:
+        buf = ul.DeviceBuffer(size="2MiB")
+        session.handle({"type": "hello", "seq": 1})
+        comm.clear()
+        monkeypatch.setattr(comm_module, "describe_buffer", describe)
+        broken.set()
+        buf.prefetch("gpu")                 # the last event there is: every flush fails while broken
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and len(calls) < 2:
+            time.sleep(0.01)
+        assert len(calls) >= 2 and comm.of_type("update") == []
+        broken.clear()                      # no new event: only a retry can send the map now
+        while time.monotonic() < deadline and not comm.of_type("update"):
+            time.sleep(0.01)
+        (_, buffers), = comm.of_type("update")
+        assert buffers == [folded(buf)] == [bytes([2]) * 512]
+    finally:
+        session.close()
+    session._thread.join(timeout=5)
+
+
 def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
     comm = RecordingComm()
     interval = 0.05

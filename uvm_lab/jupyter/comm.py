@@ -145,16 +145,24 @@ class PanelSession:
             dirty, self._dirty = self._dirty, []
             everything, self._everything_dirty = self._everything_dirty, False
         with self._send_lock:
-            buffers = _panel_buffers()
-            touched = [b for b in buffers if everything or b.id not in self._sent or _touches(b, dirty)]
-            infos, cells = self._describe_changed(touched)
-            gone = sorted(set(self._sent) - {b.id for b in buffers})
+            try:
+                buffers = _panel_buffers()
+                touched = [b for b in buffers if everything or b.id not in self._sent or _touches(b, dirty)]
+                infos, cells, held = self._describe_changed(touched)
+                gone = sorted(set(self._sent) - {b.id for b in buffers})
+                if infos:
+                    self._send(Update(type="update", device=_device_info(), allocations=infos), cells)
+                if gone:
+                    self._send(Removed(type="removed", ids=gone))
+            except BaseException:
+                # What changed was taken and not sent: dropped, the panel would keep a stale map until
+                # those pages moved again. The next flush describes every allocation.
+                with self._lock:
+                    self._everything_dirty = True
+                raise
+            self._sent.update(held)
             for alloc_id in gone:
                 del self._sent[alloc_id]
-            if infos:
-                self._send(Update(type="update", device=_device_info(), allocations=infos), cells)
-            if gone:
-                self._send(Removed(type="removed", ids=gone))
             return bool(infos or gone)
 
     def send_snapshot(self) -> None:
@@ -164,26 +172,30 @@ class PanelSession:
             self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
-            infos, cells = self._describe_changed(_panel_buffers())
+            infos, cells, held = self._describe_changed(_panel_buffers())
             snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, page_size=PAGE_SIZE,
                                 cell_limit=CELL_LIMIT, device=_device_info(), allocations=infos)
             self._send(snapshot, cells)
+            self._sent.update(held)
 
-    def _describe_changed(self, buffers: list[ul.DeviceBuffer]) -> tuple[list[AllocationInfo], list[np.ndarray]]:
-        """Describe ``buffers``; keep (and note as sent) those that differ from what the panel holds."""
+    def _describe_changed(self, buffers: list[ul.DeviceBuffer]) -> tuple[list[AllocationInfo], list[np.ndarray],
+                                                                           dict[int, tuple[AllocationInfo, bytes]]]:
+        """Describe those of ``buffers`` that differ from what the panel holds; with what it will hold once
+        they are sent (noted by the caller after sending, so that a failed send leaves nothing noted)."""
         infos: list[AllocationInfo] = []
         cells: list[np.ndarray] = []
+        held: dict[int, tuple[AllocationInfo, bytes]] = {}
         for buf in buffers:
             described = _describe(buf)
             if described is None:
                 continue
             info, data = described
-            held = (info, data.tobytes())
-            if self._sent.get(buf.id) != held:
-                self._sent[buf.id] = held
+            now = (info, data.tobytes())
+            if self._sent.get(buf.id) != now:
+                held[buf.id] = now
                 infos.append(info)
                 cells.append(data)
-        return infos, cells
+        return infos, cells, held
 
     def close(self) -> None:
         """Stop listening and sending (the comm closed, or the kernel is shutting down)."""
@@ -240,6 +252,7 @@ class PanelSession:
         self._wake.set()
 
     def _run(self) -> None:
+        failing = False
         while not self._closed.is_set():
             self._wake.wait()
             self._wake.clear()
@@ -248,9 +261,14 @@ class PanelSession:
             try:
                 # A copy each time: one context cannot be entered by two threads at once.
                 self._context.copy().run(self.flush)
+                failing = False
             except Exception:
-                # Keep serving: the next event tries again (a view must never stop the kernel's work).
-                log.exception("uvm_lab panel update failed")
+                # Keep serving (a view must never stop the kernel's work): try again after the pause, with
+                # everything marked as changed; say so once, not on every retry.
+                if not failing:
+                    log.exception("uvm_lab panel update failed")
+                failing = True
+                self._wake.set()
             # The throttle: events arriving meanwhile only set _wake, and go out together.
             self._closed.wait(self.interval)
 
