@@ -126,16 +126,20 @@ class GpuMemory:
             got[need] = True
             return got
         for i in need.tolist():
-            if self.free_blocks <= 0 and not self.make_room(1, protect, log):
-                continue
-            b = int(blocks[i])
-            table.chunk[b] = True
-            self.used += 1
-            self._tick += 1
-            self._order[b] = self._tick
-            table.last_use[b] = self._tick
-            got[i] = True
+            if self.claim_one(int(blocks[i]), protect, log):
+                got[i] = True
         return got
+
+    def claim_one(self, b: int, protect: set[int], log: EventLog) -> bool:
+        """Give block ``b``, which holds no chunk, one, evicting first if none is free; False if none can be had."""
+        if self.free_blocks <= 0 and not self.make_room(1, protect, log):
+            return False
+        self.table.chunk[b] = True
+        self.used += 1
+        self._tick += 1
+        self._order[b] = self._tick
+        self.table.last_use[b] = self._tick
+        return True
 
     def make_room(self, nblocks: int, protect: set[int], log: EventLog) -> bool:
         """Evict until ``nblocks`` chunks are free; False if only protected or pinned chunks are left."""

@@ -854,7 +854,7 @@ class Shortcuts:
                 stats.faults += _HALF
                 if not has_chunk:
                     before = mem.evicted_blocks
-                    self._claim_one(b, log)
+                    mem.claim_one(b, {b}, log)   # the victim was checked above: there is one
                     stats.evictions += mem.evicted_blocks - before
                 address = int(t.block_address[b]) + (first & (PAGES_PER_BLOCK - 1)) * PAGE_SIZE
                 alloc = int(t.block_alloc[b])
@@ -893,19 +893,6 @@ class Shortcuts:
                 break
             window *= 4 if served else 16    # the run goes on: look further ahead next time
         return done - pos
-
-    def _claim_one(self, b: int, log: EventLog) -> None:
-        """``GpuMemory.claim`` of one chunk for block ``b``, which holds none, under FIFO: evict the head of the
-        FIFO if no chunk is free, then take one; the same records, clock, state and queue."""
-        mem, t = self.memory, self.table
-        if mem.free_blocks <= 0:
-            mem.make_room(1, {b}, log)
-        tick = mem._tick + 1
-        t.chunk[b] = True
-        t.last_use[b] = tick
-        mem.used += 1
-        mem._tick = tick
-        mem._order[b] = tick
 
     def _half_segments(self, pages: np.ndarray, lo: int, hi: int, wr: bool | np.ndarray,
                        g: int) -> tuple[list, list, list, list, dict, dict]:
