@@ -20,7 +20,8 @@ in flight can issue. The link is full duplex: remote writes overlap remote reads
 the direction that carries more.
 
 Common cases (a streaming kernel's whole blocks, plain batches, a host thread's run of faults) are serviced by
-the exact shortcuts of :mod:`.shortcuts`, with the same records, clock and state as batch by batch.
+the exact shortcuts of :mod:`.shortcuts`, and runs of scattered batches in untouched blocks by :mod:`.scattered`,
+with the same records, clock and state as batch by batch.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from .eviction import GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
 from .prefetcher import DEFAULT_THRESHOLD, block_prefetch, dense_subtrees
+from .scattered import ScatteredBatches
 from .shortcuts import _HALF, _LANES, _SCAN, Shortcuts, block_runs, blocks_of
 from .thrashing import ThrashingDetector
 
@@ -72,7 +74,7 @@ def _written(remote: np.ndarray, n_remote: int, write: bool | np.ndarray, n: int
     return n_remote if write else 0
 
 
-class FaultEngine(Shortcuts):
+class FaultEngine(Shortcuts, ScatteredBatches):
     """Services access streams on one page table with one device's memory.
 
     Parameters
@@ -108,6 +110,10 @@ class FaultEngine(Shortcuts):
         #: Service a GPU stream's run of half-block batches with hits between them (a stencil's rows) by
         #: :meth:`_half_blocks`, all at once; it stands for ``_service_run``, so it runs only with that on.
         self.fast_half_blocks = True
+        #: Service a GPU stream's run of batches whose faults land in untouched blocks, no block in two of them
+        #: (a strided read, a gather's first touches), by :meth:`_scattered`, all at once; it stands for
+        #: ``_service_plain``, so it runs only with that on.
+        self.fast_scattered = True
         self._remote_read_s = self._remote_written_s = 0.0
         self._kept_for: tuple | None = None
         self._kept: dict[str, dict] = {}
@@ -220,6 +226,12 @@ class FaultEngine(Shortcuts):
                     and processor != HOST_ID:
                 done = self._half_blocks(pages, pos, wr, processor, log, stats, local=local, remote=remote,
                                          kind=kind, stream=stream)
+                if done:
+                    pos += done
+                    continue
+            if self.fast_scattered and self.fast_batches and in_flight == batch_size and processor != HOST_ID:
+                done = self._scattered(pages, pos, wr, processor, log, stats, local=local, remote=remote, kind=kind,
+                                       stream=stream)
                 if done:
                     pos += done
                     continue

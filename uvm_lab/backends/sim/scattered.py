@@ -1,0 +1,413 @@
+"""An exact shortcut for scattered GPU batches: many batches of faults in untouched blocks, serviced at once.
+
+A strided read (one page in every 64 KiB) or the first touches of a gather fault on nearly every access, so
+the general path spends a pass over arrays, a prefetcher call and a handful of record calls on every batch of
+256 faults. Where each batch's faults land in blocks that nothing has brought to this GPU (no chunk, no page
+here, no advice, no remote mapping) and no two batches share a block, no batch changes what another finds:
+which accesses fault, what the density prefetcher adds and what moves are all decided by the state before
+the first of them. :meth:`ScatteredBatches._scattered` then services the run with one pass over arrays for
+all its batches, and a scalar loop per batch for the clock, with the same float operations in the same order
+as :meth:`~.shortcuts.Shortcuts._service_plain` and :class:`~.eviction.GpuMemory` use batch by batch. The
+engine's ``fast_scattered`` switch turns it off, which is how the tests compare it with the general path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...events.schema import EVENT_DTYPE, AccessType, EventKind, MigrationCause
+from ...location import HOST_ID
+from ...units import PAGE_SIZE
+from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, page_runs
+from .platform import link_seconds
+
+if TYPE_CHECKING:
+    from .engine import StreamStats
+
+__all__ = ["ScatteredBatches"]
+
+_SCAN = 1 << 16         # as shortcuts._SCAN: the longest scan window _run_chunk takes while everything hits
+_FIRST_WINDOW = 1 << 11
+_LAST_WINDOW = 1 << 18
+
+
+def _group_clock(now: float, d: np.ndarray, lo: int, hi: int, t0: np.ndarray, t1: np.ndarray) -> float:
+    """Stamp records ``lo:hi`` (seconds ``d``, already in ns) back to back from ``now`` as EventLog.add_many does:
+    one addition after another for up to four records, else ``now`` plus a running sum. Returns the clock."""
+    c = hi - lo
+    if c <= 4:
+        for i in range(lo, hi):
+            t0[i] = now
+            now = now + d[i]
+            t1[i] = now
+        return now
+    ends = now + np.cumsum(d[lo:hi])
+    t0[lo] = now
+    t0[lo + 1:hi] = ends[:-1]
+    t1[lo:hi] = ends
+    return float(ends[-1])
+
+
+def _slots(owner: np.ndarray, base: np.ndarray) -> np.ndarray:
+    """Where each record goes: its batch's first slot for this kind plus its rank among the batch's (``owner``
+    sorted by batch)."""
+    n = len(owner)
+    if not n:
+        return owner
+    first = np.flatnonzero(np.concatenate(([True], owner[1:] != owner[:-1])))
+    rank = np.arange(n) - np.repeat(first, np.diff(np.append(first, n)))
+    return base[owner] + rank
+
+
+class ScatteredBatches:
+    """The scattered-batch shortcut, mixed into :class:`~.engine.FaultEngine` (whose state and helpers it uses)."""
+
+    def _scattered(self, pages: np.ndarray, pos: int, wr: bool | np.ndarray, processor: int, log: EventLog,
+                   stats: StreamStats, *, local: float, remote: float, kind: AccessType, stream: int) -> int:
+        """Service, all at once, the GPU batches from ``pages[pos]`` (a fault) on whose faults land in untouched
+        blocks, no block in two batches; returns the accesses consumed (0: the general path runs).
+
+        Each batch is, as in ``_run_chunk``, the faults among the ``fault_batch_size`` accesses from the next
+        fault on, serviced as :meth:`_service_plain` services it, then those accesses, and the hits up to the
+        next batch in ``_run_chunk``'s scan windows. The run stops before a batch that touches a block an
+        earlier one did, a block that holds anything on this GPU, advice or a remote mapping, a block the
+        thrashing detector would flag, a remote access, a change of access type, or an eviction of a chunk that
+        holds duplicates or that the accesses after that batch's use. FIFO eviction only, no thrashing state.
+        """
+        mem = self.memory
+        if mem.policy != "fifo" or mem.overlap or self.thrashing.blocks or mem.free_blocks < 0:
+            return 0
+        n = len(pages)
+        window = _FIRST_WINDOW
+        done = pos
+        while done < n:
+            end = min(n, done + window)
+            run = self._scattered_run(pages, done, end, wr, processor, log)
+            if run is None:
+                break
+            done = self._scattered_service(run, pages, wr, processor, log, stats, local=local, remote=remote,
+                                           kind=kind, stream=stream)
+            if not run["whole"] or end == n:
+                break
+            window = min(window * 8, _LAST_WINDOW)
+        return done - pos
+
+    # -- which batches ------------------------------------------------------------------------------------------
+    def _scattered_run(self, pages: np.ndarray, lo: int, hi: int, wr: bool | np.ndarray, processor: int,
+                       log: EventLog) -> dict | None:
+        """The batches among ``pages[lo:hi]`` that :meth:`_scattered` can service, or None if not even one."""
+        t, p, mem, thr = self.table, self.platform, self.memory, self.thrashing
+        n = len(pages)
+        size = p.fault_batch_size
+        span = pages[lo:hi]
+        short = False     # the run ends inside the span: the general path takes over after it
+        if isinstance(wr, np.ndarray):
+            w = wr[lo:hi]
+            change = np.flatnonzero(w != w[0])
+            if len(change):   # one access type per run: the batches' records then need no split
+                hi = lo + int(change[0])
+                short = True
+                span, w = span[:hi - lo], w[:hi - lo]
+            write = bool(w[0]) if len(w) else False
+        else:
+            w, write = wr, bool(wr)
+        if not len(span):
+            return None
+        # A remote hit is taken for a fault here: its block (AccessedBy, or mapped remotely) ends the run below.
+        faults = np.flatnonzero(~self._usable(span, processor, w)[0]) + lo
+        # The batches' starts: the first fault, then the first fault past each batch's accesses.
+        starts = []
+        k = 0
+        nf = len(faults)
+        while k < nf:
+            s = int(faults[k])
+            e = min(s + size, n)
+            if e > hi:
+                break
+            starts.append(s)
+            k = int(np.searchsorted(faults, e))
+        if not starts:
+            return None
+        starts_a = np.array(starts, dtype=np.int64)
+        fpos = faults[:k]
+        fbatch = np.searchsorted(starts_a, fpos, side="right") - 1
+        fpages = pages[fpos]
+        order = np.lexsort((fpages, fbatch))
+        fpages, fbatch = fpages[order], fbatch[order]
+        keep = np.concatenate(([True], (fpages[1:] != fpages[:-1]) | (fbatch[1:] != fbatch[:-1])))
+        upages, ubatch = fpages[keep], fbatch[keep]
+        ublock = upages >> BLOCK_SHIFT
+        first = np.concatenate(([True], (ublock[1:] != ublock[:-1]) | (ubatch[1:] != ubatch[:-1])))
+        bblock, bbatch = ublock[first], ubatch[first]
+        nb = len(starts)
+        # A block in two batches: the later one would find the earlier one's pages here.
+        blocks, where, inverse = np.unique(bblock, return_index=True, return_inverse=True)
+        again = bbatch != bbatch[where][inverse]
+        if again.any():
+            nb = int(bbatch[again].min())
+        # Untouched here: no chunk, no page on this GPU or elsewhere but the host, no advice, no remote mapping.
+        rows = t.state.reshape(-1, PAGES_PER_BLOCK)[blocks]
+        fresh = ~t.chunk[blocks] & (rows <= 1).all(axis=1)
+        fresh &= ~t.read_mostly.reshape(-1, PAGES_PER_BLOCK)[blocks].any(axis=1)
+        fresh &= (t.preferred.reshape(-1, PAGES_PER_BLOCK)[blocks] == NO_LOCATION).all(axis=1)
+        fresh &= ~(t.accessed_by.reshape(-1, PAGES_PER_BLOCK)[blocks]
+                   | t.remote.reshape(-1, PAGES_PER_BLOCK)[blocks]).any(axis=1)
+        if thr.enabled and thr._touch:   # a block last migrated elsewhere, lately: the detector would flag it
+            now, lapse, touch = int(log.t), thr.c.lapse, thr._touch
+            for j, b in enumerate(blocks.tolist()):
+                seen = touch.get(b)
+                if seen is not None and seen[0] != processor and now - seen[1] <= lapse:
+                    fresh[j] = False
+        if not fresh.all():
+            nb = min(nb, int(bbatch[where][~fresh].min()))
+        # Chunks: each batch claims one per block; past the free ones, FIFO's head goes, victim by victim.
+        per_batch = np.bincount(bbatch, minlength=len(starts))
+        evicting = np.maximum(np.cumsum(per_batch) - mem.free_blocks, 0)
+        queued = len(mem._order)
+        if nb and evicting[nb - 1] > queued:
+            nb = int(np.searchsorted(evicting, queued, side="right"))
+        n_evict = int(evicting[nb - 1]) if nb else 0
+        victims = np.fromiter(mem._order.keys(), dtype=np.int64, count=n_evict) if n_evict else \
+            np.zeros(0, np.int64)
+        if n_evict:
+            g = mem.bit
+            vst = t.state.reshape(-1, PAGES_PER_BLOCK)[victims]
+            valid = np.arange(PAGES_PER_BLOCK)[None, :] < t.block_pages[victims][:, None]
+            vst = np.where(valid, vst, 0)
+            # The batch that evicts each victim, and the accesses that must not come after it.
+            by = np.searchsorted(evicting, np.arange(n_evict), side="right")
+            stop = nb
+            dup = (((vst & g) != 0) & (vst != g)).any(axis=1)
+            if dup.any():
+                stop = min(stop, int(by[np.argmax(dup)]))
+            touched = span >> BLOCK_SHIFT
+            vs = np.argsort(victims)
+            at = np.searchsorted(victims[vs], touched)
+            hit = at < n_evict
+            hit[hit] = victims[vs][at[hit]] == touched[hit]
+            if hit.any():   # within its batch's accesses a victim still hits (they were gathered before)
+                used = np.flatnonzero(hit) + lo
+                which = vs[at[hit]]
+                late = used >= np.minimum(starts_a[by[which]] + size, n)
+                if late.any():
+                    stop = min(stop, int(by[which][late].min()))
+            if stop < nb:
+                nb = stop
+                n_evict = int(evicting[nb - 1]) if nb else 0
+                victims = victims[:n_evict]
+                vst = vst[:n_evict]
+                by = by[:n_evict]
+        if nb == 0:
+            return None
+        whole = not short and nb == len(starts)
+        take = ubatch < nb
+        bsel = bbatch < nb
+        return {"whole": whole, "from": lo, "starts": starts_a[:nb], "pages": upages[take], "batch": ubatch[take],
+                "blocks": bblock[bsel], "block_batch": bbatch[bsel], "victims": victims,
+                "victim_states": vst if n_evict else None, "victim_batch": by if n_evict else None,
+                "write": write}
+
+    # -- servicing them -----------------------------------------------------------------------------------------
+    def _scattered_service(self, run: dict, pages: np.ndarray, wr: bool | np.ndarray, processor: int, log: EventLog,
+                           stats: StreamStats, *, local: float, remote: float, kind: AccessType, stream: int) -> int:
+        """Service the batches :meth:`_scattered_run` found; returns the stream position after the last one."""
+        t, p, mem, thr = self.table, self.platform, self.memory, self.thrashing
+        n = len(pages)
+        size = p.fault_batch_size
+        g = 1 << (processor + 1)
+        starts = run["starts"]
+        nb = len(starts)
+        fp, fb = run["pages"], run["batch"]
+        blocks, block_batch = run["blocks"], run["block_batch"]
+        victims = run["victims"]
+        # The prefetcher, once for every batch's blocks (it decides block by block).
+        if self.prefetch:
+            order = np.argsort(fp, kind="stable")
+            extra = self._prefetch_pages(fp[order], np.ones(len(fp), dtype=bool), processor, g)
+            by_block = np.argsort(blocks, kind="stable")
+            eb = block_batch[by_block][np.searchsorted(blocks[by_block], extra >> BLOCK_SHIFT)]
+            o = np.argsort(eb, kind="stable")
+            extra, eb = extra[o], eb[o]
+        else:
+            extra, eb = fp[:0], fb[:0]
+        st, ex_st = t.state[fp], t.state[extra]
+        moving, ex_moving = st != 0, ex_st != 0
+        moved, moved_b = fp[moving], fb[moving]
+        ex_moved, ex_moved_b = extra[ex_moving], eb[ex_moving]
+        ex_pop, ex_pop_b = extra[~ex_moving], eb[~ex_moving]
+        # Copies: one per run of pages moving, faulted ones (COHERENCE) and then prefetched ones (PREFETCH).
+        coh_start, coh_len = page_runs(moved)
+        pre_start, pre_len = page_runs(ex_moved)
+        coh_b = self._batch_of(blocks, block_batch, coh_start)
+        pre_b = self._batch_of(blocks, block_batch, pre_start)
+        coh_bytes = coh_len.astype(np.uint64) * PAGE_SIZE
+        pre_bytes = pre_len.astype(np.uint64) * PAGE_SIZE
+        coh_d = link_seconds(coh_bytes, p.fault_htod_bw, p.link_k) * 1e9 if len(coh_bytes) else np.zeros(0)
+        pre_d = link_seconds(pre_bytes, p.fault_htod_bw, p.link_k) * 1e9 if len(pre_bytes) else np.zeros(0)
+        # Fault records: one per run of faulted and first-touched pages, batch by batch; value counts the faults.
+        if len(ex_pop):
+            allp = np.concatenate((fp, ex_pop))
+            allb = np.concatenate((fb, ex_pop_b))
+            isf = np.concatenate((np.ones(len(fp), dtype=np.int64), np.zeros(len(ex_pop), dtype=np.int64)))
+            o = np.lexsort((allp, allb))
+            allp, isf = allp[o], isf[o]
+        else:
+            allp, isf = fp, None
+        f_start, f_len = page_runs(allp)
+        f_b = self._batch_of(blocks, block_batch, f_start)
+        if isf is None:
+            f_val = f_len
+        else:
+            f_val = np.add.reduceat(isf, np.concatenate(([0], np.cumsum(f_len)[:-1]))) if len(f_len) else f_len
+        # Evictions: runs of the pages only each victim's chunk holds (GpuMemory.evict), victim by victim.
+        n_evict = len(victims)
+        if n_evict:
+            vst = run["victim_states"]
+            flat = np.flatnonzero((vst == mem.bit).reshape(-1))
+            only = victims[flat >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (flat & (PAGES_PER_BLOCK - 1))
+            ev_start, ev_len = page_runs(only)
+            ev_owner = (flat[np.concatenate(([0], np.cumsum(ev_len)[:-1]))] >> BLOCK_SHIFT) if len(ev_start) \
+                else np.zeros(0, np.int64)
+            ev_bytes = ev_len.astype(np.uint64) * PAGE_SIZE
+            ev_d = link_seconds(ev_bytes, p.eviction_bw, p.link_k) * 1e9 if len(ev_bytes) else np.zeros(0)
+            ev_runs = np.bincount(ev_owner, minlength=n_evict)
+            ev_first = np.concatenate(([0], np.cumsum(ev_runs)))
+            victim_b = run["victim_batch"]
+            ev_b = victim_b[ev_owner]
+        else:
+            only = ev_start = ev_b = np.zeros(0, np.int64)
+            ev_d = np.zeros(0)
+            ev_first = np.zeros(1, np.int64)
+            victim_b = np.zeros(0, np.int64)
+        # Per batch: counts for the service time, and where each kind's records begin.
+        cnt = lambda b: np.bincount(b, minlength=nb)   # noqa: E731
+        n_pages, n_blocks = cnt(fb), cnt(block_batch)
+        n_moved, n_ex_moved, n_ex_pop = cnt(moved_b), cnt(ex_moved_b), cnt(ex_pop_b)
+        mig = np.concatenate((moved, ex_moved))
+        mig_b = np.concatenate((moved_b, ex_moved_b))
+        if len(mig):
+            o = np.lexsort((mig, mig_b))
+            mig, mig_b = mig[o], mig_b[o]
+        unmap_runs = cnt(self._batch_of(blocks, block_batch, page_runs(mig)[0])) if len(mig) else np.zeros(nb, int)
+        n_ev, n_coh, n_pre, n_f = cnt(ev_b), cnt(coh_b), cnt(pre_b), cnt(f_b)
+        per = n_ev + n_coh + n_pre + n_f
+        base = np.concatenate(([0], np.cumsum(per)[:-1]))
+        # -- the clock, batch by batch ------------------------------------------------------------------------
+        ev_t0, ev_t1 = np.empty(len(ev_start)), np.empty(len(ev_start))
+        coh_t0, coh_t1 = np.empty(len(coh_start)), np.empty(len(coh_start))
+        pre_t0, pre_t1 = np.empty(len(pre_start)), np.empty(len(pre_start))
+        fault_t = np.empty(nb, dtype=np.int64)
+        touch_t = np.empty(nb, dtype=np.int64)
+        wait = p.fault_eviction_latency * 1e9
+        hit_steps: dict[int, float] = {}
+
+        def hit(count: int) -> float:
+            step = hit_steps.get(count)
+            if step is None:
+                step = hit_steps[count] = (count * local + 0 * remote) * 1e9
+            return step
+
+        first_ev = np.searchsorted(victim_b, np.arange(nb + 1)).tolist() if n_evict else [0] * (nb + 1)
+        coh_at = np.concatenate(([0], np.cumsum(n_coh))).tolist()
+        pre_at = np.concatenate(([0], np.cumsum(n_pre))).tolist()
+        ev_at = ev_first.tolist()
+        npg, nbk = n_pages.tolist(), n_blocks.tolist()
+        nmv, nxm, nxp, nur = n_moved.tolist(), n_ex_moved.tolist(), n_ex_pop.tolist(), unmap_runs.tolist()
+        s_list = starts.tolist()
+        now = log.t
+        cursor = run["from"]
+        for j in range(nb):
+            s = s_list[j]
+            gap, width = s - cursor, 1024      # hits since the last batch, in _run_chunk's scan windows
+            while gap >= width:
+                now += hit(width)
+                gap -= width
+                width = min(2 * width, _SCAN)
+            if gap:
+                now += hit(gap)
+            for v in range(first_ev[j], first_ev[j + 1]):
+                now = _group_clock(now, ev_d, ev_at[v], ev_at[v + 1], ev_t0, ev_t1)
+                now = now + wait
+            now = _group_clock(now, coh_d, coh_at[j], coh_at[j + 1], coh_t0, coh_t1)
+            now = _group_clock(now, pre_d, pre_at[j], pre_at[j + 1], pre_t0, pre_t1)
+            fault_t[j] = int(now)
+            k, moved_j = npg[j], nmv[j] + nxm[j]
+            new_chunks = nbk[j]
+            service = p.fault_batch_latency + p.fault_block_latency * nbk[j] + k * p.fault_latency
+            service += (k - nmv[j] + nxp[j]) * PAGE_SIZE / p.gpu_populate_bw \
+                + moved_j * p.fault_page_latency + moved_j * p.fault_unmap_latency \
+                + nur[j] * p.fault_unmap_run_latency + new_chunks * p.fault_chunk_latency
+            now += service * 1e9
+            touch_t[j] = int(now)
+            cut = min(s + size, n) - s
+            now += hit(cut)
+            cursor = s + cut
+        log.t = now
+        # -- the records, in the order the general path appends them -------------------------------------------
+        out = np.zeros(int(per.sum()), dtype=EVENT_DTYPE)
+
+        def put(slots: np.ndarray, kind_: int, flags: int, src: int, dst: int, t0: np.ndarray, t1: np.ndarray,
+                start_pages: np.ndarray, nbytes: np.ndarray, value: np.ndarray, alloc: np.ndarray, on: int) -> None:
+            r = np.zeros(len(slots), dtype=EVENT_DTYPE)
+            r["kind"], r["flags"], r["src"], r["dst"] = kind_, flags, src, dst
+            r["start"], r["end"] = t0, t1
+            r["address"], r["bytes"], r["value"] = t.addresses(start_pages), nbytes, value
+            r["alloc_id"], r["stream"] = alloc, on
+            out[slots] = r
+
+        if len(ev_start):
+            put(_slots(ev_b, base), EventKind.DTOH, MigrationCause.EVICTION, mem.device, HOST_ID,
+                ev_t0.astype(np.uint64), ev_t1.astype(np.uint64), ev_start, ev_bytes, ev_bytes,
+                t.block_alloc[victims[ev_owner]], 0)
+        if len(coh_start):
+            put(_slots(coh_b, base + n_ev), EventKind.HTOD, MigrationCause.COHERENCE, HOST_ID, processor,
+                coh_t0.astype(np.uint64), coh_t1.astype(np.uint64), coh_start, coh_bytes, coh_bytes,
+                t.block_alloc[coh_start >> BLOCK_SHIFT], stream)
+        if len(pre_start):
+            put(_slots(pre_b, base + n_ev + n_coh), EventKind.HTOD, MigrationCause.PREFETCH, HOST_ID, processor,
+                pre_t0.astype(np.uint64), pre_t1.astype(np.uint64), pre_start, pre_bytes, pre_bytes,
+                t.block_alloc[pre_start >> BLOCK_SHIFT], stream)
+        if len(f_start):
+            ft = fault_t[f_b].astype(np.uint64)
+            put(_slots(f_b, base + n_ev + n_coh + n_pre), EventKind.GPU_PAGE_FAULT,
+                kind if run["write"] else AccessType.READ, processor, processor, ft, ft, f_start,
+                f_len.astype(np.uint64) * PAGE_SIZE, f_val, t.block_alloc[f_start >> BLOCK_SHIFT], stream)
+        log._flush_rows()
+        log.chunks.append(out)
+        # -- state, chunks, the FIFO and the detector, as the batches leave them ---------------------------------
+        if n_evict:
+            t.state[only] = 1
+            for v in victims.tolist():
+                mem.drop(v)
+            mem.evicted_blocks += n_evict
+            stats.evictions += n_evict
+        t.state[fp] = g
+        if len(extra):
+            t.state[extra] = g
+        t.chunk[blocks] = True
+        mem.used += len(blocks)
+        q = np.arange(len(blocks), dtype=np.int64)
+        t.last_use[blocks] = mem._tick + q + block_batch + 1          # each batch's claims, one tick each
+        requeued = mem._tick + np.cumsum(n_blocks) + np.arange(nb) + 1   # then its migrated_into tick
+        mem._order.update(zip(blocks.tolist(), requeued[block_batch].tolist(), strict=True))
+        mem._tick = int(requeued[-1])
+        if thr.enabled and len(mig):
+            mb = mig >> BLOCK_SHIFT
+            keep = np.concatenate(([True], mb[1:] != mb[:-1]))
+            when = touch_t[mig_b[keep]].tolist()
+            thr._touch.update((b, (processor, w)) for b, w in zip(mb[keep].tolist(), when, strict=True))
+        stats.batches += nb
+        stats.faults += len(fp)
+        stats.bytes_htod += (len(moved) + len(ex_moved)) * PAGE_SIZE
+        stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
+        return cursor
+
+    @staticmethod
+    def _batch_of(blocks: np.ndarray, block_batch: np.ndarray, first_pages: np.ndarray) -> np.ndarray:
+        """The batch of each record, from the block of its first page (no block is in two batches)."""
+        if not len(first_pages):
+            return np.zeros(0, np.int64)
+        o = np.argsort(blocks, kind="stable")
+        return block_batch[o][np.searchsorted(blocks[o], first_pages >> BLOCK_SHIFT)]
