@@ -22,6 +22,7 @@ from ...location import HOST_ID
 from ...units import PAGE_SIZE
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, page_runs
 from .platform import link_seconds
+from .prefetcher import block_prefetch
 
 if TYPE_CHECKING:
     from .engine import StreamStats
@@ -204,7 +205,7 @@ class ScatteredBatches:
         whole = not short and nb == len(starts)
         take = ubatch < nb
         bsel = bbatch < nb
-        return {"whole": whole, "from": lo, "starts": starts_a[:nb], "pages": upages[take], "batch": ubatch[take],
+        return {"whole": whole, "from": lo, "starts": starts_a[:nb], "pages": upages[take],
                 "blocks": bblock[bsel], "block_batch": bbatch[bsel], "victims": victims,
                 "victim_states": vst if n_evict else None, "victim_batch": by if n_evict else None,
                 "write": write}
@@ -219,48 +220,57 @@ class ScatteredBatches:
         g = 1 << (processor + 1)
         starts = run["starts"]
         nb = len(starts)
-        fp, fb = run["pages"], run["batch"]
+        # Page by page the work goes in page order (no page, and no block, is in two batches); records are put
+        # in batch order at the end. A page's batch comes from its block, through a table over the blocks' span.
+        fp = np.sort(run["pages"])
         blocks, block_batch = run["blocks"], run["block_batch"]
         victims = run["victims"]
+        b_lo = int(blocks.min())
+        lut = np.zeros(int(blocks.max()) - b_lo + 1, dtype=np.int64)
+        lut[blocks - b_lo] = block_batch
+        by_page = np.sort(blocks)
+        edges = np.concatenate((by_page, by_page + 1)) * PAGES_PER_BLOCK
+
+        def batch_of(first: np.ndarray) -> np.ndarray:
+            return lut[(first >> BLOCK_SHIFT) - b_lo]
+
+        def per_batch(sorted_pages: np.ndarray) -> np.ndarray:
+            """How many of ``sorted_pages`` each batch holds, counted block by block."""
+            at = np.searchsorted(sorted_pages, edges)
+            return np.bincount(lut[by_page - b_lo], weights=at[len(by_page):] - at[:len(by_page)],
+                               minlength=nb).astype(np.int64)
+
+        def in_batch_order(first: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, ...]:
+            """Runs found in page order, put in batch order (page order within a batch), with their batches."""
+            owner = batch_of(first)
+            o = np.argsort(owner, kind="stable")
+            return (owner[o], first[o], *(c[o] for c in cols))
+
         # The prefetcher, once for every batch's blocks (it decides block by block).
-        if self.prefetch:
-            order = np.argsort(fp, kind="stable")
-            extra = self._prefetch_pages(fp[order], np.ones(len(fp), dtype=bool), processor, g)
-            by_block = np.argsort(blocks, kind="stable")
-            eb = block_batch[by_block][np.searchsorted(blocks[by_block], extra >> BLOCK_SHIFT)]
-            o = np.argsort(eb, kind="stable")
-            extra, eb = extra[o], eb[o]
-        else:
-            extra, eb = fp[:0], fb[:0]
+        extra = self._fresh_prefetch(fp, by_page, processor, g) if self.prefetch else fp[:0]
         st, ex_st = t.state[fp], t.state[extra]
-        moving, ex_moving = st != 0, ex_st != 0
-        moved, moved_b = fp[moving], fb[moving]
-        ex_moved, ex_moved_b = extra[ex_moving], eb[ex_moving]
-        ex_pop, ex_pop_b = extra[~ex_moving], eb[~ex_moving]
+        ex_moving = ex_st != 0
+        moved = fp[st != 0]
+        ex_moved, ex_pop = extra[ex_moving], extra[~ex_moving]
         # Copies: one per run of pages moving, faulted ones (COHERENCE) and then prefetched ones (PREFETCH).
-        coh_start, coh_len = page_runs(moved)
-        pre_start, pre_len = page_runs(ex_moved)
-        coh_b = self._batch_of(blocks, block_batch, coh_start)
-        pre_b = self._batch_of(blocks, block_batch, pre_start)
+        coh_b, coh_start, coh_len = in_batch_order(*page_runs(moved))
+        pre_b, pre_start, pre_len = in_batch_order(*page_runs(ex_moved))
         coh_bytes = coh_len.astype(np.uint64) * PAGE_SIZE
         pre_bytes = pre_len.astype(np.uint64) * PAGE_SIZE
         coh_d = link_seconds(coh_bytes, p.fault_htod_bw, p.link_k) * 1e9 if len(coh_bytes) else np.zeros(0)
         pre_d = link_seconds(pre_bytes, p.fault_htod_bw, p.link_k) * 1e9 if len(pre_bytes) else np.zeros(0)
-        # Fault records: one per run of faulted and first-touched pages, batch by batch; value counts the faults.
+        # Fault records: one per run of faulted and first-touched pages; value counts the faults in it.
         if len(ex_pop):
             allp = np.concatenate((fp, ex_pop))
-            allb = np.concatenate((fb, ex_pop_b))
-            isf = np.concatenate((np.ones(len(fp), dtype=np.int64), np.zeros(len(ex_pop), dtype=np.int64)))
-            o = np.lexsort((allp, allb))
-            allp, isf = allp[o], isf[o]
+            o = np.argsort(allp, kind="stable")
+            allp = allp[o]
+            isf = (o < len(fp)).astype(np.int64)
+            f_start, f_len = page_runs(allp)
+            f_val = np.add.reduceat(isf, np.concatenate(([0], np.cumsum(f_len)[:-1])))
         else:
-            allp, isf = fp, None
-        f_start, f_len = page_runs(allp)
-        f_b = self._batch_of(blocks, block_batch, f_start)
-        if isf is None:
+            f_start, f_len = page_runs(fp)
             f_val = f_len
-        else:
-            f_val = np.add.reduceat(isf, np.concatenate(([0], np.cumsum(f_len)[:-1]))) if len(f_len) else f_len
+        f_b, f_start, f_len, f_val = in_batch_order(f_start, f_len, f_val)
         # Evictions: runs of the pages only each victim's chunk holds (GpuMemory.evict), victim by victim.
         n_evict = len(victims)
         if n_evict:
@@ -283,14 +293,12 @@ class ScatteredBatches:
             victim_b = np.zeros(0, np.int64)
         # Per batch: counts for the service time, and where each kind's records begin.
         cnt = lambda b: np.bincount(b, minlength=nb)   # noqa: E731
-        n_pages, n_blocks = cnt(fb), cnt(block_batch)
-        n_moved, n_ex_moved, n_ex_pop = cnt(moved_b), cnt(ex_moved_b), cnt(ex_pop_b)
-        mig = np.concatenate((moved, ex_moved))
-        mig_b = np.concatenate((moved_b, ex_moved_b))
-        if len(mig):
-            o = np.lexsort((mig, mig_b))
-            mig, mig_b = mig[o], mig_b[o]
-        unmap_runs = cnt(self._batch_of(blocks, block_batch, page_runs(mig)[0])) if len(mig) else np.zeros(nb, int)
+        n_pages, n_blocks, n_moved = cnt(batch_of(fp)), cnt(block_batch), cnt(batch_of(moved))
+        n_ex_moved, n_ex_pop = per_batch(ex_moved), per_batch(ex_pop)
+        # What leaves the host, as ranges unmapped (cut where a block ends): a merge of two sorted arrays.
+        mig = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
+        mig_start = page_runs(mig)[0]
+        unmap_runs = cnt(batch_of(mig_start))
         n_ev, n_coh, n_pre, n_f = cnt(ev_b), cnt(coh_b), cnt(pre_b), cnt(f_b)
         per = n_ev + n_coh + n_pre + n_f
         base = np.concatenate(([0], np.cumsum(per)[:-1]))
@@ -350,12 +358,10 @@ class ScatteredBatches:
 
         def put(slots: np.ndarray, kind_: int, flags: int, src: int, dst: int, t0: np.ndarray, t1: np.ndarray,
                 start_pages: np.ndarray, nbytes: np.ndarray, value: np.ndarray, alloc: np.ndarray, on: int) -> None:
-            r = np.zeros(len(slots), dtype=EVENT_DTYPE)
-            r["kind"], r["flags"], r["src"], r["dst"] = kind_, flags, src, dst
-            r["start"], r["end"] = t0, t1
-            r["address"], r["bytes"], r["value"] = t.addresses(start_pages), nbytes, value
-            r["alloc_id"], r["stream"] = alloc, on
-            out[slots] = r
+            for name, column in (("kind", kind_), ("flags", flags), ("src", src), ("dst", dst), ("start", t0),
+                                 ("end", t1), ("address", t.addresses(start_pages)), ("bytes", nbytes),
+                                 ("value", value), ("alloc_id", alloc), ("stream", on)):
+                out[name][slots] = column
 
         if len(ev_start):
             put(_slots(ev_b, base), EventKind.DTOH, MigrationCause.EVICTION, mem.device, HOST_ID,
@@ -393,21 +399,45 @@ class ScatteredBatches:
         requeued = mem._tick + np.cumsum(n_blocks) + np.arange(nb) + 1   # then its migrated_into tick
         mem._order.update(zip(blocks.tolist(), requeued[block_batch].tolist(), strict=True))
         mem._tick = int(requeued[-1])
-        if thr.enabled and len(mig):
-            mb = mig >> BLOCK_SHIFT
-            keep = np.concatenate(([True], mb[1:] != mb[:-1]))
-            when = touch_t[mig_b[keep]].tolist()
-            thr._touch.update((b, (processor, w)) for b, w in zip(mb[keep].tolist(), when, strict=True))
+        if thr.enabled and len(mig):   # on_migration's first note of each block that pages left the host for
+            mb = mig_start >> BLOCK_SHIFT
+            mb = mb[np.concatenate(([True], mb[1:] != mb[:-1]))]
+            when = touch_t[lut[mb - b_lo]].tolist()
+            thr._touch.update((b, (processor, w)) for b, w in zip(mb.tolist(), when, strict=True))
         stats.batches += nb
         stats.faults += len(fp)
         stats.bytes_htod += (len(moved) + len(ex_moved)) * PAGE_SIZE
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
         return cursor
 
-    @staticmethod
-    def _batch_of(blocks: np.ndarray, block_batch: np.ndarray, first_pages: np.ndarray) -> np.ndarray:
-        """The batch of each record, from the block of its first page (no block is in two batches)."""
-        if not len(first_pages):
-            return np.zeros(0, np.int64)
-        o = np.argsort(blocks, kind="stable")
-        return block_batch[o][np.searchsorted(blocks[o], first_pages >> BLOCK_SHIFT)]
+    def _fresh_prefetch(self, fp: np.ndarray, blocks: np.ndarray, processor: int, g: int) -> np.ndarray:
+        """What the density prefetcher adds to faults ``fp`` (sorted) in untouched ``blocks`` (sorted): as
+        ``_prefetch_pages`` finds it, where nothing is resident, nothing is advised and nothing thrashes.
+
+        A regular stride faults every block in the same few patterns: each pattern is worked out once (and
+        kept, by :func:`block_prefetch`) and laid over its blocks. Scattered faults, all patterns different,
+        go to ``_prefetch_pages`` at once.
+        """
+        t = self.table
+        row = np.searchsorted(blocks, fp >> BLOCK_SHIFT)
+        faulted = np.zeros((len(blocks), PAGES_PER_BLOCK), dtype=bool)
+        faulted[row, fp & (PAGES_PER_BLOCK - 1)] = True
+        npages = t.block_pages[blocks].astype(np.int64)
+        key = np.concatenate((np.packbits(faulted, axis=1), npages.astype("<u2").view(np.uint8).reshape(-1, 2)),
+                             axis=1)
+        patterns, first, which = np.unique(np.ascontiguousarray(key).view(f"V{key.shape[1]}").ravel(),
+                                           return_index=True, return_inverse=True)
+        if len(patterns) * 8 > len(blocks):
+            return self._prefetch_pages(fp, np.ones(len(fp), dtype=bool), processor, g)
+        nothing = np.zeros(PAGES_PER_BLOCK, dtype=bool)
+        cands = [block_prefetch(nothing, faulted[r], int(npages[r]), self.threshold) for r in first.tolist()]
+        sizes = np.array([len(c) for c in cands], dtype=np.int64)
+        flat = np.concatenate(cands) if len(cands) else np.zeros(0, np.int64)
+        at = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+        per_row = sizes[which]
+        total = int(per_row.sum())
+        if not total:
+            return fp[:0]
+        row_first = np.concatenate(([0], np.cumsum(per_row)[:-1]))
+        idx = np.repeat(at[which] - row_first, per_row) + np.arange(total)
+        return np.repeat(blocks * PAGES_PER_BLOCK, per_row) + flat[idx].astype(np.int64)
