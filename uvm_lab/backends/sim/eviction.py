@@ -280,8 +280,14 @@ class GpuMemory:
         else:
             for _ in range(len(victims)):
                 log.advance(self.platform.fault_eviction_latency)
+        self.evicted(victims, only)
+
+    def evicted(self, victims: np.ndarray, only: np.ndarray) -> None:
+        """After the copies of a run of evictions: ``only`` (the pages only the victims held) are on the host, and
+        the victims' chunks are given back (:meth:`drop` for each, at once)."""
+        table = self.table
         table.state[only] = 1
-        held = victims[table.chunk[victims]]    # drop() for each victim, at once
+        held = victims[table.chunk[victims]]
         table.chunk[held] = False
         self.used -= len(held)
         for b in held.tolist():

@@ -384,10 +384,7 @@ class ScatteredBatches:
         log.chunks.append(out)
         # -- state, chunks, the FIFO and the detector, as the batches leave them ---------------------------------
         if n_evict:
-            t.state[only] = 1
-            for v in victims.tolist():
-                mem.drop(v)
-            mem.evicted_blocks += n_evict
+            mem.evicted(victims, only)
             stats.evictions += n_evict
         t.state[fp] = g
         if len(extra):

@@ -230,10 +230,7 @@ class Shortcuts:
         log.chunks.append(out)
         # -- state, chunks and the FIFO, as the batches leave them ------------------------------------------------
         if n_evict:
-            t.state[only] = 1
-            for v in victims.tolist():
-                mem.drop(v)
-            mem.evicted_blocks += n_evict
+            mem.evicted(victims, only)
         t.state[p0:p0 + nb * PAGES_PER_BLOCK] = g
         t.chunk[b0:b0 + nb] = True
         mem.used += nb
