@@ -24,10 +24,11 @@ HALF = 256
 GPU, HOST = Location.device(0), Location.host()
 
 
-def _run(fast: bool, script, **backend) -> tuple:
+def _run(fast: bool, script, switch: str = "fast_half_blocks", **backend) -> tuple:
+    """Run ``script`` with the engine's fast path ``switch`` on or off: the trace, results, clock and state."""
     bus = EventBus(capacity=1 << 22)
     b = SimBackend(bus=bus, **backend)
-    b._engine.fast_half_blocks = fast
+    setattr(b._engine, switch, fast)
     results = script(b)
     t, mem, thr = b._table, b._memory, b._thrashing
     state = np.concatenate((t.state, t.writable, t.remote, t.chunk.view(np.uint8), t.last_use.view(np.uint8)))
@@ -35,11 +36,10 @@ def _run(fast: bool, script, **backend) -> tuple:
         sorted(thr._touch.items()), sorted(thr.blocks)
 
 
-@pytest.fixture
-def taken(monkeypatch) -> list[int]:
-    """Accesses the fast path consumed, call by call."""
+def count_taken(monkeypatch, method: str) -> list[int]:
+    """Accesses the engine's fast path ``method`` consumed, call by call."""
     consumed: list[int] = []
-    original = FaultEngine._half_blocks
+    original = getattr(FaultEngine, method)
 
     def counting(self, *args, **kwargs):
         done = original(self, *args, **kwargs)
@@ -47,8 +47,14 @@ def taken(monkeypatch) -> list[int]:
             consumed.append(done)
         return done
 
-    monkeypatch.setattr(FaultEngine, "_half_blocks", counting)
+    monkeypatch.setattr(FaultEngine, method, counting)
     return consumed
+
+
+@pytest.fixture
+def taken(monkeypatch) -> list[int]:
+    """Accesses the half-block path consumed, call by call."""
+    return count_taken(monkeypatch, "_half_blocks")
 
 
 def _pages(ptr: int, size: int) -> np.ndarray:

@@ -13,12 +13,12 @@ import pytest
 
 from uvm_lab import workloads as W
 from uvm_lab.backends.sim import SimBackend
-from uvm_lab.backends.sim.engine import FaultEngine
-from uvm_lab.events import EventBus
 from uvm_lab.events.schema import Advice, MemoryKind
 from uvm_lab.location import Location
 
 from .test_sim_fast_batches import _assert_same
+from .test_sim_fast_half_blocks import _run as _run_with
+from .test_sim_fast_half_blocks import count_taken
 
 MiB = 1 << 20
 PAGE = 4096
@@ -26,30 +26,13 @@ GPU, HOST = Location.device(0), Location.host()
 
 
 def _run(fast: bool, script, **backend) -> tuple:
-    bus = EventBus(capacity=1 << 22)
-    b = SimBackend(bus=bus, **backend)
-    b._engine.fast_scattered = fast
-    results = script(b)
-    t, mem, thr = b._table, b._memory, b._thrashing
-    state = np.concatenate((t.state, t.writable, t.remote, t.chunk.view(np.uint8), t.last_use.view(np.uint8)))
-    return bus.history(), results, b.now_ns(), state, list(mem._order.items()), mem.evicted_blocks, \
-        sorted(thr._touch.items()), sorted(thr.blocks)
+    return _run_with(fast, script, "fast_scattered", **backend)
 
 
 @pytest.fixture
 def taken(monkeypatch) -> list[int]:
-    """Accesses the fast path consumed, call by call."""
-    consumed: list[int] = []
-    original = FaultEngine._scattered
-
-    def counting(self, *args, **kwargs):
-        done = original(self, *args, **kwargs)
-        if done:
-            consumed.append(done)
-        return done
-
-    monkeypatch.setattr(FaultEngine, "_scattered", counting)
-    return consumed
+    """Accesses the scattered-batch path consumed, call by call."""
+    return count_taken(monkeypatch, "_scattered")
 
 
 def _pages(ptr: int, size: int, step: int = PAGE) -> np.ndarray:

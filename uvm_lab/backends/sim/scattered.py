@@ -23,13 +23,13 @@ from ...units import PAGE_SIZE
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, page_runs
 from .platform import link_seconds
 from .prefetcher import block_prefetch
+from .shortcuts import HitSteps
 
 if TYPE_CHECKING:
     from .engine import StreamStats
 
 __all__ = ["ScatteredBatches"]
 
-_SCAN = 1 << 16         # as shortcuts._SCAN: the longest scan window _run_chunk takes while everything hits
 _FIRST_WINDOW = 1 << 11
 _LAST_WINDOW = 1 << 18
 
@@ -309,14 +309,7 @@ class ScatteredBatches:
         fault_t = np.empty(nb, dtype=np.int64)
         touch_t = np.empty(nb, dtype=np.int64)
         wait = p.fault_eviction_latency * 1e9
-        hit_steps: dict[int, float] = {}
-
-        def hit(count: int) -> float:
-            step = hit_steps.get(count)
-            if step is None:
-                step = hit_steps[count] = (count * local + 0 * remote) * 1e9
-            return step
-
+        hit = HitSteps(local, remote)
         first_ev = np.searchsorted(victim_b, np.arange(nb + 1)).tolist() if n_evict else [0] * (nb + 1)
         coh_at = np.concatenate(([0], np.cumsum(n_coh))).tolist()
         pre_at = np.concatenate(([0], np.cumsum(n_pre))).tolist()
@@ -328,13 +321,7 @@ class ScatteredBatches:
         cursor = run["from"]
         for j in range(nb):
             s = s_list[j]
-            gap, width = s - cursor, 1024      # hits since the last batch, in _run_chunk's scan windows
-            while gap >= width:
-                now += hit(width)
-                gap -= width
-                width = min(2 * width, _SCAN)
-            if gap:
-                now += hit(gap)
+            now = hit.after_gap(now, s - cursor)   # the hits since the last batch
             for v in range(first_ev[j], first_ev[j + 1]):
                 now = _group_clock(now, ev_d, ev_at[v], ev_at[v + 1], ev_t0, ev_t1)
                 now = now + wait

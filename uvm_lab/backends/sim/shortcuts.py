@@ -31,7 +31,7 @@ from .prefetcher import block_prefetch
 if TYPE_CHECKING:
     from .engine import StreamStats
 
-__all__ = ["Shortcuts", "block_runs", "blocks_of"]
+__all__ = ["HitSteps", "Shortcuts", "block_runs", "blocks_of"]
 
 _LANES = np.arange(PAGES_PER_BLOCK)
 _SCAN = 1 << 16   # accesses checked at once while looking for the next fault
@@ -40,6 +40,32 @@ _HALF = PAGES_PER_BLOCK // 2
 _SCAN_SIZES = np.array([1024 << i for i in range((_SCAN // 1024).bit_length())], dtype=np.int64)
 _SCAN_CUM = np.cumsum(_SCAN_SIZES)
 _SCAN_CUM0 = np.concatenate(([0], _SCAN_CUM))
+
+
+class HitSteps:
+    """The clock's step for ``count`` accesses that hit locally, as ``_run_chunk``'s ``_hits`` adds it (kept per
+    count), and the steps for a gap of hits in the scan windows ``_run_chunk`` takes after a fault."""
+
+    def __init__(self, local: float, remote: float) -> None:
+        self.local, self.remote = local, remote
+        self._steps: dict[int, float] = {}
+
+    def __call__(self, count: int) -> float:
+        step = self._steps.get(count)
+        if step is None:
+            step = self._steps[count] = (count * self.local + 0 * self.remote) * 1e9
+        return step
+
+    def after_gap(self, now: float, gap: int) -> float:
+        """``now`` after ``gap`` hits, window by window (1024 after a fault, doubling up to ``_SCAN``)."""
+        size = 1024
+        while gap >= size:
+            now += self(size)
+            gap -= size
+            size = min(2 * size, _SCAN)
+        if gap:
+            now += self(gap)
+        return now
 
 
 def blocks_of(pages: np.ndarray) -> np.ndarray:
@@ -802,14 +828,7 @@ class Shortcuts:
                 np.array([_HALF], dtype=np.int64).astype(np.uint64) * PAGE_SIZE, p.fault_htod_bw, p.link_k).tolist()[0]
         service = self._half_service()
         prefetched = self._half_prefetch()
-        hit_steps: dict[int, float] = {}
-
-        def hit(count: int) -> float:
-            step = hit_steps.get(count)
-            if step is None:
-                step = hit_steps[count] = (count * local + 0 * remote) * 1e9
-            return step
-
+        hit = HitSteps(local, remote)
         read_kind = AccessType.READ
         order, touch, lapse = mem._order, thr._touch, thr.c.lapse
         rows = log.rows
@@ -838,14 +857,7 @@ class Shortcuts:
                 has_chunk = bool(t.chunk[b])
                 if not has_chunk and mem.free_blocks <= 0 and (not order or last.get(next(iter(order)), -1) >= i):
                     return done - pos     # no chunk to take, or the victim is used further on
-                # The hits since the last batch, in _run_chunk's scan windows (1024 after a fault, doubling).
-                gap, size = at - done, 1024
-                while gap >= size:
-                    log.t += hit(size)
-                    gap -= size
-                    size = min(2 * size, _SCAN)
-                if gap:
-                    log.t += hit(gap)
+                log.t = hit.after_gap(log.t, at - done)   # the hits since the last batch
                 # The batch, as _service_run.
                 stats.batches += 1
                 stats.faults += _HALF
