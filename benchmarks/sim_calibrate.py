@@ -42,7 +42,7 @@ FITTED = {
     "fault_page_latency": "latency", "fault_unmap_latency": "latency", "fault_unmap_run_latency": "latency",
     "fault_chunk_latency": "latency",
     "fault_htod_bw": "bandwidth", "cpu_fault_latency": "latency", "fault_dtoh_bw": "bandwidth",
-    "host_access_latency": "latency", "read_mostly_host_write_latency": "latency",
+    "host_access_latency": "latency", "host_write_latency": "latency", "read_mostly_host_write_latency": "latency",
     "read_mostly_protect_latency": "latency", "read_mostly_protect_run_latency": "latency",
     "prefetch_block_latency": "latency",
 }

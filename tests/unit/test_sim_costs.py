@@ -51,13 +51,13 @@ def test_host_writes_to_host_held_read_mostly_pages_fault_once_per_page_on_the_r
     assert (faults["flags"] == AccessType.UNKNOWN).all() and (faults["bytes"] == PAGE_SIZE).all()   # as CUPTI's
     assert not ((ev["kind"] == EventKind.HTOD) | (ev["kind"] == EventKind.DTOH)
                 | (ev["kind"] == EventKind.INVALIDATE)).any()
-    assert first.seconds == pytest.approx(N * (latency + p.host_access_latency))
+    assert first.seconds == pytest.approx(N * (latency + p.host_write_latency))
     assert (b.page_states(ptr, BLOCK_SIZE) == 1).all()
     # Written once, the mapping is read-write: the next pass and plain pages cost a touch each.
     again = b.access_stream(_pages(ptr), HOST, "write", bytes_per_access=1)
     other = b.access_stream(_pages(plain), HOST, "write", bytes_per_access=1)
     for r in (again, other):
-        assert r.faults == 0 and r.seconds == pytest.approx(N * p.host_access_latency)
+        assert r.faults == 0 and r.seconds == pytest.approx(N * p.host_write_latency)
     # A GPU read duplicates the pages (read-only everywhere): the host's next writes fault and invalidate the
     # GPU's copies, a CPU fault of the ordinary kind.
     b.access_stream(_pages(ptr), GPU, "read")
@@ -65,7 +65,7 @@ def test_host_writes_to_host_held_read_mostly_pages_fault_once_per_page_on_the_r
     _take(got)
     collapse = b.access_stream(_pages(ptr)[:4], HOST, "write", bytes_per_access=1)
     assert collapse.faults == 4
-    assert collapse.seconds == pytest.approx(4 * (p.cpu_fault_latency + p.host_access_latency))
+    assert collapse.seconds == pytest.approx(4 * (p.cpu_fault_latency + p.host_write_latency))
     assert (_take(got)["kind"] == EventKind.INVALIDATE).any()
 
 

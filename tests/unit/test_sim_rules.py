@@ -440,14 +440,34 @@ def test_r8_prefetch_of_resident_data_moves_nothing_but_walks_every_block():
 
 
 def test_host_touch_of_one_byte_per_page_costs_a_miss_not_a_page():
-    """The host touching one byte per resident page pays a miss per page; whole pages pay bandwidth."""
+    """The host touching one byte per resident page pays a miss per page, a write more than a read; whole
+    pages pay bandwidth."""
     b, _ = backend()
     ptr = b.allocate(4 * MiB, MemoryKind.MANAGED)
     b.prefetch(ptr, 4 * MiB, HOST)
     pages = ptr + np.arange(4 * MiB // PAGE_SIZE, dtype=np.uint64) * PAGE_SIZE
     p = b.platform
-    small = b.access_stream(pages, HOST, "write", bytes_per_access=1)
+    assert p.host_write_latency > p.host_access_latency
+    written = b.access_stream(pages, HOST, "write", bytes_per_access=1)
+    read = b.access_stream(pages, HOST, "read", bytes_per_access=1)
     whole = b.access_stream(pages, HOST, "write")
-    assert small.faults == whole.faults == 0
-    assert small.seconds == pytest.approx(len(pages) * p.host_access_latency)
+    assert written.faults == read.faults == whole.faults == 0
+    assert written.seconds == pytest.approx(len(pages) * p.host_write_latency)
+    assert read.seconds == pytest.approx(len(pages) * p.host_access_latency)
     assert whole.seconds == pytest.approx(4 * MiB / p.host_memory_bw)
+
+
+def test_a_host_stream_of_reads_and_writes_costs_each_at_its_own_rate():
+    """Mixed in one stream, the host's reads and writes of resident pages add up to what each costs alone."""
+    b, _ = backend()
+    ptr = b.allocate(4 * MiB, MemoryKind.MANAGED)
+    b.prefetch(ptr, 4 * MiB, HOST)
+    pages = ptr + np.arange(4 * MiB // PAGE_SIZE, dtype=np.uint64) * PAGE_SIZE
+    writes = np.zeros(len(pages), dtype=bool)
+    writes[::3] = True
+    p = b.platform
+    mixed = b.access_stream(pages, HOST, writes, bytes_per_access=1)
+    n_write = int(writes.sum())
+    assert mixed.faults == 0
+    assert mixed.seconds == pytest.approx(n_write * p.host_write_latency
+                                          + (len(pages) - n_write) * p.host_access_latency)

@@ -74,6 +74,16 @@ def _written(remote: np.ndarray, n_remote: int, write: bool | np.ndarray, n: int
     return n_remote if write else 0
 
 
+def _host_access_cost(write: bool | np.ndarray, read_cost: float, write_cost: float) -> float:
+    """What one host access of a chunk costs: a read's or a write's, or for a mix their mean over the chunk
+    (the hits are charged at one rate a chunk, so a mix gets its total right, not each access's time)."""
+    if not isinstance(write, np.ndarray):
+        return write_cost if write else read_cost
+    if not len(write):
+        return read_cost
+    return read_cost + (write_cost - read_cost) * (np.count_nonzero(write) / len(write))
+
+
 class FaultEngine(Shortcuts, ScatteredBatches):
     """Services access streams on one page table with one device's memory.
 
@@ -139,8 +149,9 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         kind = AccessType.WRITE if access_type is None else access_type
         start = log.t
         local, remote = bytes_per_access / local_bw, bytes_per_access / remote_bw
-        if host:   # one thread: a small access still costs a miss
-            local, remote = max(local, p.host_access_latency), max(remote, p.host_access_latency)
+        if host:   # one thread: a small access still costs a miss, a write more than a read
+            local_read, local_write = max(local, p.host_access_latency), max(local, p.host_write_latency)
+            remote = max(remote, p.host_access_latency)
         else:      # a small remote read is a round trip over the link, several in flight
             remote = max(remote, p.remote_request_latency / max(1, in_flight))
         # The link is full duplex: remote writes go the other way from remote reads and overlap them. Their
@@ -148,6 +159,8 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self._remote_read_s = self._remote_written_s = 0.0
         for pages in chunks:
             wr = bool(write) if writes is None else next(writes)
+            if host:
+                local = _host_access_cost(wr, local_read, local_write)
             self._run_chunk(np.asarray(pages, dtype=np.int64), wr, processor, log, stats, in_flight=max(1, in_flight),
                             local=local, remote=remote, bytes_per_access=bytes_per_access, kind=kind, stream=stream)
         if self._remote_written_s > self._remote_read_s:

@@ -104,6 +104,10 @@ class Platform:
     #: The least one host access to a resident page costs (a TLB and cache miss): a loop touching one byte
     #: of every page of 1 GiB took 2.6-4.9 ms on the H200 hosts, 10-19 ns a page.
     host_access_latency: float = 12e-9
+    #: The least one host write to a resident page costs: a store misses too, and its line goes back dirty. A
+    #: loop writing one byte of every page took 13.9-22.0 ns a page on the H200 hosts (45 timed passes over
+    #: nine leases, 128 MiB to 2 GiB, median 16.5), where the loop reading them took 8.1-14.4 (median 11.8).
+    host_write_latency: float = 16.5e-9
     #: Per ReadMostly page a GPU write fault takes to the writer (R3 (a): a write collapses the page to one
     #: copy, invalidating any other). Calibrated from the H200 measurements (driver 580,
     #: ``benchmarks/sim_vs_gpu_h200.json``): the stencil wrote its 1 GiB ReadMostly output in 60.3 s and the
