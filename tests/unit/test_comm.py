@@ -357,13 +357,15 @@ def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
             buf.prefetch("gpu" if i % 2 == 0 else "host")
             time.sleep(0.005)
         buf.prefetch("gpu")
-        elapsed = time.monotonic() - start
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             updates = comm.of_type("update")
             if updates and updates[-1][1] == [folded(buf)]:
                 break
             time.sleep(0.01)
+        # Updates go on until the last one lands, which on a loaded machine can be well after the cell: the
+        # throttle is judged over all of that time.
+        elapsed = time.monotonic() - start
         updates = comm.of_type("update")
         assert updates, "no update came while the cell ran"
         assert updates[-1][1] == [folded(buf)] == [bytes([2]) * 2048]
