@@ -36,7 +36,8 @@ from uvm_lab.units import BLOCK_SIZE
 #: The costs fitted, and what each is fitted as: a latency (seconds) or a bandwidth (fitted as its inverse). The
 #: fault paths' costs only: bandwidths measured directly (prefetch, remote reads, GPU memory) stay as measured,
 #: and the remote round trip and the ReadMostly GPU-write cost have no rows here that are not at the timer's
-#: floor or from an earlier run.
+#: floor or from an earlier run. A GPU write fault's own cost is set from a later lease's paired write and read
+#: sweeps, which these runs do not have.
 FITTED = {
     "fault_batch_latency": "latency", "fault_block_latency": "latency", "fault_latency": "latency",
     "fault_page_latency": "latency", "fault_unmap_latency": "latency", "fault_unmap_run_latency": "latency",

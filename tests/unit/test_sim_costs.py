@@ -251,3 +251,31 @@ def test_a_fault_waits_for_each_chunk_it_evicts_and_a_prefetch_does_not(path):
     assert evicted[1] == evicted[2] == 4
     expected = 4 * 20e-6 if path == "fault" else 0.0    # blocks 5-8 evict blocks 1-4 (FIFO): four chunks
     assert took[2] - took[1] == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize("latency", [0.11e-6, 1e-6])
+@pytest.mark.parametrize("order", ["sweep", "shuffled"])
+def test_a_gpu_write_fault_costs_fault_write_latency_more_than_a_read_fault(latency, order):
+    """A kernel writing host-held pages faults them in as one reading them does, the same batches and the same
+    bytes; each write fault adds ``fault_write_latency`` to its batch (a store does not stall its warp)."""
+    runs = {}
+    for mode in ("read", "write"):
+        b, got = _backend(fault_write_latency=latency)
+        ptr = b.allocate(8 * BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, 8 * BLOCK_SIZE, HOST)
+        pages = ptr + np.arange(8 * N, dtype=np.uint64) * PAGE_SIZE
+        if order == "shuffled":
+            pages = np.random.default_rng(7).permutation(pages)
+        _take(got)
+        r = b.access_stream(pages, GPU, mode)
+        ev = _take(got)
+        ev["address"] -= ptr          # the two backends place their buffers apart
+        runs[mode] = r, ev
+    (read, read_ev), (write, write_ev) = runs["read"], runs["write"]
+    assert write.faults == read.faults > 0
+    assert write.bytes_htod == read.bytes_htod == 8 * BLOCK_SIZE
+    faults = write_ev[write_ev["kind"] == EventKind.GPU_PAGE_FAULT]
+    read_faults = read_ev[read_ev["kind"] == EventKind.GPU_PAGE_FAULT]
+    assert (faults["flags"] == AccessType.WRITE).all() and int(faults["value"].sum()) == write.faults
+    assert (faults["address"] == read_faults["address"]).all() and (faults["value"] == read_faults["value"]).all()
+    assert write.seconds == pytest.approx(read.seconds + write.faults * latency, rel=1e-9)

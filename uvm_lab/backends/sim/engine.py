@@ -451,7 +451,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
                        else p.cpu_fault_latency)
         else:
             service = p.fault_batch_latency + p.fault_block_latency * len(blocks_of(pages)) \
-                + len(pages) * p.fault_latency
+                + len(pages) * p.fault_latency + int(np.count_nonzero(wr)) * p.fault_write_latency
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
         # Per range of source pages unmapped (or write-protected): a TLB shootdown, whatever its size. Faulted
         # and prefetched pages are disjoint, each sorted: their union is a merge.

@@ -10,12 +10,14 @@ by least squares to 82 timed passes of the workloads and their variants on one H
 - one GPU fault batch: about 31 us, plus 3.6 us per VA block, 6.7 us per 2 MiB chunk it allocates, 0.05 us
   per fault, 0.002 us per page copied, and for the source mapping each migration takes away 0.042 us per page
   plus 4.9 us per contiguous range (a TLB shootdown, whatever its size; a read duplicate of a read-only page
-  pays neither); copies at up to 55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 12.1 GB/s; a read
+  pays neither); a write fault 0.11 us more than a read (set from a later lease's paired sweeps); copies at
+  up to 55.3 GB/s. A grid-stride kernel faults 1 GiB in at about 12.1 GB/s; a read
   every 128 KiB, whose faults move 16 separate 64 KiB ranges per block, at 8.0 GB/s of what it moves;
 - evicting a 2 MiB root chunk copies it back at about 40 GB/s, synchronously on the fault path, where the
   fault also waits 50 us for the chunk (oversubscribed grid-stride passes run at 7 to 9 GB/s), and overlapped
   with the refill on the prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);
-- a CPU fault costs about 13 us plus its copies (fault-driven DtoH 20.1 GB/s asymptote).
+- a CPU fault costs about 13 us plus its copies (fault-driven DtoH 20.1 GB/s asymptote);
+- the host touching one byte of a resident page: 12 ns a read, 16.5 ns a write (the median of every lease).
 
 Another H200 host with the same driver serviced the same faults 25-40 % more slowly (``sim_vs_gpu_h200.json``):
 the fault path runs on the host's CPU, so a profile is a host's, not a GPU's.
@@ -148,6 +150,12 @@ class Platform:
     #: 16 KiB (65,536 faults) took 79.6 ms on the H200 where one every 64 KiB (16,384 faults) moving the same
     #: bytes in the same ranges took 45-50 ms.
     fault_latency: float = 0.049e-6
+    #: Per write fault a GPU batch services, on top of ``fault_latency``. A store does not stall its warp the
+    #: way a load does, so a writing kernel keeps faulting while the batch is serviced. On one H200 lease, in
+    #: rounds, a grid-stride write of 1 GiB of host-written pages took 121.0 ms where the read took 93.1
+    #: (27.9 ms over 262,144 faults), and of 256 MiB 32.4 ms against about 23.3 (9.1 ms over 65,536):
+    #: 0.11 us a fault (``benchmarks/sim_vs_gpu_h200_g_variants.json``). Set from those two rows.
+    fault_write_latency: float = 0.11e-6
     #: Per range of source pages a fault path unmaps (or write-protects): a TLB shootdown, whatever its size.
     fault_unmap_run_latency: float = 4.92e-6
     #: Per 2 MiB chunk evicted on a fault path, on top of copying its pages back: the fault waits for the chunk

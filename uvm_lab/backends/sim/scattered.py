@@ -220,6 +220,7 @@ class ScatteredBatches:
         g = 1 << (processor + 1)
         starts = run["starts"]
         nb = len(starts)
+        write = run["write"]
         # Page by page the work goes in page order (no page, and no block, is in two batches); records are put
         # in batch order at the end. A page's batch comes from its block, through a table over the blocks' span.
         fp = np.sort(run["pages"])
@@ -330,7 +331,8 @@ class ScatteredBatches:
             fault_t[j] = int(now)
             k, moved_j = npg[j], nmv[j] + nxm[j]
             new_chunks = nbk[j]
-            service = p.fault_batch_latency + p.fault_block_latency * nbk[j] + k * p.fault_latency
+            service = p.fault_batch_latency + p.fault_block_latency * nbk[j] + k * p.fault_latency \
+                + (k if write else 0) * p.fault_write_latency
             service += (k - nmv[j] + nxp[j]) * PAGE_SIZE / p.gpu_populate_bw \
                 + moved_j * p.fault_page_latency + moved_j * p.fault_unmap_latency \
                 + nur[j] * p.fault_unmap_run_latency + new_chunks * p.fault_chunk_latency

@@ -179,7 +179,8 @@ class Shortcuts:
         copy_s = float(link_seconds(np.array([half_bytes], dtype=np.uint64), p.fault_htod_bw, p.link_k)[0])
         halves = []   # a block's first batch allocates its chunk, the second finds it
         for new_chunks in (1, 0):
-            service = p.fault_batch_latency + p.fault_block_latency * 1 + _HALF * p.fault_latency
+            service = p.fault_batch_latency + p.fault_block_latency * 1 + _HALF * p.fault_latency \
+                + (_HALF if write else 0) * p.fault_write_latency
             service += 0 * PAGE_SIZE / p.gpu_populate_bw + half_bytes // PAGE_SIZE * p.fault_page_latency \
                 + _HALF * p.fault_unmap_latency + 1 * p.fault_unmap_run_latency + new_chunks * p.fault_chunk_latency
             halves.append(service)
@@ -674,7 +675,7 @@ class Shortcuts:
         n_populated = len(pages) - len(moved) + len(ex_pop)
         reads, writes = _reads_and_writes(pages, wr, ex_pop)
         service = p.cpu_fault_latency if host else p.fault_batch_latency + p.fault_block_latency * len(blocks) \
-            + len(pages) * p.fault_latency
+            + len(pages) * p.fault_latency + int(np.count_nonzero(wr)) * p.fault_write_latency
         populate_bw = p.host_populate_bw if host else p.gpu_populate_bw
         # Every page that moves here loses its source mapping. Disjoint and sorted: the union is a merge.
         migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
@@ -776,7 +777,8 @@ class Shortcuts:
         stats.bytes_prefetched += len(ex_moved) * PAGE_SIZE
         n_populated = k - len(moved) + len(ex_pop)
         migrated = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
-        service = self._run_service(k, n_populated, moved_bytes, unmapped, block_runs(migrated), has_chunk)
+        service = self._run_service(k, int(np.count_nonzero(wr)), n_populated, moved_bytes, unmapped,
+                                    block_runs(migrated), has_chunk)
         any_write = bool(wr.any())
         if len(ex_pop) or (any_write and not wr.all()):
             reads, writes = _reads_and_writes(pages, wr, ex_pop)
@@ -877,7 +879,7 @@ class Shortcuts:
                 now = int(log.t)
                 rows.append((EventKind.GPU_PAGE_FAULT, kind if write else read_kind, processor, processor, now, now,
                              address, nbytes, _HALF, alloc, stream))
-                log.t += service[code, has_chunk]
+                log.t += service[code, has_chunk, write]
                 t.state[first:first + _HALF] = g
                 mem._tick += 1               # GpuMemory.migrated_into, for one block
                 if b in order:
@@ -942,25 +944,29 @@ class Shortcuts:
         last = dict(zip(seg_blocks, range(len(seg_blocks)), strict=True))
         return (starts + lo).tolist(), first.tolist(), lengths.tolist(), writes, status, last
 
-    def _run_service(self, k: int, n_populated: int, moved_bytes: int, unmapped: int, runs: int,
+    def _run_service(self, k: int, written: int, n_populated: int, moved_bytes: int, unmapped: int, runs: int,
                      has_chunk: bool) -> float:
-        """Seconds to service a GPU batch of one run of ``k`` pages in one block (``_service``'s sum, in its order)."""
+        """Seconds to service a GPU batch of one run of ``k`` pages, ``written`` of them written, in one block
+        (``_service``'s sum, in its order)."""
         p = self.platform
-        service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency
+        service = p.fault_batch_latency + p.fault_block_latency * 1 + k * p.fault_latency \
+            + written * p.fault_write_latency
         service += n_populated * PAGE_SIZE / p.gpu_populate_bw + moved_bytes // PAGE_SIZE * p.fault_page_latency \
             + unmapped * p.fault_unmap_latency + runs * p.fault_unmap_run_latency \
             + (0 if has_chunk else 1) * p.fault_chunk_latency
         return service
 
     def _half_service(self) -> dict:
-        """The service time of a half-block batch, in ns, by (pages on the host, chunk already held)."""
+        """The service time of a half-block batch, in ns, by (pages on the host, chunk already held, written)."""
         kept = self._keep("half_service")
         if not kept:
             for moving in (0, 1):
                 moved = _HALF if moving else 0
                 for has_chunk in (False, True):
-                    kept[moving, has_chunk] = self._run_service(_HALF, _HALF - moved, moved * PAGE_SIZE, moved,
-                                                                1 if moved else 0, has_chunk) * 1e9
+                    for write in (False, True):
+                        kept[moving, has_chunk, write] = self._run_service(
+                            _HALF, _HALF if write else 0, _HALF - moved, moved * PAGE_SIZE, moved, 1 if moved else 0,
+                            has_chunk) * 1e9
         return kept
 
     def _half_prefetch(self) -> dict:
