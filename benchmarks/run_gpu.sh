@@ -33,5 +33,11 @@ python3 benchmarks/tracing_loss.py --trials 8
 #   V=$V,stencil:row_bytes=4MiB,tiled_matmul:tiles=2,tiled_matmul:tiles=8
 #   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases "$V" --policies faults,prefetch,remote \
 #       --json out/g_variants.json
+# The check of the host's and the GPU's write costs, as in sim_vs_gpu_h200_j_variants.json (one minute):
+#   V=sequential_stream:write=1:size=512MiB,sequential_stream:size=512MiB,sequential_stream:write=1:size=2GiB
+#   V=$V,sequential_stream:size=2GiB,sequential_stream:write=1,sequential_stream
+#   V=$V,stencil:row_bytes=2MiB,stencil:size=512MiB,tiled_matmul:size=512MiB,tiled_matmul
+#   V=$V,host_then_device:size=512MiB,host_then_device:write_every=4,host_then_device:size=4GiB
+#   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases "$V" --policies faults --json out/j_variants.json
 # then fit the profile's fault-path costs to what this machine measured:
 #   python3 benchmarks/sim_calibrate.py out/sim_vs_gpu.json out/variants.json --holdout workload
