@@ -154,7 +154,8 @@ class Platform:
     #: way a load does, so a writing kernel keeps faulting while the batch is serviced. On one H200 lease, in
     #: rounds, a grid-stride write of 1 GiB of host-written pages took 121.0 ms where the read took 93.1
     #: (27.9 ms over 262,144 faults), and of 256 MiB 32.4 ms against about 23.3 (9.1 ms over 65,536):
-    #: 0.11 us a fault (``benchmarks/sim_vs_gpu_h200_g_variants.json``). Set from those two rows.
+    #: 0.11 us a fault (``benchmarks/sim_vs_gpu_h200_g_variants.json``). Set from those two rows; another lease,
+    #: run after, put write sweeps of 0.5-2 GiB at 0.86-1.01x (``sim_vs_gpu_h200_j_variants.json``).
     fault_write_latency: float = 0.11e-6
     #: Per range of source pages a fault path unmaps (or write-protects): a TLB shootdown, whatever its size.
     fault_unmap_run_latency: float = 4.92e-6
