@@ -275,3 +275,68 @@ def test_a_stream_with_an_address_outside_managed_memory_is_refused():
         with pytest.raises(ul.errors.InvalidArgumentError, match=f"{bad:#x}"):
             b.access_stream(addresses, ul.Location.device(0), "read")
         assert np.array_equal(b.page_states(a, BLOCK_SIZE + PAGE_SIZE), before[0]) and b.now_ns() == before[1]
+
+
+def test_a_bad_address_in_a_later_chunk_or_part_leaves_everything_as_it_was():
+    """A list of chunks, and an array longer than one translated part, are checked whole before any access."""
+    from uvm_lab.backends.sim import SimBackend
+    from uvm_lab.events import EventBus
+
+    b = SimBackend(device_memory="8GiB", bus=EventBus())
+    size = 5 << 30                                 # 1,310,720 pages: more than one part of 1 Mi accesses
+    a = b.allocate(size, MemoryKind.MANAGED)
+    every = a + np.arange(size // PAGE_SIZE, dtype=np.uint64) * PAGE_SIZE
+    bad = np.uint64(a + size + PAGE_SIZE)
+    for stream in ([every[:1000], every[1000:2000], np.array([bad])],
+                   (every[:5000], np.concatenate((every[5000:6000], [bad]))),
+                   np.concatenate((every, [bad]))):
+        before = b.page_states(a, size), b.now_ns(), b.bus.published
+        with pytest.raises(ul.errors.InvalidArgumentError, match=f"{int(bad):#x}"):
+            b.access_stream(stream, ul.Location.device(0), "read")
+        assert np.array_equal(b.page_states(a, size), before[0])
+        assert (b.now_ns(), b.bus.published) == before[1:]
+
+
+def test_write_arrays_must_match_their_chunks():
+    from uvm_lab.backends.sim import SimBackend
+    from uvm_lab.events import EventBus
+
+    b = SimBackend(device_memory="64MiB", bus=EventBus())
+    a = b.allocate(4 * BLOCK_SIZE, MemoryKind.MANAGED)
+    pages = a + np.arange(4 * BLOCK_SIZE // PAGE_SIZE, dtype=np.uint64) * PAGE_SIZE
+    chunks = [pages[:100], pages[100:300]]
+    cases = (([np.zeros(100, bool), np.zeros(3, bool)], "chunk 1 has 3 flags for 200"),
+             ([np.zeros(100, bool)], "no write array for address chunk 1"),
+             ([np.zeros(100, bool), np.zeros(200, bool), np.zeros(5, bool)], "more write arrays"),
+             ([np.zeros(100, np.int8), np.zeros(200, bool)], "must be boolean"))
+    for mode, message in cases:
+        before = b.page_states(a, 4 * BLOCK_SIZE), b.now_ns(), b.bus.published
+        with pytest.raises(ul.errors.InvalidArgumentError, match=message):
+            b.access_stream(chunks, ul.Location.device(0), mode)
+        assert np.array_equal(b.page_states(a, 4 * BLOCK_SIZE), before[0])
+        assert (b.now_ns(), b.bus.published) == before[1:]
+
+
+def test_a_chunk_longer_than_one_part_keeps_its_write_flags_in_step():
+    """Writes go with their own accesses when a chunk is split for translation (2**20 accesses a part)."""
+    from uvm_lab.backends.sim import SimBackend
+    from uvm_lab.events import EventBus
+
+    b = SimBackend(device_memory="8GiB", bus=EventBus())
+    n = (1 << 20) + 4096
+    a = b.allocate(n * PAGE_SIZE, MemoryKind.MANAGED)
+    every = a + np.arange(n, dtype=np.uint64) * PAGE_SIZE
+    write = np.zeros(n, dtype=bool)
+    write[-2048:] = True                            # only pages of the second part are written
+    got: list[np.ndarray] = []
+    b.bus.subscribe(got.append, kinds=[EventKind.GPU_PAGE_FAULT])
+    b.access_stream(every, ul.Location.device(0), write)
+    b.bus.flush()
+    faults = np.concatenate(got)
+    written = faults[faults["flags"] != ul.events.AccessType.READ]
+    first = (written["address"] - np.uint64(a)) // np.uint64(PAGE_SIZE)
+    last = first + written["bytes"] // np.uint64(PAGE_SIZE)
+    touched = np.zeros(n, dtype=bool)
+    for lo, hi in zip(first.tolist(), last.tolist(), strict=True):
+        touched[lo:hi] = True
+    assert np.array_equal(touched, write)

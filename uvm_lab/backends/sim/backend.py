@@ -413,7 +413,7 @@ class SimBackend:
             else:
                 pages = np.arange(seg.base + first, seg.base + last, dtype=np.int64)
                 in_flight = 1 if processor.is_host else self.platform.gpu_pages_in_flight
-                stats = self._engine.run([pages], processor.id, mode != "read", log, in_flight=in_flight,
+                stats = self._engine.run([(pages, mode != "read")], processor.id, log, in_flight=in_flight,
                                          access_type=_ACCESS_TYPES[mode], stream=stream)
             return self._result(log, stats)
 
@@ -444,7 +444,10 @@ class SimBackend:
         Raises
         ------
         InvalidArgumentError
-            For an address outside every live managed allocation, or a bad mode or count.
+            For an address outside every live managed allocation, a bad mode or count, or a write array
+            whose length differs from its chunk's. An array, or a list or tuple of them, is checked whole
+            before any access runs, so nothing has happened when this is raised. Any other iterable is
+            streamed: each chunk is checked before it runs, and the chunks before a bad one have run.
         """
         if isinstance(mode, str) and mode not in _ACCESS_TYPES:
             raise InvalidArgumentError(f"mode must be one of {sorted(_ACCESS_TYPES)} or boolean write arrays, "
@@ -458,17 +461,21 @@ class SimBackend:
         self._check_location(processor)
         if in_flight is None:
             in_flight = 1 if processor.is_host else self.platform.gpu_pages_in_flight
+        in_memory = isinstance(addresses, (np.ndarray, list, tuple))
         chunks = [addresses] if isinstance(addresses, np.ndarray) else addresses
         if isinstance(mode, str):
-            write: bool | Iterator[np.ndarray] = mode != "read"
+            writes: bool | Iterable[np.ndarray] = mode != "read"
             access_type = _ACCESS_TYPES[mode]
         else:
-            write = (np.asarray(m, dtype=bool) for m in ([mode] if isinstance(mode, np.ndarray) else mode))
+            writes = [mode] if isinstance(mode, np.ndarray) else mode
             access_type = AccessType.WRITE
         with self._lock:
+            parts: Iterable[tuple[np.ndarray, bool | np.ndarray]] = self._parts_of(chunks, writes)
+            if in_memory:   # checked whole before anything runs: a bad address leaves the state as it was
+                parts = list(parts)
             log = EventLog(self._now)
             try:
-                stats = self._engine.run(self._pages_of(chunks), processor.id, write, log, in_flight=in_flight,
+                stats = self._engine.run(parts, processor.id, log, in_flight=in_flight,
                                          bytes_per_access=bytes_per_access, warps=warps, access_type=access_type,
                                          stream=stream)
             finally:
@@ -476,26 +483,35 @@ class SimBackend:
             return AccessResult(seconds=stats.seconds, faults=stats.faults, bytes_htod=stats.bytes_htod,
                                 bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
 
-    def _pages_of(self, chunks: Iterable[np.ndarray]) -> Iterator[np.ndarray]:
-        """Global page numbers of each chunk of addresses, checked against the live managed segments."""
+    def _parts_of(self, chunks: Iterable[np.ndarray], writes: bool | Iterable[np.ndarray]
+                  ) -> Iterator[tuple[np.ndarray, bool | np.ndarray]]:
+        """``(global pages, writes)`` of each part of each chunk, checked against the live managed segments.
+
+        ``writes`` is one flag for every access or a boolean array per chunk, split with it.
+        """
         starts = np.array(self._starts, dtype=np.uint64)
         segs = [self._segments[a] for a in self._starts]
         ends = np.array([s.end for s in segs], dtype=np.uint64)
         bases = np.array([s.base for s in segs], dtype=np.int64)
         managed = np.array([s.kind is MemoryKind.MANAGED for s in segs], dtype=bool)
-        for chunk in chunks:
+        flags = None if isinstance(writes, bool) else iter(writes)
+        for index, chunk in enumerate(chunks):
             a = np.asarray(chunk)
             if a.dtype.kind not in "iu":
                 raise InvalidArgumentError(f"addresses must be integers, got an array of {a.dtype}", value=a.dtype,
                                            expected="an integer array of byte addresses")
-            a = a.astype(np.uint64, copy=False)
+            a = a.astype(np.uint64, copy=False).reshape(-1)
+            w: bool | np.ndarray = writes if flags is None else _write_flags(next(flags, None), len(a), index)
             for lo in range(0, len(a), _STREAM_CHUNK):
                 part = a[lo:lo + _STREAM_CHUNK]
                 out = np.empty(len(part), dtype=np.int64)
                 # In slices that stay in the cache: the temporaries of a whole chunk cost more than the work.
                 for s in range(0, len(part), _TRANSLATE_SLICE):
                     _translate(part[s:s + _TRANSLATE_SLICE], out[s:s + _TRANSLATE_SLICE], starts, ends, bases, managed)
-                yield out
+                yield out, w if isinstance(w, bool) else w[lo:lo + _STREAM_CHUNK]
+        if flags is not None and next(flags, None) is not None:
+            raise InvalidArgumentError("mode has more write arrays than there are address chunks",
+                                       value="extra write arrays", expected="one write array per chunk")
 
     def _result(self, log: EventLog, stats: StreamStats) -> AccessResult:
         start = self._now
@@ -604,6 +620,21 @@ class SimBackend:
 
 # The eviction policies a SimBackend accepts, for discovery.
 SimBackend.EVICTION_POLICIES = EVICTION_POLICIES  # type: ignore[attr-defined]
+
+
+def _write_flags(flags: object, n: int, index: int) -> np.ndarray:
+    """Chunk ``index``'s write flags as a boolean array of its ``n`` accesses."""
+    if flags is None:
+        raise InvalidArgumentError(f"mode has no write array for address chunk {index}", value=None,
+                                   expected="one write array per chunk")
+    w = np.asarray(flags)
+    if w.dtype != np.bool_:
+        raise InvalidArgumentError(f"write arrays must be boolean, got an array of {w.dtype} for chunk {index}",
+                                   value=w.dtype, expected="a boolean array, True where the access writes")
+    if w.size != n:
+        raise InvalidArgumentError(f"the write array of chunk {index} has {w.size} flags for {n} addresses",
+                                   value=w.size, expected=f"{n} flags, one per address")
+    return w.reshape(-1)
 
 
 def _translate(part: np.ndarray, out: np.ndarray, starts: np.ndarray, ends: np.ndarray, bases: np.ndarray,

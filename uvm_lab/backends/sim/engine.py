@@ -129,12 +129,12 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self._kept: dict[str, dict] = {}
 
     # -- the stream ------------------------------------------------------------------------------------------
-    def run(self, chunks: Iterable[np.ndarray], processor: int, write: bool | Iterable[np.ndarray], log: EventLog,
+    def run(self, parts: Iterable[tuple[np.ndarray, bool | np.ndarray]], processor: int, log: EventLog,
             *, in_flight: int, bytes_per_access: int = PAGE_SIZE, warps: int | None = None,
             access_type: AccessType | None = None, stream: int = 0) -> StreamStats:
-        """Run the accesses in ``chunks`` (arrays of global pages) by ``processor``.
+        """Run the accesses in ``parts`` by ``processor``, in order.
 
-        ``write`` is one flag for every access or, chunk by chunk, a boolean array beside the pages.
+        Each part is an array of global pages and its writes: one flag for all, or a boolean array beside them.
         ``warps`` caps the throughput of accesses that hit (None: the whole device).
         """
         p = self.platform
@@ -145,7 +145,6 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         else:
             cap = float("inf") if warps is None else warps * p.warp_bw
             local_bw, remote_bw = min(p.gpu_memory_bw, cap), min(p.remote_bw, cap)
-        writes = None if isinstance(write, (bool, np.bool_)) else iter(write)
         kind = AccessType.WRITE if access_type is None else access_type
         start = log.t
         local, remote = bytes_per_access / local_bw, bytes_per_access / remote_bw
@@ -157,8 +156,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         # The link is full duplex: remote writes go the other way from remote reads and overlap them. Their
         # time is kept apart and only what exceeds the remote reads' is added, at the end of the stream.
         self._remote_read_s = self._remote_written_s = 0.0
-        for pages in chunks:
-            wr = bool(write) if writes is None else next(writes)
+        for pages, wr in parts:
             if host:
                 local = _host_access_cost(wr, local_read, local_write)
             self._run_chunk(np.asarray(pages, dtype=np.int64), wr, processor, log, stats, in_flight=max(1, in_flight),
