@@ -48,8 +48,9 @@ FITTED = {
     "prefetch_block_latency": "latency",
 }
 #: Passes shorter than this are at the floor of a timed pass on the GPU (a launch and a synchronization from
-#: Python: the 128 reads of a remote strided pass at an 8 MiB stride took 0.10 ms), which the simulator does not
-#: model; they are reported, not fitted.
+#: Python: the 128 reads of a remote strided pass at an 8 MiB stride took 0.10 ms). The simulator charges that
+#: floor (``Platform.kernel_launch_latency``, set from those passes), but they say little about the fault path's
+#: costs and much about the timer's noise: they are reported, not fitted.
 MIN_SECONDS = 2e-4
 NUDGE = 0.25
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from uvm_lab.backends.sim import PLATFORMS, SimBackend
+from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EventBus, EventKind
 from uvm_lab.events.schema import AccessType, Advice, MemoryKind, MigrationCause
 from uvm_lab.location import Location
@@ -279,3 +280,57 @@ def test_a_gpu_write_fault_costs_fault_write_latency_more_than_a_read_fault(late
     assert (faults["flags"] == AccessType.WRITE).all() and int(faults["value"].sum()) == write.faults
     assert (faults["address"] == read_faults["address"]).all() and (faults["value"] == read_faults["value"]).all()
     assert write.seconds == pytest.approx(read.seconds + write.faults * latency, rel=1e-9)
+
+
+@pytest.mark.parametrize("latency", [0.05e-3, 0.2e-3])
+def test_a_launched_stream_costs_the_kernel_launch_before_its_first_access(latency):
+    """``launch=True`` is a kernel launched on an idle GPU and waited for: its time and every record it makes
+    move by ``kernel_launch_latency``; nothing else changes."""
+    runs = {}
+    for launch in (False, True):
+        b, got = _backend(kernel_launch_latency=latency)
+        ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, BLOCK_SIZE, HOST)
+        _take(got)
+        start = b.now_ns()
+        r = b.access_stream(_pages(ptr), GPU, "read", launch=launch)
+        ev = _take(got)
+        runs[launch] = (r, ev, b.now_ns() - start, ev["address"] - np.uint64(ptr))
+    (plain, plain_ev, plain_ns, plain_at), (launched, launched_ev, launched_ns, launched_at) = runs[False], runs[True]
+    assert launched.seconds == pytest.approx(plain.seconds + latency)
+    assert launched_ns - plain_ns == pytest.approx(latency * 1e9, abs=1)
+    assert (launched.faults, launched.bytes_htod) == (plain.faults, plain.bytes_htod) and plain.faults
+    np.testing.assert_array_equal(launched_ev[["kind", "bytes"]], plain_ev[["kind", "bytes"]])
+    np.testing.assert_array_equal(launched_at, plain_at)
+    np.testing.assert_allclose(launched_ev["start"].astype(np.int64) - plain_ev["start"].astype(np.int64),
+                               latency * 1e9, atol=1)
+
+
+def test_only_a_gpu_stream_can_be_launched():
+    b, _ = _backend()
+    ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+    before = b.now_ns()
+    with pytest.raises(InvalidArgumentError, match="host launches nothing"):
+        b.access_stream(_pages(ptr), HOST, "read", launch=True)
+    with pytest.raises(InvalidArgumentError, match="launch must be True or False"):
+        b.access_stream(_pages(ptr), GPU, "read", launch="yes")
+    assert b.now_ns() == before
+
+
+def test_each_gpu_pass_of_a_workload_pays_one_launch_and_host_passes_none():
+    """As the GPU side times a pass (from a synchronized device to a synchronized device around its kernels),
+    the simulator adds one launch to every GPU pass, whatever its policy or the number of its kernels."""
+    from uvm_lab import workloads as W
+
+    base = PLATFORMS["x86-pcie5"]
+    for name, params, policy in (("host_then_device", {"passes": 2}, "faults"), ("tiled_matmul", {"tiles": 2},
+                                                                                  "faults"),
+                                 ("multi_pass_stream", {}, "prefetch"), ("strided", {}, "remote")):
+        w = W.make(name, size="64MiB", **params)
+        times = [[r.seconds for r in W.run_sim(w, policy=policy, platform=base.with_(kernel_launch_latency=lat),
+                                               device_memory="1GiB")]
+                 for lat in (0.1e-3, 0.3e-3)]
+        gpu = [ph.processor == "gpu" for ph in w.phases for _ in range(int(ph.param("passes", 1)))]
+        assert len(gpu) == len(times[0]), name
+        for is_gpu, lo, hi in zip(gpu, *times, strict=True):
+            assert hi - lo == pytest.approx(0.2e-3 if is_gpu else 0.0, abs=1e-9), (name, policy)

@@ -419,7 +419,8 @@ class SimBackend:
 
     def access_stream(self, addresses: np.ndarray | Iterable[np.ndarray], processor: Location,
                       mode: AccessMode | np.ndarray | Iterable[np.ndarray] = "read", *, in_flight: int | None = None,
-                      bytes_per_access: int = PAGE_SIZE, warps: int | None = None, stream: int = 0) -> AccessResult:
+                      bytes_per_access: int = PAGE_SIZE, warps: int | None = None, stream: int = 0,
+                      launch: bool = False) -> AccessResult:
         """Run an access stream on managed memory: addresses touched in program order (simulator only).
 
         Parameters
@@ -440,6 +441,9 @@ class SimBackend:
             Bytes each access moves when it hits (the cost of resident and remote accesses).
         warps
             Warps issuing the accesses; they cap what hits can stream (None: the whole GPU).
+        launch
+            The stream starts a kernel launched on an idle GPU: ``platform.kernel_launch_latency`` passes
+            before its first access (a GPU processor only).
 
         Raises
         ------
@@ -459,6 +463,12 @@ class SimBackend:
                 raise InvalidArgumentError(f"{name} must be a positive integer, got {value!r}", value=value,
                                            expected="a positive integer")
         self._check_location(processor)
+        if not isinstance(launch, (bool, np.bool_)):
+            raise InvalidArgumentError(f"launch must be True or False, got {launch!r}", value=launch,
+                                       expected="True or False")
+        if launch and processor.is_host:
+            raise InvalidArgumentError("launch is for a kernel: the host launches nothing", value=launch,
+                                       expected="launch=False for the host")
         if in_flight is None:
             in_flight = 1 if processor.is_host else self.platform.gpu_pages_in_flight
         in_memory = isinstance(addresses, (np.ndarray, list, tuple))
@@ -474,13 +484,16 @@ class SimBackend:
             if in_memory:   # checked whole before anything runs: a bad address leaves the state as it was
                 parts = list(parts)
             log = EventLog(self._now)
+            if launch:
+                log.advance(self.platform.kernel_launch_latency)
             try:
                 stats = self._engine.run(parts, processor.id, log, in_flight=in_flight,
                                          bytes_per_access=bytes_per_access, warps=warps, access_type=access_type,
                                          stream=stream)
             finally:
                 self._finish(log)
-            return AccessResult(seconds=stats.seconds, faults=stats.faults, bytes_htod=stats.bytes_htod,
+            seconds = stats.seconds + (self.platform.kernel_launch_latency if launch else 0.0)
+            return AccessResult(seconds=seconds, faults=stats.faults, bytes_htod=stats.bytes_htod,
                                 bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
 
     def _parts_of(self, chunks: Iterable[np.ndarray], writes: bool | Iterable[np.ndarray]

@@ -17,7 +17,10 @@ by least squares to 82 timed passes of the workloads and their variants on one H
   fault also waits 50 us for the chunk (oversubscribed grid-stride passes run at 7 to 9 GB/s), and overlapped
   with the refill on the prefetch path (chunked prefetch at 1.5x runs at 34 to 41 GB/s);
 - a CPU fault costs about 13 us plus its copies (fault-driven DtoH 20.1 GB/s asymptote);
-- the host touching one byte of a resident page: 12 ns a read, 16.5 ns a write (the median of every lease).
+- the host touching one byte of a resident page: 12 ns a read, 16.5 ns a write (the median of every lease);
+- a kernel launched from Python and waited for: 0.096 ms on top of its work (the least any timed pass took);
+  beyond it, a kernel reads resident pages at 3.0 TB/s (1 GiB in 0.43-0.57 ms, median 0.45, in the catalog's
+  later passes on every lease).
 
 Another H200 host with the same driver serviced the same faults 25-40 % more slowly (``sim_vs_gpu_h200.json``):
 the fault path runs on the host's CPU, so a profile is a host's, not a GPU's.
@@ -141,11 +144,17 @@ class Platform:
     read_mostly_protect_run_latency: float = 3.3e-6
     #: One small read of host memory through a remote mapping, start to finish: such reads are bound by the
     #: round trip, not the link, and each warp has one in flight, so an access costs this divided by the
-    #: pages in flight, or its bytes at ``remote_bw`` if that is longer. From the H200 (driver 580,
-    #: ``sim_vs_gpu_h200.json``, strided under PreferredLocation=host + AccessedBy): 16,384 4-byte reads,
-    #: one every 64 KiB of a 1 GiB buffer, took 0.161 ms, 9.8 ns each at 256 in flight. That pass is near the
-    #: 0.10 ms that any timed pass takes on the GPU (128 such reads took 0.10 ms), so this is an upper bound.
-    remote_request_latency: float = 2.5e-6
+    #: pages in flight, or its bytes at ``remote_bw`` if that is longer. Fitted (least squares on the log of
+    #: time, with ``kernel_launch_latency`` added) to the H200's strided passes under PreferredLocation=host +
+    #: AccessedBy: 4-byte reads every 16 KiB to 8 MiB of a 1 GiB buffer on one lease, every 64 KiB on eight
+    #: (``sim_vs_gpu_h200*.json``): 2.8 ns a read at 256 in flight; 14 of those 15 passes within 25 %, the
+    #: 16 KiB stride (65,536 reads in 0.186 ms) simulated 1.50x.
+    remote_request_latency: float = 0.72e-6
+    #: A kernel launched from Python (CuPy) on an idle GPU and waited for (``cudaDeviceSynchronize``): what a
+    #: timed pass costs beyond its work. On the H200 a pass of 128 remote reads, one every 8 MiB, took
+    #: 0.096 ms, of 512 and of 2,048 reads 0.098 and 0.101 ms (``sim_vs_gpu_h200_variants.json``).
+    #: :func:`uvm_lab.workloads.run_sim` adds it once to each GPU pass; a bare ``access_stream`` does not.
+    kernel_launch_latency: float = 0.096e-3
     #: Per fault a GPU batch services (reading, sorting and de-duplicating its fault buffer entry): a read every
     #: 16 KiB (65,536 faults) took 79.6 ms on the H200 where one every 64 KiB (16,384 faults) moving the same
     #: bytes in the same ranges took 45-50 ms.
@@ -209,7 +218,7 @@ _PCIE5 = Platform(
     cpu_fault_latency=13.3e-6,
     gpu_populate_bw=205e9,
     host_populate_bw=10e9,
-    gpu_memory_bw=2.5e12,
+    gpu_memory_bw=3.0e12,
     host_memory_bw=20e9,
     warp_bw=0.5e9,
     gpu_pages_in_flight=256,
