@@ -16,4 +16,6 @@ sim_vs_gpu_g_variants sim_vs_gpu_h200_g_variants.json
 sim_vs_gpu_h_variants sim_vs_gpu_h200_h_variants.json
 sim_vs_gpu_i_variants sim_vs_gpu_h200_i_variants.json
 sim_vs_gpu_j_variants sim_vs_gpu_h200_j_variants.json
+sim_vs_gpu_k_remote sim_vs_gpu_h200_k_remote.json
+sim_vs_gpu_k_resident sim_vs_gpu_h200_k_resident.json
 TABLES

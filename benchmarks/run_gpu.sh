@@ -39,5 +39,11 @@ python3 benchmarks/tracing_loss.py --trials 8
 #   V=$V,stencil:row_bytes=2MiB,stencil:size=512MiB,tiled_matmul:size=512MiB,tiled_matmul
 #   V=$V,host_then_device:size=512MiB,host_then_device:write_every=4,host_then_device:size=4GiB
 #   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases "$V" --policies faults --json out/j_variants.json
+# The check of the timed pass's floor, as in sim_vs_gpu_h200_k_remote.json and _k_resident.json (one minute):
+#   S=$(printf 'strided:stride=%s,' 16KiB 32KiB 64KiB 128KiB 512KiB 2MiB 8MiB)
+#   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases "${S}random_gather:count=16384,random_gather:count=65536,random_gather" \
+#       --policies remote --json out/k_remote.json
+#   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases multi_pass_stream,multi_pass_stream:size=4GiB,host_then_device:passes=2 \
+#       --policies faults,prefetch --json out/k_resident.json
 # then fit the profile's fault-path costs to what this machine measured:
 #   python3 benchmarks/sim_calibrate.py out/sim_vs_gpu.json out/variants.json --holdout workload
