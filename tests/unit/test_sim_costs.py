@@ -334,3 +334,30 @@ def test_each_gpu_pass_of_a_workload_pays_one_launch_and_host_passes_none():
         assert len(gpu) == len(times[0]), name
         for is_gpu, lo, hi in zip(gpu, *times, strict=True):
             assert hi - lo == pytest.approx(0.2e-3 if is_gpu else 0.0, abs=1e-9), (name, policy)
+
+
+@pytest.mark.parametrize("mode", ["read", "write", "atomic"])
+def test_access_on_a_gpu_costs_the_touch_kernels_launch_and_its_rate_on_resident_pages(mode):
+    """``access()`` on a GPU is the CUDA backend's byte-wise touch kernel: a launch, then each resident byte at the
+    touch kernel's rate for the mode, on device memory and on managed memory already on the GPU alike."""
+    rates = {"read": 1e12, "write": 0.5e12, "atomic": 2e12}
+    b, _ = _backend(access_launch_latency=0.05e-3, touch_read_bw=rates["read"], touch_write_bw=rates["write"],
+                    touch_atomic_bw=rates["atomic"])
+    size = 4 * BLOCK_SIZE
+    device = b.allocate(size, MemoryKind.DEVICE)
+    managed = b.allocate(size, MemoryKind.MANAGED)
+    b.prefetch(managed, size, GPU)
+    for ptr in (device, managed):
+        r = b.access(ptr, size, GPU, mode)
+        assert r.faults in (None, 0)
+        assert r.seconds == pytest.approx(0.05e-3 + size / rates[mode], abs=2e-9)   # the clock counts whole ns
+
+
+def test_host_access_pays_no_kernel_launch():
+    took = []
+    for latency in (0.01e-3, 1e-3):
+        b, _ = _backend(access_launch_latency=latency)
+        ptr = b.allocate(BLOCK_SIZE, MemoryKind.MANAGED)
+        b.prefetch(ptr, BLOCK_SIZE, HOST)
+        took.append(b.access(ptr, BLOCK_SIZE, HOST, "read").seconds)
+    assert took[0] == took[1] > 0

@@ -391,7 +391,11 @@ class SimBackend:
 
     # -- access ------------------------------------------------------------------------------------------------
     def access(self, ptr: int, size: int, processor: Location, mode: AccessMode, *, stream: int = 0) -> AccessResult:
-        """Every page of the range, once, in order: a grid-stride kernel on a GPU, a loop on the host."""
+        """Every page of the range, once, in order: a grid-stride kernel on a GPU, a loop on the host.
+
+        On a GPU it costs what the CUDA backend's ``access`` costs: a launch (``access_launch_latency``) and
+        its byte-wise touch kernel's rate on resident pages (``touch_read_bw`` and the like), faults aside.
+        """
         if mode not in _ACCESS_TYPES:
             raise InvalidArgumentError(f"mode must be one of {sorted(_ACCESS_TYPES)}, got {mode!r}",
                                        value=mode, expected=", ".join(sorted(_ACCESS_TYPES)))
@@ -400,11 +404,15 @@ class SimBackend:
             self._check_location(processor)
             first, last = seg.page_range(ptr, size)
             log = EventLog(self._now)
+            p = self.platform
+            touch_bw = {"read": p.touch_read_bw, "write": p.touch_write_bw, "atomic": p.touch_atomic_bw}[mode]
+            if seg.kind is MemoryKind.DEVICE and processor.is_host:
+                raise BackendError("the host cannot access device memory (cudaMalloc); use managed or "
+                                   "pinned host memory, or copy it")
+            if not processor.is_host:   # the touch kernel, launched and waited for, as the CUDA backend times it
+                log.advance(p.access_launch_latency)
             if seg.kind is MemoryKind.DEVICE:
-                if processor.is_host:
-                    raise BackendError("the host cannot access device memory (cudaMalloc); use managed or "
-                                       "pinned host memory, or copy it")
-                log.advance((last - first) * PAGE_SIZE / self.platform.gpu_memory_bw)
+                log.advance((last - first) * PAGE_SIZE / touch_bw)
                 stats = StreamStats()
             elif seg.kind is MemoryKind.PINNED_HOST:
                 bw = self.platform.host_memory_bw if processor.is_host else self.platform.remote_bw
@@ -414,7 +422,7 @@ class SimBackend:
                 pages = np.arange(seg.base + first, seg.base + last, dtype=np.int64)
                 in_flight = 1 if processor.is_host else self.platform.gpu_pages_in_flight
                 stats = self._engine.run([(pages, mode != "read")], processor.id, log, in_flight=in_flight,
-                                         access_type=_ACCESS_TYPES[mode], stream=stream)
+                                         access_type=_ACCESS_TYPES[mode], stream=stream, memory_bw=touch_bw)
             return self._result(log, stats)
 
     def access_stream(self, addresses: np.ndarray | Iterable[np.ndarray], processor: Location,

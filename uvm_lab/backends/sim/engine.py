@@ -131,11 +131,12 @@ class FaultEngine(Shortcuts, ScatteredBatches):
     # -- the stream ------------------------------------------------------------------------------------------
     def run(self, parts: Iterable[tuple[np.ndarray, bool | np.ndarray]], processor: int, log: EventLog,
             *, in_flight: int, bytes_per_access: int = PAGE_SIZE, warps: int | None = None,
-            access_type: AccessType | None = None, stream: int = 0) -> StreamStats:
+            access_type: AccessType | None = None, stream: int = 0, memory_bw: float | None = None) -> StreamStats:
         """Run the accesses in ``parts`` by ``processor``, in order.
 
         Each part is an array of global pages and its writes: one flag for all, or a boolean array beside them.
-        ``warps`` caps the throughput of accesses that hit (None: the whole device).
+        ``warps`` caps the throughput of accesses that hit (None: the whole device); ``memory_bw`` is what hits
+        on a GPU stream at (None: ``platform.gpu_memory_bw``, a kernel of word loads).
         """
         p = self.platform
         stats = StreamStats()
@@ -144,7 +145,8 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             local_bw, remote_bw = p.host_memory_bw, p.remote_host_bw
         else:
             cap = float("inf") if warps is None else warps * p.warp_bw
-            local_bw, remote_bw = min(p.gpu_memory_bw, cap), min(p.remote_bw, cap)
+            local_bw = min(p.gpu_memory_bw if memory_bw is None else memory_bw, cap)
+            remote_bw = min(p.remote_bw, cap)
         kind = AccessType.WRITE if access_type is None else access_type
         start = log.t
         local, remote = bytes_per_access / local_bw, bytes_per_access / remote_bw

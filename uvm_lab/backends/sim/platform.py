@@ -155,6 +155,17 @@ class Platform:
     #: 0.096 ms, of 512 and of 2,048 reads 0.098 and 0.101 ms (``sim_vs_gpu_h200_variants.json``).
     #: :func:`uvm_lab.workloads.run_sim` adds it once to each GPU pass; a bare ``access_stream`` does not.
     kernel_launch_latency: float = 0.096e-3
+    #: ``access()`` on a GPU, as the CUDA backend runs it: its byte-wise touch kernel (CuPy) launched and waited
+    #: for with ``cudaStreamSynchronize``. On one H200 a 4 KiB range took 0.021-0.025 ms (medians of 20 calls),
+    #: device or managed memory, any mode (``benchmarks/sim_access_h200.json``); on another, 0.026-0.033
+    #: (``sim_access_h200_b.json``, measured after this was set: 14 of its 18 rows within 25 %).
+    access_launch_latency: float = 0.021e-3
+    #: The touch kernel on resident pages, beyond its launch: one byte loaded per thread and step, so far from
+    #: the GPU's bandwidth. 1 GiB took 1.49 ms to read, 1.99 to write back, 0.86 to add 0 to every word
+    #: atomically, device or managed memory alike (the same file).
+    touch_read_bw: float = 0.73e12
+    touch_write_bw: float = 0.546e12    #: see ``touch_read_bw``
+    touch_atomic_bw: float = 1.28e12    #: see ``touch_read_bw``
     #: Per fault a GPU batch services (reading, sorting and de-duplicating its fault buffer entry): a read every
     #: 16 KiB (65,536 faults) took 79.6 ms on the H200 where one every 64 KiB (16,384 faults) moving the same
     #: bytes in the same ranges took 45-50 ms.
