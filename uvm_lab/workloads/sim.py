@@ -210,7 +210,8 @@ def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int,
                             prefetched.add((name, c))
                             backend.prefetch(ptr + c * chunk, min(chunk, sizes[name] - c * chunk), where)
             # The pass's kernel is launched once, before its first access (the prefetches go ahead of it).
-            launch, launched = phase.processor == "gpu" and not launched, launched or phase.processor == "gpu"
+            launch = phase.processor == "gpu" and not launched
+            launched = launched or launch
             r = backend.access_stream(addrs, where, writes, launch=launch, **shape)
             faults += r.faults or 0
             remote += r.bytes_remote or 0
