@@ -415,12 +415,12 @@ class SimBackend:
                 log.advance((last - first) * PAGE_SIZE / touch_bw)
                 stats = StreamStats()
             elif seg.kind is MemoryKind.PINNED_HOST:
-                bw = self.platform.host_memory_bw if processor.is_host else self.platform.remote_bw
+                bw = p.host_memory_bw if processor.is_host else p.remote_bw
                 stats = StreamStats(bytes_remote=0 if processor.is_host else (last - first) * PAGE_SIZE)
                 log.advance((last - first) * PAGE_SIZE / bw)
             else:
                 pages = np.arange(seg.base + first, seg.base + last, dtype=np.int64)
-                in_flight = 1 if processor.is_host else self.platform.gpu_pages_in_flight
+                in_flight = 1 if processor.is_host else p.gpu_pages_in_flight
                 stats = self._engine.run([(pages, mode != "read")], processor.id, log, in_flight=in_flight,
                                          access_type=_ACCESS_TYPES[mode], stream=stream, memory_bw=touch_bw)
             return self._result(log, stats)
