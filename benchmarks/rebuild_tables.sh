@@ -19,3 +19,4 @@ sim_vs_gpu_j_variants sim_vs_gpu_h200_j_variants.json
 sim_vs_gpu_k_remote sim_vs_gpu_h200_k_remote.json
 sim_vs_gpu_k_resident sim_vs_gpu_h200_k_resident.json
 TABLES
+"${PYTHON:-python3}" benchmarks/sim_records.py --from-json benchmarks/sim_records_h200.json --readme "$readme" >/dev/null

@@ -50,3 +50,6 @@ python3 benchmarks/tracing_loss.py --trials 8
 #   python3 benchmarks/sim_access.py --json out/sim_access.json
 # then fit the profile's fault-path costs to what this machine measured:
 #   python3 benchmarks/sim_calibrate.py out/sim_vs_gpu.json out/variants.json --holdout workload
+# The records a trace holds, CUPTI's against the simulator's, as in sim_records_h200.json (two minutes; with GPU
+# faults on as well, as in sim_records_h200_gpu_faults.json, leave out --no-gpu-faults):
+#   python3 benchmarks/sim_records.py --no-gpu-faults --json out/sim_records.json

@@ -59,7 +59,7 @@ def workload_speeds(size: int = 1 << 30, ratio: float = 1.5) -> list[dict[str, f
         start = time.perf_counter()
         W.run_sim(w, backend)
         wall = time.perf_counter() - start
-        # Records are what CUPTI would have delivered: where every access faults, they bound the rate.
+        # Records are the run's events: where every access faults, making them bounds the rate.
         records = backend.bus.published
         out.append({"workload": name, "accesses": accesses, "records": records, "wall_s": wall,
                     "accesses_per_s": accesses / wall, "records_per_s": records / wall})

@@ -154,3 +154,25 @@ def test_gpu_side_runs_every_workload(name, policy):
     real, sim = W.run_gpu(w, policy=policy), W.run_sim(w, policy=policy)
     assert [(r.phase, r.pass_index) for r in real] == [(r.phase, r.pass_index) for r in sim]
     assert all(r.seconds > 0 and r.bytes == s.bytes for r, s in zip(real, sim, strict=True))
+
+
+def test_each_pass_counts_the_records_a_trace_of_it_holds():
+    # A pass's record counts are what a subscriber to the bus sees between the pass's start and end: the
+    # host's writes fault on the host and evict, the GPU's sweep faults and migrates, the host's read brings
+    # pages back.
+    from uvm_lab.backends.sim import SimBackend
+
+    bus = EventBus()
+    seen: list = []
+    bus.subscribe(seen.append)
+    w = W.host_then_device("32MiB", write_every=2)
+    results = W.run_sim(w, SimBackend(device_memory="64MiB", bus=bus))
+    records = np.concatenate(seen)
+    kinds = {"htod": EventKind.HTOD, "dtoh": EventKind.DTOH, "gpu_faults": EventKind.GPU_PAGE_FAULT,
+             "cpu_faults": EventKind.CPU_PAGE_FAULT}
+    totals = {name: int((records["kind"] == k).sum()) for name, k in kinds.items()}
+    assert {name: sum(r.records[name] for r in results) for name in kinds} == totals
+    host_write, stream, host_read = results
+    assert stream.records["htod"] > 0 and stream.records["gpu_faults"] > 0 and stream.records["cpu_faults"] == 0
+    assert host_read.records["dtoh"] > 0 and host_read.records["cpu_faults"] > 0 and host_read.records["htod"] == 0
+    assert host_write.records["gpu_faults"] == 0

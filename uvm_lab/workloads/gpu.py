@@ -107,8 +107,8 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
         A CUDA backend; by default a new one publishing to a private bus.
     collector
         A started :class:`~uvm_lab.tracing.CuptiCollector` publishing to ``backend.bus``: each result then
-        carries the bytes CUPTI saw migrate in that pass (flushed after every pass). Without one the
-        byte fields are None.
+        carries the bytes CUPTI saw migrate in that pass (flushed after every pass) and its records of
+        each kind (those of counters the collector did not enable count 0). Without one these fields are None.
 
     Raises
     ------
@@ -151,7 +151,7 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
         cupy.cuda.runtime.deviceSynchronize()
         if collector is not None:
             collector.flush()
-            counter = MigrationCounter(backend.bus)
+            counter = MigrationCounter(backend.bus)   # from here on: the passes' records only
         results = []
         for phase in workload.phases:
             for i, one in enumerate(_passes(phase)):
@@ -244,8 +244,9 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
                                             bufs[2][(i * n + j) * tile:], np.uint64(tile)))
     cupy.cuda.runtime.deviceSynchronize()
     seconds = time.perf_counter() - start
-    htod = dtoh = None
+    htod = dtoh = records = None
     if counter is not None:
         collector.flush()
         htod, dtoh = counter.take()
-    return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, htod, dtoh, None)
+        records = counter.take_records()
+    return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, htod, dtoh, None, records)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -38,6 +38,9 @@ class PhaseResult:
     bytes_htod: int | None   #: bytes migrated to the GPU in the pass, prefetches included
     bytes_dtoh: int | None   #: bytes migrated to the host in the pass, evictions included
     bytes_remote: int | None
+    #: records published in the pass, by CUPTI counter name (``htod``, ``dtoh``, ``gpu_faults``, ``cpu_faults``):
+    #: the simulator's, or on a GPU what CUPTI delivered for the counters its collector enabled
+    records: dict[str, int] | None = None
 
     @property
     def gb_per_s(self) -> float:
@@ -52,27 +55,42 @@ def _passes(phase: Phase) -> list[Phase]:
 
 
 class MigrationCounter:
-    """Bytes of the HtoD and DtoH records published on a bus, counted as they arrive.
+    """Bytes of the HtoD and DtoH records published on a bus, and records of each counted kind, as they arrive.
 
     Both sides count the same way: the simulator's records, or CUPTI's on a GPU.
     """
 
+    #: The kinds counted, by the name CUPTI's collector gives their counter.
+    KINDS: ClassVar[dict[str, EventKind]] = {"htod": EventKind.HTOD, "dtoh": EventKind.DTOH,
+                                             "gpu_faults": EventKind.GPU_PAGE_FAULT,
+                                             "cpu_faults": EventKind.CPU_PAGE_FAULT}
+
     def __init__(self, bus: EventBus) -> None:
         self.htod = self.dtoh = 0
+        self.records = dict.fromkeys(self.KINDS, 0)
         self.bus = bus
-        self._sub = bus.subscribe(self._add, kinds=(EventKind.HTOD, EventKind.DTOH))
+        self._sub = bus.subscribe(self._add, kinds=tuple(self.KINDS.values()))
 
     def _add(self, records: np.ndarray) -> None:
+        kind = records["kind"]
+        counts = np.bincount(kind, minlength=256)
+        for name, k in self.KINDS.items():
+            self.records[name] += int(counts[k])
         nbytes = records["bytes"].astype(np.int64)
-        htod = records["kind"] == EventKind.HTOD
-        self.htod += int(nbytes[htod].sum())
-        self.dtoh += int(nbytes[~htod].sum())
+        self.htod += int(nbytes[kind == EventKind.HTOD].sum())
+        self.dtoh += int(nbytes[kind == EventKind.DTOH].sum())
 
     def take(self) -> tuple[int, int]:
-        """``(htod, dtoh)`` bytes since the last call."""
+        """``(htod, dtoh)`` bytes since the last call (:meth:`take_records` has the records' counts)."""
         self.bus.flush()
         out = (self.htod, self.dtoh)
         self.htod = self.dtoh = 0
+        return out
+
+    def take_records(self) -> dict[str, int]:
+        """Records of each kind since the last call."""
+        self.bus.flush()
+        out, self.records = self.records, dict.fromkeys(self.KINDS, 0)
         return out
 
     def close(self) -> None:
@@ -158,6 +176,7 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
         for phase in workload.phases:
             for i, one in enumerate(_passes(phase)):
                 counter.take()
+                counter.take_records()
                 results.append(_run_pass(backend, workload, one, i, ptrs, policy, chunk, counter))
         return results
     finally:
@@ -217,4 +236,4 @@ def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int,
             remote += r.bytes_remote or 0
     htod, dtoh = counter.take()
     return PhaseResult(phase.pattern, index, (backend.now_ns() - start) / 1e9, swept_bytes(workload, phase), faults,
-                       htod, dtoh, remote)
+                       htod, dtoh, remote, counter.take_records())
