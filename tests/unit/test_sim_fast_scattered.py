@@ -63,6 +63,10 @@ def _scatters(b: SimBackend) -> list:
     out.append(b.access_stream(again, GPU, "read"))
     out.append(b.access_stream(_pages(odd, 5 * MiB + 12288, 16 << 10), GPU, "read"))
     out.append(b.access_stream(_pages(fresh, 8 * MiB, 48 << 10), GPU, "write"))    # first touches: populate
+    # A stride whose pattern repeats every third block: three prefetch patterns, each laid over its blocks.
+    wide = b.allocate(64 * MiB, MemoryKind.MANAGED)
+    b.prefetch(wide, 64 * MiB, HOST)
+    out.append(b.access_stream(_pages(wide, 64 * MiB, 48 << 10), GPU, "read"))
     # A gather: random pages, blocks met again by later batches.
     b.prefetch(big, 40 * MiB, HOST)
     out.append(b.access_stream(big + rng.integers(0, 40 * MiB // PAGE, 6000).astype(np.uint64) * PAGE, GPU, "read"))

@@ -62,6 +62,20 @@ def _slots(owner: np.ndarray, base: np.ndarray) -> np.ndarray:
     return base[owner] + rank
 
 
+def _union_starts(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Where the runs of the union of two disjoint page sets begin (cut at block boundaries, as
+    :func:`~.model.page_runs` cuts), from each set's runs ``(first, length)``: the runs are merged, not the pages."""
+    if not len(b[0]):
+        return a[0]
+    starts = np.concatenate((a[0], b[0]))
+    ends = starts + np.concatenate((a[1], b[1]))
+    o = np.argsort(starts, kind="stable")
+    starts, ends = starts[o], ends[o]
+    new = np.ones(len(starts), dtype=bool)
+    new[1:] = (starts[1:] != ends[:-1]) | ((starts[1:] & (PAGES_PER_BLOCK - 1)) == 0)
+    return starts[new]
+
+
 class ScatteredBatches:
     """The scattered-batch shortcut, mixed into :class:`~.engine.FaultEngine` (whose state and helpers it uses)."""
 
@@ -254,8 +268,9 @@ class ScatteredBatches:
         moved = fp[st != 0]
         ex_moved, ex_pop = extra[ex_moving], extra[~ex_moving]
         # Copies: one per run of pages moving, faulted ones (COHERENCE) and then prefetched ones (PREFETCH).
-        coh_b, coh_start, coh_len = in_batch_order(*page_runs(moved))
-        pre_b, pre_start, pre_len = in_batch_order(*page_runs(ex_moved))
+        m_runs, x_runs = page_runs(moved), page_runs(ex_moved)
+        coh_b, coh_start, coh_len = in_batch_order(*m_runs)
+        pre_b, pre_start, pre_len = in_batch_order(*x_runs)
         coh_bytes = coh_len.astype(np.uint64) * PAGE_SIZE
         pre_bytes = pre_len.astype(np.uint64) * PAGE_SIZE
         coh_d = link_seconds(coh_bytes, p.fault_htod_bw, p.link_k) * 1e9 if len(coh_bytes) else np.zeros(0)
@@ -297,8 +312,7 @@ class ScatteredBatches:
         n_pages, n_blocks, n_moved = cnt(batch_of(fp)), cnt(block_batch), cnt(batch_of(moved))
         n_ex_moved, n_ex_pop = per_batch(ex_moved), per_batch(ex_pop)
         # What leaves the host, as ranges unmapped (cut where a block ends): a merge of two sorted arrays.
-        mig = np.sort(np.concatenate((moved, ex_moved)), kind="stable") if len(ex_moved) else moved
-        mig_start = page_runs(mig)[0]
+        mig_start = _union_starts(m_runs, x_runs)
         unmap_runs = cnt(batch_of(mig_start))
         n_ev, n_coh, n_pre, n_f = cnt(ev_b), cnt(coh_b), cnt(pre_b), cnt(f_b)
         per = n_ev + n_coh + n_pre + n_f
@@ -385,7 +399,7 @@ class ScatteredBatches:
         requeued = mem._tick + np.cumsum(n_blocks) + np.arange(nb) + 1   # then its migrated_into tick
         mem._order.update(zip(blocks.tolist(), requeued[block_batch].tolist(), strict=True))
         mem._tick = int(requeued[-1])
-        if thr.enabled and len(mig):   # on_migration's first note of each block that pages left the host for
+        if thr.enabled and len(mig_start):   # on_migration's first note of each block that pages left the host for
             mb = mig_start >> BLOCK_SHIFT
             mb = mb[np.concatenate(([True], mb[1:] != mb[:-1]))]
             when = touch_t[lut[mb - b_lo]].tolist()
@@ -416,14 +430,23 @@ class ScatteredBatches:
         if len(patterns) * 8 > len(blocks):
             return self._prefetch_pages(fp, np.ones(len(fp), dtype=bool), processor, g)
         nothing = np.zeros(PAGES_PER_BLOCK, dtype=bool)
-        cands = [block_prefetch(nothing, faulted[r], int(npages[r]), self.threshold) for r in first.tolist()]
+        cands = [block_prefetch(nothing, faulted[r], int(npages[r]), self.threshold).astype(np.int64)
+                 for r in first.tolist()]
         sizes = np.array([len(c) for c in cands], dtype=np.int64)
-        flat = np.concatenate(cands) if len(cands) else np.zeros(0, np.int64)
-        at = np.concatenate(([0], np.cumsum(sizes)[:-1]))
         per_row = sizes[which]
         total = int(per_row.sum())
         if not total:
             return fp[:0]
+        # Block by block, in block order: each pattern's candidates laid over its blocks at once.
         row_first = np.concatenate(([0], np.cumsum(per_row)[:-1]))
-        idx = np.repeat(at[which] - row_first, per_row) + np.arange(total)
-        return np.repeat(blocks * PAGES_PER_BLOCK, per_row) + flat[idx].astype(np.int64)
+        base = blocks * PAGES_PER_BLOCK
+        out = np.empty(total, dtype=np.int64)
+        if len(cands) == 1:
+            out.reshape(len(blocks), -1)[:] = base[:, None] + cands[0][None, :]
+            return out
+        for p, cand in enumerate(cands):
+            if len(cand):
+                rows = np.flatnonzero(which == p)
+                out[(row_first[rows][:, None] + np.arange(len(cand))).ravel()] = \
+                    (base[rows][:, None] + cand[None, :]).ravel()
+        return out
