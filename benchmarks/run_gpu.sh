@@ -45,8 +45,8 @@ python3 benchmarks/tracing_loss.py --trials 8
 #       --policies remote --json out/k_remote.json
 #   python3 benchmarks/sim_vs_gpu.py --repeats 5 --cases multi_pass_stream,multi_pass_stream:size=4GiB,host_then_device:passes=2 \
 #       --policies faults,prefetch --json out/k_resident.json
-# access() on resident memory, the CUDA backend's touch kernel beside the simulator (seconds), as in
-# sim_access_h200_b.json:
+# access() on resident memory, the CUDA backend's touch kernel and host loop beside the simulator (seconds), as in
+# sim_access_h200_c.json:
 #   python3 benchmarks/sim_access.py --json out/sim_access.json
 # then fit the profile's fault-path costs to what this machine measured:
 #   python3 benchmarks/sim_calibrate.py out/sim_vs_gpu.json out/variants.json --holdout workload

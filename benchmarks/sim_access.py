@@ -1,11 +1,13 @@
-"""``access()`` on a GPU: the CUDA backend's touch kernel against the simulator's model of it.
+"""``access()``: the CUDA backend's touch kernel, and its host loop, against the simulator's model of them.
 
     python benchmarks/sim_access.py --json out/sim_access.json        # on a GPU machine: measure, then compare
     python benchmarks/sim_access.py --from-json benchmarks/sim_access_h200.json   # the simulated side again
 
 For device memory and for managed memory already on the GPU, each mode and size: the median of 20 timed
 ``CudaBackend.access`` calls after one untimed call (which compiles the kernel), beside ``SimBackend.access``
-on the ``x86-pcie5`` profile. Resident pages only: this measures the launch and the kernel, not faults.
+on the ``x86-pcie5`` profile. Then the host's side: managed memory prefetched to the host and pinned host
+memory, touched by the host (one byte a page). Resident pages only: this measures the launch and the kernel,
+or the host's loop, not faults.
 """
 
 from __future__ import annotations
@@ -24,39 +26,45 @@ from uvm_lab.events.schema import MemoryKind
 from uvm_lab.location import Location
 
 GPU = Location.device(0)
+HOST = Location.host()
 KINDS = (MemoryKind.DEVICE, MemoryKind.MANAGED)
+HOST_KINDS = (MemoryKind.MANAGED, MemoryKind.PINNED_HOST)
 MODES = ("read", "write", "atomic")
 SIZES = (4096, 64 << 20, 1 << 30)
+HOST_SIZES = (64 << 20, 1 << 30)
 REPEATS = 20
 
 
-def measure(backend, repeats: int) -> dict[str, dict[str, float]]:
-    """``{"device read 4096": {"median_ms", "min_ms", "max_ms"}, ...}`` for every kind, mode and size."""
+def measure(backend, repeats: int, host: bool = True) -> dict[str, dict[str, float]]:
+    """``{"device read 4096": {"median_ms", "min_ms", "max_ms"}, ..., "managed read 67108864 host": ...}`` for
+    every kind, mode and size on the GPU, then (with ``host``) on the host."""
     out = {}
-    for kind in KINDS:
-        for mode in MODES:
-            for size in SIZES:
-                ptr = backend.allocate(size, kind)
-                try:
-                    if kind is MemoryKind.MANAGED:
-                        backend.prefetch(ptr, size, GPU)
-                    backend.synchronize()
-                    backend.access(ptr, size, GPU, mode)
-                    t = [backend.access(ptr, size, GPU, mode).seconds * 1e3 for _ in range(repeats)]
-                finally:
-                    backend.free(ptr)
-                out[f"{kind.name.lower()} {mode} {size}"] = {"median_ms": statistics.median(t), "min_ms": min(t),
-                                                              "max_ms": max(t)}
+    cases = [(kind, mode, size, GPU) for kind in KINDS for mode in MODES for size in SIZES]
+    if host:
+        cases += [(kind, mode, size, HOST) for kind in HOST_KINDS for mode in MODES for size in HOST_SIZES]
+    for kind, mode, size, where in cases:
+        ptr = backend.allocate(size, kind)
+        try:
+            if kind is MemoryKind.MANAGED:
+                backend.prefetch(ptr, size, where)
+            backend.synchronize()
+            backend.access(ptr, size, where, mode)
+            t = [backend.access(ptr, size, where, mode).seconds * 1e3 for _ in range(repeats)]
+        finally:
+            backend.free(ptr)
+        key = f"{kind.name.lower()} {mode} {size}" + (" host" if where.is_host else "")
+        out[key] = {"median_ms": statistics.median(t), "min_ms": min(t), "max_ms": max(t)}
     return out
 
 
 def table(real: dict, sim: dict) -> str:
-    lines = ["| memory | mode | bytes | real ms (median) | real min-max | sim ms | sim/real |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| memory | by | mode | bytes | real ms (median) | real min-max | sim ms | sim/real |",
+             "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for key, r in real.items():
-        kind, mode, size = key.split()
+        kind, mode, size, *on = key.split()
         s = sim[key]["median_ms"]
-        lines.append(f"| {kind} | {mode} | {int(size):,} | {r['median_ms']:.4f} | {r['min_ms']:.4f}-{r['max_ms']:.4f} "
+        lines.append(f"| {kind} | {'host' if on else 'GPU'} | {mode} | {int(size):,} | {r['median_ms']:.4f} "
+                     f"| {r['min_ms']:.4f}-{r['max_ms']:.4f} "
                      f"| {s:.4f} | {s / r['median_ms']:.2f} |")
     return "\n".join(lines)
 

@@ -361,3 +361,19 @@ def test_host_access_pays_no_kernel_launch():
         b.prefetch(ptr, BLOCK_SIZE, HOST)
         took.append(b.access(ptr, BLOCK_SIZE, HOST, "read").seconds)
     assert took[0] == took[1] > 0
+
+
+@pytest.mark.parametrize("mode", ["read", "write", "atomic"])
+def test_access_on_the_host_costs_the_host_loop_a_page(mode):
+    """``access()`` on the host is the CUDA backend's host loop: one byte of each page read and, to write, written
+    back. On resident managed pages and on pinned host memory alike, a page costs a touch, not 4 KiB of traffic."""
+    b, _ = _backend(host_access_latency=10e-9, host_write_latency=30e-9, host_memory_bw=1e9)
+    size = 4 * BLOCK_SIZE
+    managed = b.allocate(size, MemoryKind.MANAGED)
+    pinned = b.allocate(size, MemoryKind.PINNED_HOST)
+    b.prefetch(managed, size, HOST)
+    per_page = 10e-9 + (30e-9 if mode != "read" else 0.0)
+    for ptr in (managed, pinned):
+        r = b.access(ptr, size, HOST, mode)
+        assert r.faults in (None, 0)
+        assert r.seconds == pytest.approx(4 * N * per_page, abs=2e-9)

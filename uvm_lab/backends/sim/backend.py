@@ -395,6 +395,9 @@ class SimBackend:
 
         On a GPU it costs what the CUDA backend's ``access`` costs: a launch (``access_launch_latency``) and
         its byte-wise touch kernel's rate on resident pages (``touch_read_bw`` and the like), faults aside.
+        On the host it costs what the CUDA backend's host loop costs: one byte of every page read
+        (``host_access_latency`` a page) and, to write, written back (``host_write_latency`` more), faults
+        aside. Its faults are those of one pass of the mode's accesses.
         """
         if mode not in _ACCESS_TYPES:
             raise InvalidArgumentError(f"mode must be one of {sorted(_ACCESS_TYPES)}, got {mode!r}",
@@ -414,14 +417,22 @@ class SimBackend:
             if seg.kind is MemoryKind.DEVICE:
                 log.advance((last - first) * PAGE_SIZE / touch_bw)
                 stats = StreamStats()
+            elif seg.kind is MemoryKind.PINNED_HOST and processor.is_host:
+                stats = StreamStats()
+                log.advance((last - first) * (p.host_access_latency
+                                              + (p.host_write_latency if mode != "read" else 0.0)))
             elif seg.kind is MemoryKind.PINNED_HOST:
-                bw = p.host_memory_bw if processor.is_host else p.remote_bw
-                stats = StreamStats(bytes_remote=0 if processor.is_host else (last - first) * PAGE_SIZE)
-                log.advance((last - first) * PAGE_SIZE / bw)
+                stats = StreamStats(bytes_remote=(last - first) * PAGE_SIZE)
+                log.advance((last - first) * PAGE_SIZE / p.remote_bw)
+            elif processor.is_host:
+                pages = np.arange(seg.base + first, seg.base + last, dtype=np.int64)
+                stats = self._engine.run([(pages, mode != "read")], HOST_ID, log, in_flight=1, bytes_per_access=1,
+                                         access_type=_ACCESS_TYPES[mode], stream=stream)
+                if mode != "read":   # the loop's read of every page before it writes them back
+                    log.advance((last - first) * p.host_access_latency)
             else:
                 pages = np.arange(seg.base + first, seg.base + last, dtype=np.int64)
-                in_flight = 1 if processor.is_host else p.gpu_pages_in_flight
-                stats = self._engine.run([(pages, mode != "read")], processor.id, log, in_flight=in_flight,
+                stats = self._engine.run([(pages, mode != "read")], processor.id, log, in_flight=p.gpu_pages_in_flight,
                                          access_type=_ACCESS_TYPES[mode], stream=stream, memory_bw=touch_bw)
             return self._result(log, stats)
 
