@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
-from sim_vs_gpu import _label, _workload, write_readme
+from sim_vs_gpu import _label, _workload, sim_device_memory, write_readme
 
 from uvm_lab import workloads as W
 from uvm_lab.events.schema import EventKind
@@ -119,7 +119,7 @@ def run_sim_side(real: dict) -> None:
     from uvm_lab.backends.sim import SimBackend
     from uvm_lab.events import EventBus
 
-    device = max(BLOCK_SIZE, int(real["free"]) // BLOCK_SIZE * BLOCK_SIZE)
+    device = sim_device_memory(real)
     for case in real["cases"]:
         backend = SimBackend(device_memory=device, platform="x86-pcie5", bus=EventBus())
         sizes = CopySizes(backend.bus)

@@ -180,9 +180,14 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
     return out
 
 
+def sim_device_memory(real: dict) -> int:
+    """The simulated GPU's memory for a saved run: the card's free memory, in whole 2 MiB chunks."""
+    return max(BLOCK_SIZE, int(real["free"]) // BLOCK_SIZE * BLOCK_SIZE)
+
+
 def run_sim_side(real: dict) -> None:
     """The simulator's time and bytes for every case of ``real``, beside the real ones."""
-    device = max(BLOCK_SIZE, int(real["free"]) // BLOCK_SIZE * BLOCK_SIZE)
+    device = sim_device_memory(real)
     for case in real["cases"]:
         w = _workload(case, real["size"])
         t0 = time.perf_counter()
