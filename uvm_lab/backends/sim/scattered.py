@@ -311,7 +311,7 @@ class ScatteredBatches:
         cnt = lambda b: np.bincount(b, minlength=nb)   # noqa: E731
         n_pages, n_blocks, n_moved = cnt(batch_of(fp)), cnt(block_batch), cnt(batch_of(moved))
         n_ex_moved, n_ex_pop = per_batch(ex_moved), per_batch(ex_pop)
-        # What leaves the host, as ranges unmapped (cut where a block ends): a merge of two sorted arrays.
+        # What leaves the host, as ranges unmapped (cut where a block ends): the two sets' runs, merged.
         mig_start = _union_starts(m_runs, x_runs)
         unmap_runs = cnt(batch_of(mig_start))
         n_ev, n_coh, n_pre, n_f = cnt(ev_b), cnt(coh_b), cnt(pre_b), cnt(f_b)
