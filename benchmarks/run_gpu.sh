@@ -4,7 +4,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Run from a checkout: compile the pool's free list and hot path in place, as an install would (pure Python if it cannot).
-python3 hatch_build.py || echo "the pool was not compiled: the Python one is used"
+python3 hatch_build.py || echo "the C hot paths were not compiled: their Python twins are used"
 out="${OUT:-benchmarks/out}"; mkdir -p "$out"
 python3 benchmarks/alloc_pair.py --json "$out/alloc_pair.json"
 python3 benchmarks/prefetch_read.py --json "$out/prefetch_read.json"

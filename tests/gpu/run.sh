@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 # Run from a checkout: compile the pool's free list and hot path in place, as an install would (pure Python if it cannot).
-python3 hatch_build.py || echo "the pool was not compiled: the Python one is used"
+python3 hatch_build.py || echo "the C hot paths were not compiled: their Python twins are used"
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
 python3 -c "import cuda.bindings, cupy, numpy; print('cuda-bindings', cuda.bindings.__version__, 'cupy', cupy.__version__)"
 # Every test with the gpu marker: tests/gpu, and the GPU side of unit modules (workloads as CuPy kernels).

@@ -86,9 +86,11 @@ class Subscription:
                 if not self._mask[records["kind"][0]]:
                     return
             else:
-                records = records[self._mask[records["kind"]]]
-                if not len(records):
-                    return
+                keep = self._mask[records["kind"]]
+                if not keep.all():   # a copy only where some records are not wanted
+                    records = records[keep]
+                    if not len(records):
+                        return
         self.callback(records)
 
     def close(self) -> None:

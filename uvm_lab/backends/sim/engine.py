@@ -37,7 +37,7 @@ from ...units import PAGE_SIZE
 from .eviction import GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
-from .prefetcher import DEFAULT_THRESHOLD, block_prefetch, dense_subtrees
+from .prefetcher import COMPILED, DEFAULT_THRESHOLD, block_prefetch, compiled_region, dense_subtrees
 from .scattered import ScatteredBatches
 from .shortcuts import _HALF, _LANES, _SCAN, Shortcuts, block_runs, blocks_of
 from .thrashing import ThrashingDetector
@@ -105,6 +105,9 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self.thrashing = thrashing
         self.prefetch = prefetch
         self.threshold = prefetch_threshold
+        #: Take the prefetcher's region from ``_prefetch.c`` where it was compiled; the numpy version gives the
+        #: same pages (switchable so that the tests can hold the one to the other).
+        self.compiled_prefetch = COMPILED
         #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
         #: clock and state are the same either way, so this exists to test that they are.
         self.fast_sweeps = True
@@ -576,51 +579,71 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         if not self.prefetch:
             return pages[:0]
         rows = len(blocks)
-        # The batch's blocks, whole, as rows of 512 pages (the table holds whole blocks).
-        st = t.state.reshape(-1, PAGES_PER_BLOCK)[blocks]
         npages = t.block_pages[blocks].astype(np.int64)
-        partial = not (npages == PAGES_PER_BLOCK).all()
-        valid = _LANES[None, :] < npages[:, None] if partial else None
-        resident = (st & g) != 0
-        if partial:
-            resident &= valid
         row = np.searchsorted(blocks, target >> BLOCK_SHIFT) if rows > 1 else np.zeros(len(target), np.int64)
         lane = target & (PAGES_PER_BLOCK - 1)
         thrash = None
         if self.thrashing.blocks:
             thrash = self.thrashing.thrashing_rows(blocks)
-            if partial:
-                thrash &= valid
+            thrash &= _LANES[None, :] < npages[:, None]
             if not thrash.any():
                 thrash = None
+        if self.compiled_prefetch:
+            extra = np.empty(rows * PAGES_PER_BLOCK, dtype=np.int64)
+            empty_rows = np.empty(rows, dtype=np.uint8)
+            k = compiled_region(t.state, t.preferred, t.remote, t.accessed_by, blocks, row, lane, npages, g,
+                                processor, self.threshold, None if thrash is None else thrash.view(np.uint8), extra,
+                                empty_rows)
+            extra = extra[:k]
+            empty = np.flatnonzero(empty_rows)
+        else:
+            cand, empty = self._numpy_region(blocks, row, lane, npages, g, thrash)
+            extra = self._eligible(blocks, cand, processor, g, thrash)
+        # A block with nothing resident anywhere, faulting towards its preferred location, is populated whole.
+        if len(empty):
+            pref_e = t.preferred.reshape(-1, PAGES_PER_BLOCK)[blocks[empty]]
+            whole = (pref_e == processor).any(axis=1)
+            if whole.any():
+                faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
+                faulted[row * PAGES_PER_BLOCK + lane] = True
+                add = whole[:, None] & (pref_e == processor) & ~faulted.reshape(rows, -1)[empty]
+                add &= _LANES[None, :] < npages[empty, None]
+                flat_add = (blocks[empty][:, None] * PAGES_PER_BLOCK + _LANES[None, :])[add]
+                extra = np.union1d(extra, flat_add)
+        return extra
+
+    def _eligible(self, blocks: np.ndarray, cand: np.ndarray, processor: int, g: int,
+                  thrash: np.ndarray | None) -> np.ndarray:
+        """The page numbers of the candidates (offsets into the batch's rows) that policy lets the prefetcher move."""
+        t = self.table
+        near = blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
+        if not len(near):
+            return near
+        pref = t.preferred[near]
+        # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
+        eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
+        eligible &= ~(((t.accessed_by[near] & g) != 0) & (t.state[near] != 0))
+        if thrash is not None:
+            eligible &= ~thrash.reshape(-1)[cand]
+        return near[eligible]
+
+    def _numpy_region(self, blocks: np.ndarray, row: np.ndarray, lane: np.ndarray, npages: np.ndarray, g: int,
+                      thrash: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """What ``compiled_region`` gives, with numpy: the region's new pages as offsets into the batch's rows,
+        and the rows with no page resident anywhere."""
+        t, rows = self.table, len(blocks)
+        # The batch's blocks, whole, as rows of 512 pages (the table holds whole blocks).
+        st = t.state.reshape(-1, PAGES_PER_BLOCK)[blocks]
+        resident = (st & g) != 0
+        if not (npages == PAGES_PER_BLOCK).all():
+            resident &= _LANES[None, :] < npages[:, None]
         faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
         faulted[row * PAGES_PER_BLOCK + lane] = True
         if rows == 1 and thrash is None:
             cand = block_prefetch(resident[0], faulted, int(npages[0]), self.threshold)
         else:
             cand = self._region(resident, faulted, row, lane, npages, thrash)
-        if len(cand):
-            near = blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
-            near_st = st.reshape(-1)[cand]
-            pref = t.preferred[near]
-            # Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by policy.
-            eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
-            eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
-            if thrash is not None:
-                eligible &= ~thrash.reshape(-1)[cand]
-            cand = cand[eligible]
-        # A block with nothing resident anywhere, faulting towards its preferred location, is populated whole.
-        empty = np.flatnonzero(~st.view(np.uint64).any(axis=1))
-        if len(empty):
-            pref_e = t.preferred.reshape(-1, PAGES_PER_BLOCK)[blocks[empty]]
-            whole = (pref_e == processor).any(axis=1)
-            if whole.any():
-                add = whole[:, None] & (pref_e == processor) & ~faulted.reshape(rows, -1)[empty]
-                if partial:
-                    add &= valid[empty]
-                flat_add = (empty[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :])[add]
-                cand = np.union1d(cand, flat_add)
-        return blocks[cand >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (cand & (PAGES_PER_BLOCK - 1))
+        return cand, np.flatnonzero(~st.view(np.uint64).any(axis=1))
 
     def _region(self, resident: np.ndarray, faulted: np.ndarray, row: np.ndarray, lane: np.ndarray,
                 npages: np.ndarray, thrash: np.ndarray | None) -> np.ndarray:

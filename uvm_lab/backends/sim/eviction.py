@@ -27,7 +27,17 @@ from ...location import HOST_ID
 from .model import BLOCK_SHIFT, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
 
-__all__ = ["EVICTION_POLICIES", "GpuMemory"]
+__all__ = ["COMPILED", "EVICTION_POLICIES", "GpuMemory"]
+
+try:   # a run of evictions' page scan and clock in C (``_eviction.c``), where the package was built with a compiler
+    from ._eviction import clock_by_victim as _compiled_clock
+    from ._eviction import victim_runs as _compiled_runs
+except ImportError:
+    _compiled_clock = _compiled_runs = None
+
+#: Whether a run of evictions is scanned and timed in C; :meth:`GpuMemory._evict_many` does the same with numpy
+#: otherwise.
+COMPILED = _compiled_clock is not None
 
 #: Policy names: the driver's, and the what-if ones.
 EVICTION_POLICIES = ("fifo", "lru", "tree")
@@ -73,6 +83,9 @@ class GpuMemory:
         self._tick = 0
         self._whole_for: Platform | None = None
         self._whole_s = 0.0
+        #: Scan and time runs of evictions in C where it was compiled (switchable, so that the tests can hold
+        #: the compiled code to the Python one).
+        self.compiled = COMPILED
 
     @property
     def free_blocks(self) -> int:
@@ -240,19 +253,31 @@ class GpuMemory:
     def _evict_many(self, victims: np.ndarray, log: EventLog) -> None:
         """:meth:`evict` each of ``victims`` in turn, with one pass over arrays where none holds a duplicate."""
         table, g = self.table, self.bit
-        st = table.state.reshape(-1, PAGES_PER_BLOCK)[victims]    # the victims' blocks, whole
-        npages = table.block_pages[victims]
-        if (npages != PAGES_PER_BLOCK).any():
-            st = np.where(np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None], st, 0)
-        if (((st & g) != 0) & (st != g)).any():   # duplicates are invalidated between the copies
-            for b in victims.tolist():
-                self.evict(b, log)
-            return
-        flat = np.flatnonzero(st.reshape(-1) == g)
-        only = victims[flat >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (flat & (PAGES_PER_BLOCK - 1))
-        starts, lengths = page_runs(only)
+        only = None   # the pages only the victims held, where the compiled scan has not moved them home already
+        if self.compiled:
+            room = len(victims) * PAGES_PER_BLOCK // 2    # runs a victim can hold: every other page
+            found = np.empty((3, room), dtype=np.int64)
+            k = _compiled_runs(table.state, victims, table.block_pages[victims].astype(np.int64), g, found[0],
+                               found[1], found[2])
+            if k < 0:   # duplicates are invalidated between the copies
+                for b in victims.tolist():
+                    self.evict(b, log)
+                return
+            starts, lengths, owner = found[:, :k]
+        else:
+            st = table.state.reshape(-1, PAGES_PER_BLOCK)[victims]    # the victims' blocks, whole
+            npages = table.block_pages[victims]
+            if (npages != PAGES_PER_BLOCK).any():
+                st = np.where(np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None], st, 0)
+            if (((st & g) != 0) & (st != g)).any():   # duplicates are invalidated between the copies
+                for b in victims.tolist():
+                    self.evict(b, log)
+                return
+            flat = np.flatnonzero(st.reshape(-1) == g)
+            only = victims[flat >> BLOCK_SHIFT] * PAGES_PER_BLOCK + (flat & (PAGES_PER_BLOCK - 1))
+            starts, lengths = page_runs(only)
+            owner = flat[np.concatenate(([0], np.cumsum(lengths)[:-1]))] >> BLOCK_SHIFT if len(starts) else starts
         if len(starts):
-            owner = flat[np.concatenate(([0], np.cumsum(lengths)[:-1]))] >> BLOCK_SHIFT
             nbytes = lengths.astype(np.uint64) * 4096
             durations = link_seconds(nbytes, self.platform.eviction_bw, self.platform.link_k) * 1e9
             per_victim = np.bincount(owner, minlength=len(victims))
@@ -265,14 +290,17 @@ class GpuMemory:
                 steps[at] = durations
                 clock = np.cumsum(np.concatenate(([log.t], steps)))
                 begin, finish, now = clock[at], clock[at + 1], float(clock[-1])
+            elif self.compiled:
+                begin, finish = np.empty(len(starts)), np.empty(len(starts))
+                now = _compiled_clock(per_victim, durations, log.t, wait, begin, finish)
             else:
                 begin, finish, now = self._clock_by_victim(per_victim.tolist(), durations.tolist(), log.t, wait)
             log._flush_rows()
             out = np.empty(len(starts), dtype=EVENT_DTYPE)
             out["kind"], out["flags"], out["src"], out["dst"] = EventKind.DTOH, MigrationCause.EVICTION, \
                 self.device, HOST_ID
-            out["start"] = np.array(begin, dtype=np.float64).astype(np.uint64)
-            out["end"] = np.array(finish, dtype=np.float64).astype(np.uint64)
+            out["start"] = np.asarray(begin, dtype=np.float64).astype(np.uint64)
+            out["end"] = np.asarray(finish, dtype=np.float64).astype(np.uint64)
             out["address"], out["bytes"], out["value"] = table.addresses(starts), nbytes, nbytes
             out["alloc_id"], out["stream"] = table.block_alloc[victims[owner]], 0
             log.chunks.append(out)
@@ -282,11 +310,12 @@ class GpuMemory:
                 log.advance(self.platform.fault_eviction_latency)
         self.evicted(victims, only)
 
-    def evicted(self, victims: np.ndarray, only: np.ndarray) -> None:
-        """After the copies of a run of evictions: ``only`` (the pages only the victims held) are on the host, and
-        the victims' chunks are given back (:meth:`drop` for each, at once)."""
+    def evicted(self, victims: np.ndarray, only: np.ndarray | None) -> None:
+        """After the copies of a run of evictions: ``only`` (the pages only the victims held; None where they are
+        there already) are on the host, and the victims' chunks are given back (:meth:`drop` for each, at once)."""
         table = self.table
-        table.state[only] = 1
+        if only is not None:
+            table.state[only] = 1
         held = victims[table.chunk[victims]]
         table.chunk[held] = False
         self.used -= len(held)

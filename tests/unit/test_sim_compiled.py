@@ -1,0 +1,203 @@
+"""The compiled parts of the simulator (``_prefetch.c``, ``_eviction.c``) give what their numpy and Python twins
+give, and runs give the same traces with them or without them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from uvm_lab import workloads as W
+from uvm_lab.backends.sim import SimBackend, eviction, prefetcher
+from uvm_lab.backends.sim.eviction import GpuMemory
+from uvm_lab.backends.sim.model import NO_LOCATION, page_runs
+
+from .test_sim_fast_batches import _assert_same, _ping_pong, _run
+
+pytestmark = pytest.mark.skipif(not (prefetcher.COMPILED and eviction.COMPILED),
+                                reason="the simulator's C parts were not compiled (no C compiler at build time)")
+
+MiB = 1 << 20
+PAGES = prefetcher.PAGES_PER_BLOCK
+
+
+def _engine(threshold: int):
+    b = SimBackend(device_memory="64MiB", prefetch_threshold=threshold)
+    return b, b._engine
+
+
+def _batch(rng: np.random.Generator, nblocks: int, table_blocks: int, advice: bool):
+    """A random batch: blocks of a table, partial blocks among them, residency of every density, faults, and
+    (with ``advice``) preferred locations, remote mappings and AccessedBy here and there."""
+    blocks = np.sort(rng.choice(table_blocks, nblocks, replace=False)).astype(np.int64)
+    npages = np.where(rng.random(nblocks) < 0.2, rng.integers(1, PAGES, nblocks), PAGES).astype(np.int64)
+    n = table_blocks * PAGES
+    state = np.zeros(n, dtype=np.uint8)
+    preferred = np.full(n, NO_LOCATION, dtype=np.int8)
+    remote, accessed_by = np.zeros(n, dtype=np.uint8), np.zeros(n, dtype=np.uint8)
+    if advice:
+        preferred[rng.random(n) < 0.05] = rng.choice([-1, 0, 1])
+        remote[rng.random(n) < 0.05] = 2
+        accessed_by[rng.random(n) < 0.05] = rng.choice([2, 4, 6])
+    rows, lanes = [], []
+    for r, (b, k) in enumerate(zip(blocks.tolist(), npages.tolist(), strict=True)):
+        held = rng.random(k) < rng.choice([0.0, 0.05, 0.3, 0.6, 0.95])
+        state[b * PAGES:b * PAGES + k] = np.where(held, rng.choice([2, 3, 6], k), rng.choice([0, 1], k))
+        if rng.random() < 0.1:
+            state[b * PAGES:b * PAGES + k] = 0          # nothing resident anywhere
+        m = int(rng.integers(1, min(k, 40) + 1))
+        chosen = np.sort(rng.choice(k, m, replace=False))
+        if rng.random() < 0.3:   # a run, as a sweep faults
+            lo = int(rng.integers(0, k))
+            chosen = np.arange(lo, min(k, lo + m))
+        rows += [r] * len(chosen)
+        lanes += chosen.tolist()
+    return (state, preferred, remote, accessed_by), blocks, np.array(rows, dtype=np.int64), \
+        np.array(lanes, dtype=np.int64), npages
+
+
+@pytest.mark.parametrize("threshold", [1, 25, 51, 75, 100])
+@pytest.mark.parametrize("thrashing", [False, True])
+@pytest.mark.parametrize("advice", [False, True])
+def test_the_compiled_prefetch_is_the_numpy_one(threshold, thrashing, advice):
+    rng = np.random.default_rng(threshold * 4 + thrashing * 2 + advice)
+    b, engine = _engine(threshold)
+    t = b._table
+    for _ in range(60):
+        nblocks = int(rng.integers(1, 12))
+        arrays, blocks, rows, lanes, npages = _batch(rng, nblocks, 16, advice)
+        thrash = None
+        if thrashing:
+            thrash = (rng.random((nblocks, PAGES)) < 0.02) & (np.arange(PAGES)[None, :] < npages[:, None])
+        t.state, t.preferred, t.remote, t.accessed_by = arrays
+        cand, numpy_empty = engine._numpy_region(blocks, rows, lanes, npages, 2, thrash)
+        expected = engine._eligible(blocks, cand, 0, 2, thrash)
+        out, empty = np.empty(nblocks * PAGES, dtype=np.int64), np.empty(nblocks, dtype=np.uint8)
+        k = prefetcher.compiled_region(*arrays, blocks, rows, lanes, npages, 2, 0, threshold,
+                                       None if thrash is None else thrash.view(np.uint8), out, empty)
+        assert out[:k].tolist() == expected.tolist()
+        assert np.flatnonzero(empty).tolist() == numpy_empty.tolist()
+
+
+def _table(npages: int):
+    return (np.ones(npages, dtype=np.uint8), np.full(npages, NO_LOCATION, dtype=np.int8),
+            np.zeros(npages, dtype=np.uint8), np.zeros(npages, dtype=np.uint8))
+
+
+def test_the_prefetch_sequence_is_the_drivers():
+    """R5's sequence, on the compiled path: faults at 0, 64K, 128K, 256K, 512K move 64K, 64K, 128K, 256K, 512K."""
+    arrays = _table(PAGES)
+    moved = []
+    for kib in (0, 64, 128, 256, 512):
+        lane = kib // 4
+        out, empty = np.empty(PAGES, dtype=np.int64), np.empty(1, dtype=np.uint8)
+        k = prefetcher.compiled_region(*arrays, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([lane]),
+                                       np.array([PAGES]), 2, 0, 51, None, out, empty)
+        moved.append((k + 1) * 4)
+        arrays[0][out[:k]] = 2
+        arrays[0][lane] = 2
+    assert moved == [64, 64, 128, 256, 512]
+
+
+def test_bad_arguments_raise_instead_of_reading_outside_the_table():
+    out, empty = np.empty(PAGES, dtype=np.int64), np.empty(1, dtype=np.uint8)
+    arrays = _table(PAGES)
+    one, n = np.zeros(1, np.int64), np.array([PAGES])
+    region = prefetcher.compiled_region
+    with pytest.raises(IndexError):     # a block past the table
+        region(*arrays, np.array([1]), one, one, n, 2, 0, 51, None, out, empty)
+    with pytest.raises(IndexError):     # a lane past the block
+        region(*arrays, one, one, np.array([PAGES]), n, 2, 0, 51, None, out, empty)
+    with pytest.raises(ValueError):     # no room for the answer
+        region(*arrays, one, one, one, n, 2, 0, 51, None, out[:10], empty)
+    with pytest.raises(ValueError):     # arrays of another table
+        region(arrays[0], arrays[1][:10], *arrays[2:], one, one, one, n, 2, 0, 51, None, out, empty)
+    with pytest.raises(ValueError):     # two residency bits
+        region(*arrays, one, one, one, n, 6, 0, 51, None, out, empty)
+    with pytest.raises(TypeError):      # int32 where int64 is needed
+        region(*arrays, one.astype(np.int32), one, one, n, 2, 0, 51, None, out, empty)
+
+
+def test_the_compiled_eviction_clock_is_the_python_one():
+    rng = np.random.default_rng(5)
+    clock = eviction._compiled_clock
+    for _ in range(200):
+        per_victim = rng.choice([0, 1, 2, 3, 4, 5, 9, 40], int(rng.integers(1, 30)))
+        durations = rng.random(int(per_victim.sum())) * rng.choice([1e2, 1e5, 1e7])
+        now, wait = float(rng.integers(0, 1 << 40)) + rng.random(), float(rng.random() * 3e4)
+        begin, finish = np.empty(len(durations)), np.empty(len(durations))
+        end = clock(per_victim, durations, now, wait, begin, finish)
+        py_begin, py_finish, py_end = GpuMemory._clock_by_victim(per_victim.tolist(), durations.tolist(), now, wait)
+        assert end == py_end                       # to the bit: the same additions in the same order
+        assert begin.tolist() == py_begin
+        assert finish.tolist() == py_finish
+
+
+def test_the_compiled_eviction_scan_is_the_numpy_one():
+    """Victims with partial blocks, empty ones, runs of every length and duplicates (which fall back)."""
+    rng = np.random.default_rng(6)
+    for _ in range(100):
+        b = SimBackend(device_memory="64MiB")
+        t, mem = b._table, b._memory
+        t.state = rng.choice([0, 1, 2, 2, 2], 24 * PAGES).astype(np.uint8)
+        if rng.random() < 0.3:
+            t.state[rng.integers(0, 24 * PAGES, 3)] = 3     # a duplicate or three
+        t.block_pages = np.where(rng.random(24) < 0.2, rng.integers(0, PAGES, 24), PAGES).astype(np.int16)
+        victims = rng.permutation(24)[:int(rng.integers(1, 24))].astype(np.int64)
+        npages = t.block_pages[victims].astype(np.int64)
+        found = np.empty((3, len(victims) * PAGES // 2), dtype=np.int64)
+        before = t.state.copy()
+        k = eviction._compiled_runs(t.state, victims, npages, 2, *found)
+        st = np.where(np.arange(PAGES)[None, :] < npages[:, None], before.reshape(-1, PAGES)[victims], 0)
+        if (((st & 2) != 0) & (st != 2)).any():
+            assert k == -1 and np.array_equal(t.state, before)      # nothing changed
+            continue
+        flat = np.flatnonzero(st.reshape(-1) == 2)
+        only = victims[flat >> 9] * PAGES + (flat & (PAGES - 1))
+        starts, lengths = page_runs(only)
+        assert found[0, :k].tolist() == starts.tolist()
+        assert found[1, :k].tolist() == lengths.tolist()
+        assert found[2, :k].tolist() == (flat[np.cumsum(lengths) - lengths] >> 9).tolist()
+        expected = before.copy()
+        expected[only] = 1
+        assert np.array_equal(t.state, expected)
+        del mem
+
+
+def test_a_bad_eviction_clock_call_raises():
+    begin = finish = np.empty(3)
+    with pytest.raises(ValueError):    # five copies claimed, three given
+        eviction._compiled_clock(np.array([5]), np.ones(3), 0.0, 1.0, begin, finish)
+    with pytest.raises(ValueError):    # copies left over
+        eviction._compiled_clock(np.array([1]), np.ones(3), 0.0, 1.0, begin, finish)
+    with pytest.raises(ValueError):    # no room for the answer
+        eviction._compiled_clock(np.array([3]), np.ones(3), 0.0, 1.0, begin[:2], finish)
+    with pytest.raises(TypeError):     # float32 durations
+        eviction._compiled_clock(np.array([3]), np.ones(3, np.float32), 0.0, 1.0, begin, finish)
+
+
+def _both(script, **backend) -> None:
+    """``script`` gives the same records, clock, state and stats with the compiled parts and without them."""
+    runs = []
+    for compiled in (True, False):
+        def switched(b, compiled=compiled):
+            b._engine.compiled_prefetch = compiled
+            b._memory.compiled = compiled
+            return script(b)
+        runs.append(_run(True, switched, **backend))
+    _assert_same(*runs)
+
+
+@pytest.mark.parametrize("ratio", [0.5, 1.5])
+@pytest.mark.parametrize("name", list(W.WORKLOADS))
+def test_workloads_give_the_same_trace_either_way(name, ratio):
+    for policy in W.POLICIES:
+        w = W.make(name, size="16MiB")
+        device = max(2 * MiB, int(w.total_bytes / ratio) // (2 * MiB) * (2 * MiB))
+        _both(lambda b, w=w, policy=policy: W.run_sim(w, b, policy=policy, prefetch_chunk="4MiB"),
+              device_memory=device)
+
+
+@pytest.mark.parametrize("backend", [{}, {"prefetch_threshold": 90}, {"device_memory": "4MiB"},
+                                     {"platform": "gh200-ats"}])
+def test_advice_thrashing_and_host_turns_give_the_same_trace_either_way(backend):
+    _both(_ping_pong, **backend)

@@ -1,0 +1,168 @@
+/* Eviction, compiled: the pages a run of victims copies back to the host, and when each copy starts and ends.
+ *
+ * victim_runs is the page scan of GpuMemory._evict_many (and the state change of GpuMemory.evicted);
+ * clock_by_victim is GpuMemory._clock_by_victim, with the same float operations in the same order (the
+ * build turns off contraction into fused multiply-adds), so the records and the clock are the same to the
+ * bit. The numpy and Python code stays as the fallback and as the reference the tests hold this to.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", what, itemsize, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(clock_doc,
+"clock_by_victim(per_victim, durations, now, wait, begin, finish)\n--\n\n"
+"Start and end (ns) of each eviction copy, victim after victim, and the clock after them (returned).\n"
+"per_victim: copies of each victim (int64); durations: each copy's ns (float64, sum(per_victim) of them);\n"
+"now: the clock; wait: the ns a victim's chunk takes to be given up after its copies; begin, finish: float64\n"
+"outputs, as long as durations. A victim of up to four copies advances the clock copy by copy, a larger one\n"
+"from its start by the running sum of its copies (as EventLog.add_many does).");
+
+static PyObject *clock_by_victim(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_Format(PyExc_TypeError, "clock_by_victim() takes 6 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    double now = PyFloat_AsDouble(args[2]), wait = PyFloat_AsDouble(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    Py_buffer pv, du, be, fi;
+    PyObject *result = NULL;
+    if (get(args[0], &pv, 0, 8, "per_victim") < 0) return NULL;
+    if (get(args[1], &du, 0, 8, "durations") < 0) goto e0;
+    if (get(args[4], &be, 1, 8, "begin") < 0) goto e1;
+    if (get(args[5], &fi, 1, 8, "finish") < 0) goto e2;
+    const int64_t *per = pv.buf;
+    const double *d = du.buf;
+    double *begin = be.buf, *finish = fi.buf;
+    Py_ssize_t victims = pv.len / 8, n = du.len / 8, r = 0;
+    if (be.len < du.len || fi.len < du.len) {
+        PyErr_SetString(PyExc_ValueError, "clock_by_victim(): begin and finish must be as long as durations");
+        goto e3;
+    }
+    for (Py_ssize_t v = 0; v < victims; v++) {
+        int64_t c = per[v];
+        if (c < 0 || c > n - r) {
+            PyErr_SetString(PyExc_ValueError, "clock_by_victim(): per_victim does not add up to the durations");
+            goto e3;
+        }
+        if (c <= 4) {
+            for (int64_t i = r; i < r + c; i++) {
+                begin[i] = now;
+                now = now + d[i];
+                finish[i] = now;
+            }
+        } else {
+            double acc = 0.0, t0 = now;
+            for (int64_t i = r; i < r + c; i++) {
+                begin[i] = now;
+                acc += d[i];
+                now = t0 + acc;
+                finish[i] = now;
+            }
+        }
+        r += c;
+        now = now + wait;
+    }
+    if (r != n) {
+        PyErr_SetString(PyExc_ValueError, "clock_by_victim(): per_victim does not add up to the durations");
+        goto e3;
+    }
+    result = PyFloat_FromDouble(now);
+e3: PyBuffer_Release(&fi);
+e2: PyBuffer_Release(&be);
+e1: PyBuffer_Release(&du);
+e0: PyBuffer_Release(&pv);
+    return result;
+}
+
+PyDoc_STRVAR(runs_doc,
+"victim_runs(state, victims, npages, g, starts, lengths, owner)\n--\n\n"
+"The copies that evicting victims (blocks, in eviction order) makes: each run of consecutive pages that only\n"
+"this GPU (residency bit g) holds, victim by victim, as its first page, its length and its victim's index,\n"
+"written to starts, lengths, owner (int64, room for 256 a victim); returns how many runs, and sets those\n"
+"pages' state to the host's (1). Returns -1 and changes nothing where a victim holds a page that another\n"
+"processor holds too (a duplicate: those are invalidated between the copies, victim by victim).\n"
+"state: the page table's uint8 states; victims: int64; npages: pages per victim (int64).");
+
+static PyObject *victim_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError, "victim_runs() takes 7 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long g = PyLong_AsLong(args[3]);
+    if (PyErr_Occurred()) return NULL;
+    if (g <= 1 || g > 128 || (g & (g - 1))) {
+        PyErr_Format(PyExc_ValueError, "victim_runs(): g must be one GPU's residency bit, got %ld", g);
+        return NULL;
+    }
+    enum { STATE, VICTIMS, NPAGES, STARTS, LENGTHS, OWNER, NBUF };
+    static const int arg[NBUF] = {0, 1, 2, 4, 5, 6};
+    static const Py_ssize_t size[NBUF] = {1, 8, 8, 8, 8, 8};
+    static const char *name[NBUF] = {"state", "victims", "npages", "starts", "lengths", "owner"};
+    Py_buffer v[NBUF];
+    int got = 0;
+    PyObject *result = NULL;
+    for (; got < NBUF; got++)
+        if (get(args[arg[got]], &v[got], got == STATE || got >= STARTS, size[got], name[got]) < 0) goto done;
+    uint8_t *state = v[STATE].buf;
+    const int64_t *victims = v[VICTIMS].buf, *npages = v[NPAGES].buf;
+    int64_t *starts = v[STARTS].buf, *lengths = v[LENGTHS].buf, *owner = v[OWNER].buf;
+    Py_ssize_t n = v[VICTIMS].len / 8, table = v[STATE].len;
+    if (v[NPAGES].len != v[VICTIMS].len || v[STARTS].len < n * 256 * 8 || v[LENGTHS].len < n * 256 * 8 ||
+        v[OWNER].len < n * 256 * 8) {
+        PyErr_SetString(PyExc_ValueError, "victim_runs(): arrays of inconsistent lengths");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {   /* check everything before changing anything */
+        if (victims[i] < 0 || (victims[i] + 1) * 512 > table || npages[i] < 0 || npages[i] > 512) {
+            PyErr_SetString(PyExc_IndexError, "victim_runs(): a victim lies outside the page table");
+            goto done;
+        }
+        const uint8_t *st = state + victims[i] * 512;
+        for (int64_t p = 0; p < npages[i]; p++)
+            if ((st[p] & g) && st[p] != g) { result = PyLong_FromLong(-1); goto done; }
+    }
+    Py_ssize_t runs = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint8_t *st = state + victims[i] * 512;
+        int64_t first = victims[i] * 512;
+        for (int64_t p = 0; p < npages[i];) {
+            if (st[p] != g) { p++; continue; }
+            int64_t q = p;
+            while (q < npages[i] && st[q] == g) st[q++] = 1;
+            starts[runs] = first + p;
+            lengths[runs] = q - p;
+            owner[runs] = i;
+            runs++;
+            p = q;
+        }
+    }
+    result = PyLong_FromSsize_t(runs);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"victim_runs", (PyCFunction)(void (*)(void))victim_runs, METH_FASTCALL, runs_doc},
+    {"clock_by_victim", (PyCFunction)(void (*)(void))clock_by_victim, METH_FASTCALL, clock_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_eviction", "Eviction's page scan and clock, compiled.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__eviction(void) { return PyModule_Create(&module); }

@@ -1,0 +1,227 @@
+/* The density prefetcher (research R5), compiled: the pages a fault batch's subtrees bring in.
+ *
+ * FaultEngine._region, block by block in C: the same rules as prefetcher.dense_subtrees (big pages that hold
+ * a fault grow unless one of their pages is thrashing; the largest subtree whose count * 100 > threshold *
+ * size wins; below a big page, lane by lane) and the same answer: the sorted offsets (row * 512 + lane) of
+ * the region's pages that are neither resident nor faulted. Integer arithmetic only, so it is exact; the
+ * numpy version stays as the fallback and as the reference the tests hold this to.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PAGES 512
+#define BIG 16
+#define BIGS (PAGES / BIG)
+#define NO_LOCATION (-2)   /* model.NO_LOCATION: no advice */
+
+#define WORDS (PAGES / 64)
+
+static int take(int64_t count, int64_t lo, int64_t size, int64_t n, int64_t threshold) {
+    int64_t have = n - lo;
+    if (have < 0) have = 0;
+    if (have > size) have = size;
+    return count * 100 > threshold * have;
+}
+
+/* Bit i of the result: byte i of p (8 bytes, each 0 or 1). */
+static inline uint64_t gather8(uint64_t x) { return (x * 0x0102040810204080ULL) >> 56; }
+
+/* Pages lo..hi of a 512-bit mask set. */
+static void set_range(uint64_t *mask, int64_t lo, int64_t hi) {
+    for (int64_t w = lo >> 6; w <= (hi - 1) >> 6 && lo < hi; w++) {
+        int64_t a = w * 64 > lo ? w * 64 : lo, b = (w + 1) * 64 < hi ? (w + 1) * 64 : hi;
+        uint64_t bits = (b - a == 64) ? ~0ULL : (((1ULL << (b - a)) - 1) << (a - w * 64));
+        mask[w] |= bits;
+    }
+}
+
+static inline int count16(const uint64_t *mask, int64_t b) {
+    return __builtin_popcountll((mask[b >> 2] >> ((b & 3) * 16)) & 0xFFFFULL);
+}
+
+typedef struct {           /* the page table's per-page arrays, from the block's first page on */
+    const uint8_t *state;
+    const int8_t *preferred;
+    const uint8_t *remote, *accessed_by;
+} block_t;
+
+/* One block: faults at lanes[0..k) (sorted, distinct, on pages that exist). Writes the global page numbers of
+ * the region's pages that are neither resident nor faulted and may be prefetched. */
+static Py_ssize_t block_region(block_t blk, uint8_t g, int8_t processor, const int64_t *lanes, Py_ssize_t k,
+                               int64_t n, int64_t threshold, const uint8_t *thrash, int64_t first_page, int64_t *out,
+                               uint8_t *empty) {
+    const uint8_t *state = blk.state;
+    uint64_t resident[WORDS] = {0}, bitmap[WORDS], faulted[WORDS] = {0}, valid[WORDS] = {0}, region[WORDS] = {0};
+    uint8_t grown[BIGS] = {0};
+    int64_t prefix[BIGS + 1];
+    int shift = __builtin_ctz(g);
+    uint64_t any = 0, gmask = 0x0101010101010101ULL * g;
+    for (int w = 0; w < PAGES / 8; w++) {
+        uint64_t x;
+        memcpy(&x, state + 8 * w, 8);
+        any |= x;
+        resident[w >> 3] |= gather8((x & gmask) >> shift) << ((w & 7) * 8);
+    }
+    *empty = any == 0;
+    set_range(valid, 0, n);
+    for (int w = 0; w < WORDS; w++) resident[w] &= valid[w];
+    for (Py_ssize_t j = 0; j < k; j++) faulted[lanes[j] >> 6] |= 1ULL << (lanes[j] & 63);
+    for (int w = 0; w < WORDS; w++) bitmap[w] = resident[w] | faulted[w];
+    for (Py_ssize_t j = 0; j < k; j++) {
+        int64_t b = lanes[j] / BIG;
+        int grows = 1;
+        if (thrash) {
+            for (int i = 0; i < BIG; i++) if (thrash[b * BIG + i]) { grows = 0; break; }
+        }
+        grown[b] = (uint8_t)grows;
+    }
+    prefix[0] = 0;
+    for (int b = 0; b < BIGS; b++) {
+        int64_t c;
+        if (grown[b]) {
+            c = n - (int64_t)b * BIG;
+            if (c < 0) c = 0;
+            if (c > BIG) c = BIG;
+        } else {
+            c = count16(bitmap, b);
+        }
+        prefix[b + 1] = prefix[b] + c;
+    }
+    int64_t done_b = -1;   /* a big page whose subtree was taken: its other faults take the same one */
+    for (Py_ssize_t j = 0; j < k; j++) {
+        int64_t lane = lanes[j], b = lane / BIG, lo = 0, hi = 0;
+        int found = 0;
+        if (b == done_b) continue;
+        for (int64_t size = PAGES; size >= BIG; size >>= 1) {          /* largest first: it wins */
+            int64_t l = (b * BIG) & ~(size - 1);
+            if (take(prefix[(l + size) / BIG] - prefix[l / BIG], l, size, n, threshold)) {
+                lo = l; hi = l + size; found = 1; done_b = b;
+                break;
+            }
+        }
+        if (!found) {   /* below a big page: the big page's own pages (all that exist, where it grew) */
+            int64_t first = lane & ~(int64_t)(BIG - 1);
+            uint64_t own = grown[b] ? ((valid[first >> 6] >> (first & 63)) & 0xFFFFULL)
+                                    : ((bitmap[first >> 6] >> (first & 63)) & 0xFFFFULL);
+            for (int64_t size = BIG / 2; size >= 1; size >>= 1) {
+                int64_t l = lane & ~(size - 1);
+                int64_t c = __builtin_popcountll((own >> (l - first)) & ((1ULL << size) - 1));
+                if (take(c, l, size, n, threshold)) { lo = l; hi = l + size; break; }
+            }
+        }
+        if (hi > n) hi = lo > n ? lo : n;
+        set_range(region, lo, hi);
+    }
+    Py_ssize_t m = 0;
+    for (int w = 0; w < WORDS; w++) {
+        uint64_t bits = region[w] & ~resident[w] & ~faulted[w] & valid[w];
+        while (bits) {
+            int64_t i = w * 64 + __builtin_ctzll(bits);
+            bits &= bits - 1;
+            /* Never prefetched: thrashing pages, pages leaving their preferred location, pages kept remote by
+             * policy (mapped remotely, or AccessedBy this processor while resident elsewhere). */
+            int8_t pref = blk.preferred[i];
+            if ((thrash && thrash[i]) || (pref != NO_LOCATION && pref != processor) || (blk.remote[i] & g) ||
+                ((blk.accessed_by[i] & g) && state[i] != 0)) continue;
+            out[m++] = first_page + i;
+        }
+    }
+    return m;
+}
+
+static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", what, itemsize, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(region_doc,
+"region(state, preferred, remote, accessed_by, blocks, rows, lanes, npages, g, processor, threshold, thrash,\n"
+"       out, empty)\n--\n\n"
+"The pages the density prefetcher adds to a batch: those of the faults' dense subtrees that are neither\n"
+"resident (state & g) nor faulted, and that policy lets move (no other preferred location, no remote mapping\n"
+"of g, not AccessedBy g while resident somewhere, not thrashing). Writes their page numbers, sorted, to out\n"
+"(int64, room for len(blocks) * 512) and returns how many; sets empty[r] (uint8) to 1 where block r has no\n"
+"page resident anywhere.\n"
+"state, preferred, remote, accessed_by: the page table's arrays (uint8, int8, uint8, uint8); blocks: the\n"
+"batch's blocks (int64, sorted); rows, lanes: each fault's row in blocks and lane (int64, sorted by row, then\n"
+"lane); npages: pages per block (int64); thrash: None or uint8 (len(blocks), 512), the pages the thrashing\n"
+"detector flagged.");
+
+static PyObject *region(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 14) {
+        PyErr_Format(PyExc_TypeError, "region() takes 14 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    long g = PyLong_AsLong(args[8]), processor = PyLong_AsLong(args[9]), threshold = PyLong_AsLong(args[10]);
+    if (PyErr_Occurred()) return NULL;
+    if (g <= 0 || g > 128 || (g & (g - 1)) || processor < -128 || processor > 127) {
+        PyErr_Format(PyExc_ValueError, "region(): g must be one residency bit and processor an int8, got %ld, %ld",
+                     g, processor);
+        return NULL;
+    }
+    enum { STATE, PREF, REMOTE, ACC, BLOCKS, ROWS, LANES, NPAGES, THRASH, OUT, EMPTY, NBUF };
+    static const int arg[NBUF] = {0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13};
+    static const Py_ssize_t size[NBUF] = {1, 1, 1, 1, 8, 8, 8, 8, 1, 8, 1};
+    static const char *name[NBUF] = {"state", "preferred", "remote", "accessed_by", "blocks", "rows", "lanes",
+                                     "npages", "thrash", "out", "empty"};
+    Py_buffer v[NBUF];
+    int got = 0;
+    Py_ssize_t total = -1;
+    int have_thrash = args[11] != Py_None;
+    for (; got < NBUF; got++) {
+        if (got == THRASH && !have_thrash) { memset(&v[got], 0, sizeof v[got]); continue; }
+        if (get(args[arg[got]], &v[got], got == OUT || got == EMPTY, size[got], name[got]) < 0) goto done;
+    }
+    Py_ssize_t table = v[STATE].len, nblocks = v[BLOCKS].len / 8, nfaults = v[ROWS].len / 8;
+    const int64_t *blocks = v[BLOCKS].buf, *rows = v[ROWS].buf, *lanes = v[LANES].buf, *npages = v[NPAGES].buf;
+    if (v[PREF].len != table || v[REMOTE].len != table || v[ACC].len != table || v[LANES].len != v[ROWS].len ||
+        v[NPAGES].len != v[BLOCKS].len || v[OUT].len < nblocks * PAGES * 8 || v[EMPTY].len < nblocks ||
+        (have_thrash && v[THRASH].len < nblocks * PAGES)) {
+        PyErr_SetString(PyExc_ValueError, "region(): arrays of inconsistent lengths");
+        goto done;
+    }
+    Py_ssize_t m = 0;
+    memset(v[EMPTY].buf, 0, (size_t)nblocks);
+    for (Py_ssize_t f = 0; f < nfaults;) {
+        int64_t r = rows[f];
+        Py_ssize_t end = f;
+        while (end < nfaults && rows[end] == r) end++;
+        int bad = r < 0 || r >= nblocks || blocks[r] < 0 || (blocks[r] + 1) * PAGES > table ||
+                  npages[r] < 0 || npages[r] > PAGES;
+        for (Py_ssize_t j = f; j < end && !bad; j++) bad = lanes[j] < 0 || lanes[j] >= PAGES;
+        if (bad) {
+            PyErr_SetString(PyExc_IndexError, "region(): a fault lies outside the page table");
+            goto done;
+        }
+        int64_t first = blocks[r] * PAGES;
+        block_t blk = {(const uint8_t *)v[STATE].buf + first, (const int8_t *)v[PREF].buf + first,
+                       (const uint8_t *)v[REMOTE].buf + first, (const uint8_t *)v[ACC].buf + first};
+        m += block_region(blk, (uint8_t)g, (int8_t)processor, lanes + f, end - f, npages[r], threshold,
+                          have_thrash ? (const uint8_t *)v[THRASH].buf + r * PAGES : NULL, first,
+                          (int64_t *)v[OUT].buf + m, (uint8_t *)v[EMPTY].buf + r);
+        f = end;
+    }
+    total = m;
+done:
+    for (int i = 0; i < got; i++) if (i != THRASH || have_thrash) PyBuffer_Release(&v[i]);
+    return total < 0 ? NULL : PyLong_FromSsize_t(total);
+}
+
+static PyMethodDef methods[] = {
+    {"region", (PyCFunction)(void (*)(void))region, METH_FASTCALL, region_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_prefetch", "The density prefetcher's region, compiled.", -1, methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__prefetch(void) { return PyModule_Create(&module); }
