@@ -3,8 +3,8 @@
 - ``uvm_lab/mr/_pool.c``: the pool's free list and allocate/deallocate. Without it the pool runs every call
   in Python, with the same free list written in Python (``uvm_lab.mr.bestfit.PyBestFit``): about 4x slower a
   pair (``benchmarks/README.md``).
-- ``uvm_lab/backends/sim/_prefetch.c`` and ``_eviction.c``: the simulator's density prefetcher, batch by batch,
-  and its eviction clock. Without them the numpy and Python versions beside them give the same pages and
+- ``uvm_lab/backends/sim/_prefetch.c``, ``_eviction.c`` and ``_records.c``: the simulator's density prefetcher,
+  batch by batch, a run of evictions, and the records of copies and faults. Without them the numpy and Python versions beside them give the same pages and
   times, more slowly. ``-ffp-contract=off``: no fused multiply-add, so a float sum is the one Python makes.
 
 ``UVM_LAB_PURE_PYTHON=1`` skips the compiler. ``python hatch_build.py`` compiles them in place, for a checkout
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 SIM = Path("uvm_lab") / "backends" / "sim"
-SOURCES = (Path("uvm_lab") / "mr" / "_pool.c", SIM / "_prefetch.c", SIM / "_eviction.c")
+SOURCES = (Path("uvm_lab") / "mr" / "_pool.c", SIM / "_prefetch.c", SIM / "_eviction.c", SIM / "_records.c")
 
 
 def compile_extension(root: str | os.PathLike[str], source: Path) -> Path:

@@ -7,13 +7,16 @@ import numpy as np
 import pytest
 
 from uvm_lab import workloads as W
-from uvm_lab.backends.sim import SimBackend, eviction, prefetcher
+from uvm_lab.backends.sim import SimBackend, eviction, prefetcher, records
 from uvm_lab.backends.sim.eviction import GpuMemory
-from uvm_lab.backends.sim.model import NO_LOCATION, page_runs
+from uvm_lab.backends.sim.model import NO_LOCATION, EventLog, page_runs
+from uvm_lab.backends.sim.platform import link_seconds
+from uvm_lab.backends.sim.records import run_records
+from uvm_lab.events.schema import EventKind
 
 from .test_sim_fast_batches import _assert_same, _ping_pong, _run
 
-pytestmark = pytest.mark.skipif(not (prefetcher.COMPILED and eviction.COMPILED),
+pytestmark = pytest.mark.skipif(not (prefetcher.COMPILED and eviction.COMPILED and records.COMPILED),
                                 reason="the simulator's C parts were not compiled (no C compiler at build time)")
 
 MiB = 1 << 20
@@ -161,6 +164,61 @@ def test_the_compiled_eviction_scan_is_the_numpy_one():
         expected[only] = 1
         assert np.array_equal(t.state, expected)
         del mem
+
+
+def _records_by_numpy(t, pages, link, faulted, start):
+    """What the engine's numpy code writes for ``pages``: page_runs, then EventLog.add_many."""
+    log = EventLog(0)
+    log.t = start
+    starts, lengths = page_runs(pages, distinct=True)
+    nbytes = lengths.astype(np.uint64) * 4096
+    if link is not None:
+        log.add_many(EventKind.HTOD, flags=2, src=-1, dst=0, address=t.addresses(starts), nbytes=nbytes,
+                     alloc_id=t.block_alloc[starts >> 9], stream=7, seconds=link_seconds(nbytes, *link))
+    else:
+        value = lengths if faulted is None else np.add.reduceat(np.isin(pages, faulted).astype(np.int64),
+                                                                 np.cumsum(lengths) - lengths)
+        log.add_many(EventKind.GPU_PAGE_FAULT, flags=2, src=-1, dst=0, address=t.addresses(starts), nbytes=nbytes,
+                     value=value, alloc_id=t.block_alloc[starts >> 9], stream=7)
+    return log.to_array(), log.t
+
+
+def test_the_compiled_records_are_the_numpy_ones():
+    """Runs of every length, cut at blocks; four records or fewer (one after another) and more (a running sum)."""
+    rng = np.random.default_rng(7)
+    b = SimBackend(device_memory="64MiB")
+    t = b._table
+    t.block_address = (np.arange(8, dtype=np.uint64) + 100) << np.uint64(21)
+    t.block_alloc = rng.integers(1, 5, 8).astype(np.uint64)
+    for _ in range(300):
+        n = int(rng.choice([1, 2, 3, 5, 40, 600]))
+        pages = np.unique(rng.integers(0, 8 * PAGES, n))
+        if rng.random() < 0.5:      # long runs
+            pages = np.unique(np.concatenate([np.arange(a, a + int(rng.integers(1, 700)))
+                                              for a in rng.integers(0, 7 * PAGES, 3)]))
+            pages = pages[pages < 8 * PAGES]
+        link = (float(rng.choice([12e9, 50e9])), float(rng.choice([0.07292, 0.3]))) if rng.random() < 0.5 else None
+        faulted = None if rng.random() < 0.5 else np.sort(rng.choice(pages, max(1, len(pages) // 2), replace=False))
+        start = float(rng.integers(0, 1 << 40)) + rng.random()
+        expected, expected_t = _records_by_numpy(t, pages, link, faulted, start)
+        log = EventLog(0)
+        log.t = start
+        run_records(log, t, pages, EventKind.HTOD if link else EventKind.GPU_PAGE_FAULT, 2, -1, 0, 7, link, faulted)
+        assert log.t == expected_t
+        assert log.to_array().tobytes() == expected.tobytes()
+
+
+def test_a_bad_records_call_raises():
+    t = SimBackend(device_memory="64MiB")._table
+    t.block_address, t.block_alloc = np.zeros(2, np.uint64), np.zeros(2, np.uint64)
+    log = EventLog(0)
+    with pytest.raises(ValueError):    # not sorted
+        run_records(log, t, np.array([5, 3]), EventKind.HTOD, 0, -1, 0, 0, (1e9, 0.07))
+    with pytest.raises(ValueError):    # outside the table
+        run_records(log, t, np.array([3, 2 * PAGES]), EventKind.HTOD, 0, -1, 0, 0, (1e9, 0.07))
+    with pytest.raises(ValueError):    # a kind no record has
+        run_records(log, t, np.array([3]), 300, 0, -1, 0, 0, (1e9, 0.07))
+    assert len(log) == 0 and log.t == 0.0
 
 
 def test_a_bad_eviction_clock_call_raises():

@@ -38,6 +38,8 @@ from .eviction import GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
 from .prefetcher import COMPILED, DEFAULT_THRESHOLD, block_prefetch, compiled_region, dense_subtrees
+from .records import COMPILED as RECORDS_COMPILED
+from .records import run_records
 from .scattered import ScatteredBatches
 from .shortcuts import _HALF, _LANES, _SCAN, Shortcuts, block_runs, blocks_of
 from .thrashing import ThrashingDetector
@@ -105,9 +107,10 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self.thrashing = thrashing
         self.prefetch = prefetch
         self.threshold = prefetch_threshold
-        #: Take the prefetcher's region from ``_prefetch.c`` where it was compiled; the numpy version gives the
-        #: same pages (switchable so that the tests can hold the one to the other).
-        self.compiled_prefetch = COMPILED
+        #: Take the prefetcher's region from ``_prefetch.c`` and write the records of copies and faults with
+        #: ``_records.c`` where they were compiled; the numpy versions give the same pages and records
+        #: (switchable so that the tests can hold the one to the other).
+        self.compiled = COMPILED and RECORDS_COMPILED
         #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
         #: clock and state are the same either way, so this exists to test that they are.
         self.fast_sweeps = True
@@ -588,7 +591,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             thrash &= _LANES[None, :] < npages[:, None]
             if not thrash.any():
                 thrash = None
-        if self.compiled_prefetch:
+        if self.compiled:
             extra = np.empty(rows * PAGES_PER_BLOCK, dtype=np.int64)
             empty_rows = np.empty(rows, dtype=np.uint8)
             k = compiled_region(t.state, t.preferred, t.remote, t.accessed_by, blocks, row, lane, npages, g,
@@ -672,11 +675,15 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         if not len(pages):
             return 0
         t = self.table
-        starts, lengths = page_runs(pages, distinct=True)
-        nbytes = lengths.astype(np.uint64) * PAGE_SIZE
-        log.add_many(EventKind.DTOH if dst == HOST_ID else EventKind.HTOD, flags=cause, src=src, dst=dst,
-                     address=t.addresses(starts), nbytes=nbytes, alloc_id=t.block_alloc[starts >> BLOCK_SHIFT],
-                     stream=stream, seconds=link_seconds(nbytes, bw, self.platform.link_k))
+        kind = EventKind.DTOH if dst == HOST_ID else EventKind.HTOD
+        if self.compiled:
+            run_records(log, t, pages, kind, cause, src, dst, stream, (bw, self.platform.link_k))
+        else:
+            starts, lengths = page_runs(pages, distinct=True)
+            nbytes = lengths.astype(np.uint64) * PAGE_SIZE
+            log.add_many(kind, flags=cause, src=src, dst=dst, address=t.addresses(starts), nbytes=nbytes,
+                         alloc_id=t.block_alloc[starts >> BLOCK_SHIFT], stream=stream,
+                         seconds=link_seconds(nbytes, bw, self.platform.link_k))
         total = len(pages) * PAGE_SIZE
         if dst == HOST_ID:
             stats.bytes_dtoh += total
@@ -692,6 +699,9 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         t = self.table
         if kind == EventKind.CPU_PAGE_FAULT:   # CUPTI gives a CPU fault no access type: nor does the simulator
             access = AccessType.UNKNOWN
+        if self.compiled:
+            run_records(log, t, pages, kind, access, processor, processor, stream, faulted=faulted)
+            return
         starts, lengths = page_runs(pages, distinct=True)
         if faulted is None:        # every page of these records faulted
             per_run = lengths
