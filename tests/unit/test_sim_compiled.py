@@ -12,7 +12,9 @@ from uvm_lab.backends.sim.eviction import GpuMemory
 from uvm_lab.backends.sim.model import NO_LOCATION, EventLog, page_runs
 from uvm_lab.backends.sim.platform import link_seconds
 from uvm_lab.backends.sim.records import run_records
-from uvm_lab.events.schema import EventKind
+from uvm_lab.backends.sim.shortcuts import Shortcuts
+from uvm_lab.events.schema import EventKind, MemoryKind
+from uvm_lab.location import Location
 
 from .test_sim_fast_batches import _assert_same, _ping_pong, _run
 
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.skipif(not (prefetcher.COMPILED and eviction.COMPILED a
 
 MiB = 1 << 20
 PAGES = prefetcher.PAGES_PER_BLOCK
+GPU, HOST = Location.device(0), Location.host()
 
 
 def _engine(threshold: int):
@@ -233,13 +236,18 @@ def test_a_bad_eviction_clock_call_raises():
         eviction._compiled_clock(np.array([3]), np.ones(3, np.float32), 0.0, 1.0, begin, finish)
 
 
-def _both(script, **backend) -> None:
-    """``script`` gives the same records, clock, state and stats with the compiled parts and without them."""
+def _both(script, engine: dict | None = None, **backend) -> None:
+    """``script`` gives the same records, clock, state and stats with the compiled parts and without them
+    (``engine``: flags of the engine to set on both runs)."""
     runs = []
     for compiled in (True, False):
         def switched(b, compiled=compiled):
-            b._engine.compiled_prefetch = compiled
+            assert hasattr(b._engine, "compiled") and hasattr(b._memory, "compiled")
+            b._engine.compiled = compiled
             b._memory.compiled = compiled
+            for flag, value in (engine or {}).items():
+                assert hasattr(b._engine, flag)
+                setattr(b._engine, flag, value)
             return script(b)
         runs.append(_run(True, switched, **backend))
     _assert_same(*runs)
@@ -259,3 +267,44 @@ def test_workloads_give_the_same_trace_either_way(name, ratio):
                                      {"platform": "gh200-ats"}])
 def test_advice_thrashing_and_host_turns_give_the_same_trace_either_way(backend):
     _both(_ping_pong, **backend)
+
+
+def _gathers(b: SimBackend) -> list:
+    """Random GPU reads and writes over three buffers (one with a partial last block), some of them first
+    touches; halfway, the first buffer goes back to the host. The host's moves are long enough ago that the
+    thrashing detector stays out of it."""
+    rng = np.random.default_rng(11)
+    sizes = (96 * MiB, 64 * MiB + 5 * 4096, 40 * MiB)
+    ptrs = [b.allocate(size, MemoryKind.MANAGED) for size in sizes]
+    pages = np.concatenate([p + np.arange(n // 4096, dtype=np.uint64) * 4096
+                            for p, n in zip(ptrs, sizes, strict=True)])
+    out = []
+    for i in range(80):
+        if i in (0, 40):
+            b.prefetch(ptrs[0], sizes[0], HOST)
+            b._now += 10_000_000   # 10 ms on: past the thrashing detector's lapse
+        picks = rng.choice(pages, int(rng.integers(50, 500)))
+        wr = rng.random(len(picks)) < 0.3
+        out.append(b.access_stream(picks, GPU, (False, wr, True)[i % 3]))
+    return out
+
+
+@pytest.mark.parametrize("backend", [{"device_memory": "1GiB"}, {"device_memory": "128MiB"},
+                                     {"device_memory": "160MiB"}, {"device_memory": "128MiB", "thrashing": False},
+                                     {"device_memory": "128MiB", "prefetcher": False},
+                                     {"device_memory": "128MiB", "prefetch_threshold": 90}])
+def test_compiled_plain_batches_give_the_same_trace(backend, monkeypatch):
+    """Oversubscribed (evicting FIFO's head) or not, with the detector off, the prefetcher off or stricter."""
+    taken = []
+    plain = Shortcuts._compiled_plain
+
+    def counted(self, *args):
+        taken.append(plain(self, *args))
+        return taken[-1]
+
+    monkeypatch.setattr(Shortcuts, "_compiled_plain", counted)
+    # Scattered batches in untouched blocks and one-run batches have shortcuts of their own: off, so that
+    # every batch comes to the plain path.
+    _both(_gathers, {"fast_scattered": False, "fast_run_batches": False}, **backend)
+    # Batches that need more chunks than the GPU has go to the general path; the rest are the compiled one's.
+    assert sum(taken) >= 20

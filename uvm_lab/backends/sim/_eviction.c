@@ -5,19 +5,57 @@
  * build turns off contraction into fused multiply-adds), so the records and the clock are the same to the
  * bit. The numpy and Python code stays as the fallback and as the reference the tests hold this to.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_simcore.h"
 
-static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", what, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
+double sim_eviction_clock(const int64_t *per, Py_ssize_t victims, const double *d, double now, double wait,
+                          double *begin, double *finish) {
+    Py_ssize_t r = 0;
+    for (Py_ssize_t v = 0; v < victims; v++) {
+        int64_t c = per[v];
+        if (c <= 4) {
+            for (int64_t i = r; i < r + c; i++) {
+                begin[i] = now;
+                now = now + d[i];
+                finish[i] = now;
+            }
+        } else {
+            double acc = 0.0, t0 = now;
+            for (int64_t i = r; i < r + c; i++) {
+                begin[i] = now;
+                acc += d[i];
+                now = t0 + acc;
+                finish[i] = now;
+            }
+        }
+        r += c;
+        now = now + wait;
     }
-    return 0;
+    return now;
+}
+
+Py_ssize_t sim_victim_runs(uint8_t *state, const int64_t *victims, const int64_t *npages, Py_ssize_t n, uint8_t g,
+                           int64_t *starts, int64_t *lengths, int64_t *owner) {
+    for (Py_ssize_t i = 0; i < n; i++) {   /* check everything before changing anything */
+        const uint8_t *st = state + victims[i] * PAGES;
+        for (int64_t p = 0; p < npages[i]; p++)
+            if ((st[p] & g) && st[p] != g) return -1;
+    }
+    Py_ssize_t runs = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint8_t *st = state + victims[i] * PAGES;
+        int64_t first = victims[i] * PAGES;
+        for (int64_t p = 0; p < npages[i];) {
+            if (st[p] != g) { p++; continue; }
+            int64_t q = p;
+            while (q < npages[i] && st[q] == g) st[q++] = 1;
+            starts[runs] = first + p;
+            lengths[runs] = q - p;
+            owner[runs] = i;
+            runs++;
+            p = q;
+        }
+    }
+    return runs;
 }
 
 PyDoc_STRVAR(clock_doc,
@@ -38,10 +76,10 @@ static PyObject *clock_by_victim(PyObject *self, PyObject *const *args, Py_ssize
     if (PyErr_Occurred()) return NULL;
     Py_buffer pv, du, be, fi;
     PyObject *result = NULL;
-    if (get(args[0], &pv, 0, 8, "per_victim") < 0) return NULL;
-    if (get(args[1], &du, 0, 8, "durations") < 0) goto e0;
-    if (get(args[4], &be, 1, 8, "begin") < 0) goto e1;
-    if (get(args[5], &fi, 1, 8, "finish") < 0) goto e2;
+    if (sim_buffer(args[0], &pv, 0, 8, "per_victim") < 0) return NULL;
+    if (sim_buffer(args[1], &du, 0, 8, "durations") < 0) goto e0;
+    if (sim_buffer(args[4], &be, 1, 8, "begin") < 0) goto e1;
+    if (sim_buffer(args[5], &fi, 1, 8, "finish") < 0) goto e2;
     const int64_t *per = pv.buf;
     const double *d = du.buf;
     double *begin = be.buf, *finish = fi.buf;
@@ -51,33 +89,14 @@ static PyObject *clock_by_victim(PyObject *self, PyObject *const *args, Py_ssize
         goto e3;
     }
     for (Py_ssize_t v = 0; v < victims; v++) {
-        int64_t c = per[v];
-        if (c < 0 || c > n - r) {
-            PyErr_SetString(PyExc_ValueError, "clock_by_victim(): per_victim does not add up to the durations");
-            goto e3;
-        }
-        if (c <= 4) {
-            for (int64_t i = r; i < r + c; i++) {
-                begin[i] = now;
-                now = now + d[i];
-                finish[i] = now;
-            }
-        } else {
-            double acc = 0.0, t0 = now;
-            for (int64_t i = r; i < r + c; i++) {
-                begin[i] = now;
-                acc += d[i];
-                now = t0 + acc;
-                finish[i] = now;
-            }
-        }
-        r += c;
-        now = now + wait;
+        if (per[v] < 0 || per[v] > n - r) break;
+        r += per[v];
     }
     if (r != n) {
         PyErr_SetString(PyExc_ValueError, "clock_by_victim(): per_victim does not add up to the durations");
         goto e3;
     }
+    now = sim_eviction_clock(per, victims, d, now, wait, begin, finish);
     result = PyFloat_FromDouble(now);
 e3: PyBuffer_Release(&fi);
 e2: PyBuffer_Release(&be);
@@ -115,7 +134,7 @@ static PyObject *victim_runs(PyObject *self, PyObject *const *args, Py_ssize_t n
     int got = 0;
     PyObject *result = NULL;
     for (; got < NBUF; got++)
-        if (get(args[arg[got]], &v[got], got == STATE || got >= STARTS, size[got], name[got]) < 0) goto done;
+        if (sim_buffer(args[arg[got]], &v[got], got == STATE || got >= STARTS, size[got], name[got]) < 0) goto done;
     uint8_t *state = v[STATE].buf;
     const int64_t *victims = v[VICTIMS].buf, *npages = v[NPAGES].buf;
     int64_t *starts = v[STARTS].buf, *lengths = v[LENGTHS].buf, *owner = v[OWNER].buf;
@@ -130,39 +149,15 @@ static PyObject *victim_runs(PyObject *self, PyObject *const *args, Py_ssize_t n
             PyErr_SetString(PyExc_IndexError, "victim_runs(): a victim lies outside the page table");
             goto done;
         }
-        const uint8_t *st = state + victims[i] * 512;
-        for (int64_t p = 0; p < npages[i]; p++)
-            if ((st[p] & g) && st[p] != g) { result = PyLong_FromLong(-1); goto done; }
     }
-    Py_ssize_t runs = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        uint8_t *st = state + victims[i] * 512;
-        int64_t first = victims[i] * 512;
-        for (int64_t p = 0; p < npages[i];) {
-            if (st[p] != g) { p++; continue; }
-            int64_t q = p;
-            while (q < npages[i] && st[q] == g) st[q++] = 1;
-            starts[runs] = first + p;
-            lengths[runs] = q - p;
-            owner[runs] = i;
-            runs++;
-            p = q;
-        }
-    }
+    Py_ssize_t runs = sim_victim_runs(state, victims, npages, n, (uint8_t)g, starts, lengths, owner);
     result = PyLong_FromSsize_t(runs);
 done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
 }
 
-static PyMethodDef methods[] = {
-    {"victim_runs", (PyCFunction)(void (*)(void))victim_runs, METH_FASTCALL, runs_doc},
-    {"clock_by_victim", (PyCFunction)(void (*)(void))clock_by_victim, METH_FASTCALL, clock_doc},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_eviction", "Eviction's page scan and clock, compiled.", -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__eviction(void) { return PyModule_Create(&module); }
+PyMethodDef sim_victim_runs_method = {"victim_runs", (PyCFunction)(void (*)(void))victim_runs, METH_FASTCALL,
+                                      runs_doc};
+PyMethodDef sim_clock_method = {"clock_by_victim", (PyCFunction)(void (*)(void))clock_by_victim, METH_FASTCALL,
+                                clock_doc};

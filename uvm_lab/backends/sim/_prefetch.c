@@ -6,15 +6,10 @@
  * the region's pages that are neither resident nor faulted. Integer arithmetic only, so it is exact; the
  * numpy version stays as the fallback and as the reference the tests hold this to.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_simcore.h"
 
-#define PAGES 512
 #define BIG 16
 #define BIGS (PAGES / BIG)
-#define NO_LOCATION (-2)   /* model.NO_LOCATION: no advice */
 
 #define WORDS (PAGES / 64)
 
@@ -41,17 +36,11 @@ static inline int count16(const uint64_t *mask, int64_t b) {
     return __builtin_popcountll((mask[b >> 2] >> ((b & 3) * 16)) & 0xFFFFULL);
 }
 
-typedef struct {           /* the page table's per-page arrays, from the block's first page on */
-    const uint8_t *state;
-    const int8_t *preferred;
-    const uint8_t *remote, *accessed_by;
-} block_t;
-
 /* One block: faults at lanes[0..k) (sorted, distinct, on pages that exist). Writes the global page numbers of
  * the region's pages that are neither resident nor faulted and may be prefetched. */
-static Py_ssize_t block_region(block_t blk, uint8_t g, int8_t processor, const int64_t *lanes, Py_ssize_t k,
-                               int64_t n, int64_t threshold, const uint8_t *thrash, int64_t first_page, int64_t *out,
-                               uint8_t *empty) {
+Py_ssize_t sim_block_region(block_t blk, uint8_t g, int8_t processor, const int64_t *lanes, Py_ssize_t k,
+                            int64_t n, int64_t threshold, const uint8_t *thrash, int64_t first_page, int64_t *out,
+                            uint8_t *empty) {
     const uint8_t *state = blk.state;
     uint64_t resident[WORDS] = {0}, bitmap[WORDS], faulted[WORDS] = {0}, valid[WORDS] = {0}, region[WORDS] = {0};
     uint8_t grown[BIGS] = {0};
@@ -131,16 +120,6 @@ static Py_ssize_t block_region(block_t blk, uint8_t g, int8_t processor, const i
     return m;
 }
 
-static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", what, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
-    }
-    return 0;
-}
-
 PyDoc_STRVAR(region_doc,
 "region(state, preferred, remote, accessed_by, blocks, rows, lanes, npages, g, processor, threshold, thrash,\n"
 "       out, empty)\n--\n\n"
@@ -178,7 +157,7 @@ static PyObject *region(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     int have_thrash = args[11] != Py_None;
     for (; got < NBUF; got++) {
         if (got == THRASH && !have_thrash) { memset(&v[got], 0, sizeof v[got]); continue; }
-        if (get(args[arg[got]], &v[got], got == OUT || got == EMPTY, size[got], name[got]) < 0) goto done;
+        if (sim_buffer(args[arg[got]], &v[got], got == OUT || got == EMPTY, size[got], name[got]) < 0) goto done;
     }
     Py_ssize_t table = v[STATE].len, nblocks = v[BLOCKS].len / 8, nfaults = v[ROWS].len / 8;
     const int64_t *blocks = v[BLOCKS].buf, *rows = v[ROWS].buf, *lanes = v[LANES].buf, *npages = v[NPAGES].buf;
@@ -204,9 +183,9 @@ static PyObject *region(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         int64_t first = blocks[r] * PAGES;
         block_t blk = {(const uint8_t *)v[STATE].buf + first, (const int8_t *)v[PREF].buf + first,
                        (const uint8_t *)v[REMOTE].buf + first, (const uint8_t *)v[ACC].buf + first};
-        m += block_region(blk, (uint8_t)g, (int8_t)processor, lanes + f, end - f, npages[r], threshold,
-                          have_thrash ? (const uint8_t *)v[THRASH].buf + r * PAGES : NULL, first,
-                          (int64_t *)v[OUT].buf + m, (uint8_t *)v[EMPTY].buf + r);
+        m += sim_block_region(blk, (uint8_t)g, (int8_t)processor, lanes + f, end - f, npages[r], threshold,
+                              have_thrash ? (const uint8_t *)v[THRASH].buf + r * PAGES : NULL, first,
+                              (int64_t *)v[OUT].buf + m, (uint8_t *)v[EMPTY].buf + r);
         f = end;
     }
     total = m;
@@ -215,13 +194,4 @@ done:
     return total < 0 ? NULL : PyLong_FromSsize_t(total);
 }
 
-static PyMethodDef methods[] = {
-    {"region", (PyCFunction)(void (*)(void))region, METH_FASTCALL, region_doc},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_prefetch", "The density prefetcher's region, compiled.", -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__prefetch(void) { return PyModule_Create(&module); }
+PyMethodDef sim_region_method = {"region", (PyCFunction)(void (*)(void))region, METH_FASTCALL, region_doc};

@@ -5,33 +5,55 @@
  * off contraction into fused multiply-adds). The numpy code stays as the fallback and as the reference the
  * tests hold this to.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_simcore.h"
 
-#define PAGES 512
-#define PAGE_SIZE 4096
-
-/* uvm_lab.events.schema.EVENT_DTYPE, packed. */
-typedef struct __attribute__((packed)) {
-    uint8_t kind, flags;
-    int16_t src, dst;
-    uint64_t start, end, address, bytes, value, alloc_id, stream;
-} record_t;
-
-_Static_assert(sizeof(record_t) == 62, "EVENT_DTYPE is 62 bytes");
-
-enum { VALUE_BYTES, VALUE_PAGES, VALUE_FAULTED };
-
-static int get(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", what, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
+Py_ssize_t sim_run_records(const int64_t *pages, Py_ssize_t n, uint8_t kind, uint8_t flags, int16_t src,
+                           int16_t dst, uint64_t stream, const uint64_t *address, const uint64_t *alloc,
+                           const double *seconds, int value, const int64_t *faulted, Py_ssize_t nfaulted, double *clock,
+                           record_t *out) {
+    Py_ssize_t runs = 0, f = 0;
+    for (Py_ssize_t i = 0; i < n;) {   /* the runs first: how many decides how the clock runs */
+        Py_ssize_t j = i + 1;
+        while (j < n && pages[j] == pages[j - 1] + 1 && (pages[j] & (PAGES - 1))) j++;
+        int64_t first = pages[i], len = j - i, b = first / PAGES;
+        record_t *r = &out[runs++];
+        r->kind = kind;
+        r->flags = flags;
+        r->src = src;
+        r->dst = dst;
+        r->address = address[b] + (uint64_t)((first & (PAGES - 1)) * PAGE_SIZE);
+        r->bytes = (uint64_t)len * PAGE_SIZE;
+        r->alloc_id = alloc[b];
+        r->stream = stream;
+        if (value == VALUE_BYTES) {
+            r->value = r->bytes;
+        } else if (value == VALUE_PAGES) {
+            r->value = (uint64_t)len;
+        } else {
+            uint64_t c = 0;
+            while (f < nfaulted && faulted[f] < first) f++;
+            while (f < nfaulted && faulted[f] < first + len) { c++; f++; }
+            r->value = c;
+        }
+        r->start = (uint64_t)len;   /* the run's length, until the clock below replaces it */
+        i = j;
     }
-    return 0;
+    /* EventLog.add_many: up to four records one after another; more, from the clock by a running sum. */
+    double t = *clock, acc = 0.0, t0 = t;
+    for (Py_ssize_t k = 0; k < runs; k++) {
+        double d = seconds ? seconds[out[k].start] * 1e9 : 0.0;
+        double start = t;
+        if (runs <= 4) {
+            t = start + d;
+        } else {
+            acc += d;
+            t = t0 + acc;
+        }
+        out[k].start = (uint64_t)start;
+        out[k].end = (uint64_t)t;
+    }
+    *clock = t;
+    return runs;
 }
 
 PyDoc_STRVAR(run_records_doc,
@@ -68,7 +90,7 @@ static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t n
     PyObject *result = NULL;
     for (int i = 0; i < NBUF; i++) {
         if ((i == SECONDS || i == FAULTED) && args[arg[i]] == Py_None) continue;
-        if (get(args[arg[i]], &v[i], i == OUT, size[i], name[i]) < 0) goto done;
+        if (sim_buffer(args[arg[i]], &v[i], i == OUT, size[i], name[i]) < 0) goto done;
         held[i] = 1;
     }
     const int64_t *pages = v[PAGES_].buf;
@@ -86,61 +108,14 @@ static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t n
             goto done;
         }
     }
-    record_t *out = v[OUT].buf;
-    Py_ssize_t runs = 0, f = 0;
-    for (Py_ssize_t i = 0; i < n;) {   /* the runs first: how many decides how the clock runs */
-        Py_ssize_t j = i + 1;
-        while (j < n && pages[j] == pages[j - 1] + 1 && (pages[j] & (PAGES - 1))) j++;
-        int64_t first = pages[i], len = j - i, b = first / PAGES;
-        record_t *r = &out[runs++];
-        r->kind = (uint8_t)kind;
-        r->flags = (uint8_t)flags;
-        r->src = (int16_t)src;
-        r->dst = (int16_t)dst;
-        r->address = address[b] + (uint64_t)((first & (PAGES - 1)) * PAGE_SIZE);
-        r->bytes = (uint64_t)len * PAGE_SIZE;
-        r->alloc_id = alloc[b];
-        r->stream = stream;
-        if (value == VALUE_BYTES) {
-            r->value = r->bytes;
-        } else if (value == VALUE_PAGES) {
-            r->value = (uint64_t)len;
-        } else {
-            uint64_t c = 0;
-            while (f < nfaulted && faulted[f] < first) f++;
-            while (f < nfaulted && faulted[f] < first + len) { c++; f++; }
-            r->value = c;
-        }
-        r->start = (uint64_t)len;   /* the run's length, until the clock below replaces it */
-        i = j;
-    }
-    /* EventLog.add_many: up to four records one after another; more, from the clock by a running sum. */
-    double acc = 0.0, t0 = t;
-    for (Py_ssize_t k = 0; k < runs; k++) {
-        double d = seconds ? seconds[out[k].start] * 1e9 : 0.0;
-        double start = t;
-        if (runs <= 4) {
-            t = start + d;
-        } else {
-            acc += d;
-            t = t0 + acc;
-        }
-        out[k].start = (uint64_t)start;
-        out[k].end = (uint64_t)t;
-    }
+    Py_ssize_t runs = sim_run_records(pages, n, (uint8_t)kind, (uint8_t)flags, (int16_t)src, (int16_t)dst,
+                                      (uint64_t)stream, address, alloc, seconds, (int)value, faulted, nfaulted, &t,
+                                      (record_t *)v[OUT].buf);
     result = Py_BuildValue("nd", runs, t);
 done:
     for (int i = 0; i < NBUF; i++) if (held[i]) PyBuffer_Release(&v[i]);
     return result;
 }
 
-static PyMethodDef methods[] = {
-    {"run_records", (PyCFunction)(void (*)(void))run_records, METH_FASTCALL, run_records_doc},
-    {NULL, NULL, 0, NULL},
-};
-
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_records", "A run's records, compiled.", -1, methods, NULL, NULL, NULL, NULL,
-};
-
-PyMODINIT_FUNC PyInit__records(void) { return PyModule_Create(&module); }
+PyMethodDef sim_run_records_method = {"run_records", (PyCFunction)(void (*)(void))run_records, METH_FASTCALL,
+                                      run_records_doc};

@@ -107,10 +107,12 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self.thrashing = thrashing
         self.prefetch = prefetch
         self.threshold = prefetch_threshold
-        #: Take the prefetcher's region from ``_prefetch.c`` and write the records of copies and faults with
-        #: ``_records.c`` where they were compiled; the numpy versions give the same pages and records
-        #: (switchable so that the tests can hold the one to the other).
+        #: Take the prefetcher's region from ``_prefetch.c``, write the records of copies and faults with
+        #: ``_records.c`` and service plain GPU batches with ``_service.c`` where they were compiled; the numpy
+        #: versions give the same pages, records and clock (switchable so that the tests can hold the one to
+        #: the other).
         self.compiled = COMPILED and RECORDS_COMPILED
+        self._plain_costs_for: Platform | None = None   # the platform _compiled_plain's costs are for
         #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
         #: clock and state are the same either way, so this exists to test that they are.
         self.fast_sweeps = True

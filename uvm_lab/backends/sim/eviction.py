@@ -30,8 +30,8 @@ from .platform import Platform, link_seconds
 __all__ = ["COMPILED", "EVICTION_POLICIES", "GpuMemory"]
 
 try:   # a run of evictions' page scan and clock in C (``_eviction.c``), where the package was built with a compiler
-    from ._eviction import clock_by_victim as _compiled_clock
-    from ._eviction import victim_runs as _compiled_runs
+    from ._simcore import clock_by_victim as _compiled_clock
+    from ._simcore import victim_runs as _compiled_runs
 except ImportError:
     _compiled_clock = _compiled_runs = None
 

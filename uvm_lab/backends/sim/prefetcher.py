@@ -28,7 +28,7 @@ _LEVELS = [1 << i for i in range(PAGES_PER_BLOCK.bit_length())]   # subtree size
 _CACHE_LIMIT = 1 << 16   # one-block answers block_prefetch keeps
 
 try:   # the same rules in C, block by block (``_prefetch.c``), where the package was built with a compiler
-    from ._prefetch import region as compiled_region
+    from ._simcore import region as compiled_region
 except ImportError:
     compiled_region = None
 

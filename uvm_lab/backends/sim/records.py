@@ -13,10 +13,10 @@ from ...units import PAGE_SIZE
 from .model import PAGES_PER_BLOCK, EventLog, PageTable
 from .platform import link_seconds
 
-__all__ = ["COMPILED", "run_records"]
+__all__ = ["COMPILED", "link_table", "run_records"]
 
 try:
-    from ._records import run_records as _run_records
+    from ._simcore import run_records as _run_records
 except ImportError:
     _run_records = None
 
@@ -27,7 +27,7 @@ _VALUE_BYTES, _VALUE_PAGES, _VALUE_FAULTED = range(3)
 _seconds: dict[tuple[float, float], np.ndarray] = {}
 
 
-def _link_table(bw: float, k: float) -> np.ndarray:
+def link_table(bw: float, k: float) -> np.ndarray:
     """``link_seconds`` of a run of 0 .. 512 pages: what add_many's records of those runs last."""
     table = _seconds.get((bw, k))
     if table is None:
@@ -47,7 +47,7 @@ def run_records(log: EventLog, table: PageTable, pages: np.ndarray, kind: int, f
     out = np.empty(len(pages), dtype=EVENT_DTYPE)
     value = _VALUE_BYTES if link is not None else _VALUE_PAGES if faulted is None else _VALUE_FAULTED
     n, log.t = _run_records(np.ascontiguousarray(pages, dtype=np.int64), kind, flags, src, dst, stream,
-                            table.block_address, table.block_alloc, None if link is None else _link_table(*link),
+                            table.block_address, table.block_alloc, None if link is None else link_table(*link),
                             value, None if faulted is None else np.ascontiguousarray(faulted, dtype=np.int64), log.t,
                             out)
     log.chunks.append(out[:n])

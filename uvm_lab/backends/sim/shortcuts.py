@@ -27,6 +27,12 @@ from ...units import PAGE_SIZE
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, page_runs
 from .platform import link_seconds
 from .prefetcher import block_prefetch
+from .records import link_table
+
+try:   # a plain batch, whole, in C (``_service.c``), where the package was built with a compiler
+    from ._simcore import service_plain as compiled_service
+except ImportError:
+    compiled_service = None
 
 if TYPE_CHECKING:
     from .engine import StreamStats
@@ -635,6 +641,9 @@ class Shortcuts:
         t, p, mem = self.table, self.platform, self.memory
         if self.thrashing.blocks:
             return False
+        if self.compiled and processor == mem.device and mem.policy == "fifo" and not mem.overlap \
+                and self._compiled_plain(pages, wr, processor, log, stats, kind, stream):
+            return True
         host = processor == HOST_ID
         g = 1 if host else 1 << (processor + 1)
         st = t.state[pages]
@@ -699,6 +708,45 @@ class Shortcuts:
             mem.release_if_empty(np.unique(np.concatenate((moved, ex_moved)) >> BLOCK_SHIFT))
         # R7: migrations caused by faults and the prefetcher feed the detector.
         self._feed_thrashing(migrated, processor, log)
+        return True
+
+    def _compiled_plain(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
+                        kind: AccessType, stream: int) -> bool:
+        """:meth:`_service_plain` for a GPU with FIFO eviction, in C (``_service.c``), or False (having changed
+        nothing) where the batch is not one it takes."""
+        t, p, mem, thr = self.table, self.platform, self.memory, self.thrashing
+        if self._plain_costs_for is not p:
+            self._plain_costs_for = p
+            self._plain_costs = np.array([p.fault_batch_latency, p.fault_block_latency, p.fault_latency,
+                                          p.fault_write_latency, p.gpu_populate_bw, p.fault_page_latency,
+                                          p.fault_unmap_latency, p.fault_unmap_run_latency, p.fault_chunk_latency,
+                                          p.fault_eviction_latency * 1e9])
+            self._plain_links = (link_table(p.fault_htod_bw, p.link_k), link_table(p.eviction_bw, p.link_k))
+        codes = np.array([EventKind.HTOD, EventKind.DTOH, EventKind.GPU_PAGE_FAULT, MigrationCause.COHERENCE,
+                          MigrationCause.PREFETCH, MigrationCause.EVICTION, AccessType.READ, kind, stream],
+                         dtype=np.int64)
+        counters = np.array([mem.capacity, mem.used, mem.pinned, mem._tick, mem.evicted_blocks], dtype=np.int64)
+        clock = np.array([log.t])
+        out = compiled_service(t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote,
+                               t.chunk.view(np.uint8), t.block_pages, t.block_address, t.block_alloc, t.last_use,
+                               np.ascontiguousarray(pages, dtype=np.int64),
+                               np.ascontiguousarray(wr, dtype=bool).view(np.uint8), self._plain_costs,
+                               *self._plain_links, codes, counters, clock, processor,
+                               self.threshold if self.prefetch else -1, mem._order,
+                               thr._touch if thr.enabled else None, thr.c.lapse)
+        if out is None:
+            return False
+        records, evictions, copied, prefetched = out
+        if records:
+            log._flush_rows()
+            log.chunks.append(np.frombuffer(records, dtype=EVENT_DTYPE))
+        log.t = float(clock[0])
+        mem.used, mem._tick, mem.evicted_blocks = int(counters[1]), int(counters[3]), int(counters[4])
+        stats.batches += 1
+        stats.faults += len(pages)
+        stats.evictions += evictions
+        stats.bytes_htod += copied
+        stats.bytes_prefetched += prefetched
         return True
 
     def _service_run(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,

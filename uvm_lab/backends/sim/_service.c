@@ -1,0 +1,389 @@
+/* A plain fault batch on a GPU, compiled: Shortcuts._service_plain, whole, for FIFO eviction.
+ *
+ * The batch: distinct faulting pages with no advice, no remote mapping and one copy each, none of it on the
+ * faulting GPU; their blocks and the prefetched neighbours hold no ReadMostly page; no thrashing state
+ * anywhere. Its chunks are claimed (evicting FIFO's head where none is free), its pages and the density
+ * prefetcher's copied or populated, its records written and its time added, as the Python code does it:
+ * the same records, clock (the same float operations in the same order), state and counters.
+ *
+ * Where anything else holds (a victim with a duplicate, a block the thrashing detector would start to watch,
+ * an empty block preferring this GPU), it changes nothing and says so; the Python code then takes the batch.
+ */
+#include "_simcore.h"
+
+/* Merge two sorted, disjoint arrays into out; returns the length. */
+static Py_ssize_t merge(const int64_t *a, Py_ssize_t na, const int64_t *b, Py_ssize_t nb, int64_t *out) {
+    Py_ssize_t i = 0, j = 0, k = 0;
+    while (i < na && j < nb) out[k++] = a[i] < b[j] ? a[i++] : b[j++];
+    while (i < na) out[k++] = a[i++];
+    while (j < nb) out[k++] = b[j++];
+    return k;
+}
+
+static int in_sorted(const int64_t *a, Py_ssize_t n, int64_t x) {
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (a[mid] < x) lo = mid + 1; else hi = mid;
+    }
+    return lo < n && a[lo] == x;
+}
+
+/* Runs of consecutive sorted pages, split where a block ends: shortcuts.block_runs. */
+static Py_ssize_t block_runs(const int64_t *p, Py_ssize_t n) {
+    if (n < 2) return n;
+    Py_ssize_t runs = 1;
+    for (Py_ssize_t i = 1; i < n; i++) runs += p[i] != p[i - 1] + 1 || (p[i] & (PAGES - 1)) == 0;
+    return runs;
+}
+
+/* order[key] = value (an OrderedDict: its own setitem keeps the order). */
+static int set_int(PyObject *map, int64_t key, PyObject *value) {
+    PyObject *k = PyLong_FromLongLong(key);
+    if (!k) return -1;
+    int rc = PyObject_SetItem(map, k, value);
+    Py_DECREF(k);
+    return rc;
+}
+
+enum {  /* costs[] */
+    C_BATCH, C_BLOCK, C_FAULT, C_WRITE, C_POPULATE_BW, C_PAGE, C_UNMAP, C_UNMAP_RUN, C_CHUNK, C_EVICTION_WAIT, NCOSTS
+};
+enum {  /* codes[]: the schema's numbers */
+    K_HTOD, K_DTOH, K_GPU_FAULT, K_COHERENCE, K_PREFETCH, K_EVICTION, K_READ, K_WRITE, K_STREAM, NCODES
+};
+enum {  /* counters[]: GpuMemory's, read and written */
+    M_CAPACITY, M_USED, M_PINNED, M_TICK, M_EVICTED, NCOUNTERS
+};
+enum {  /* buffers */
+    B_STATE, B_READ_MOSTLY, B_PREFERRED, B_ACCESSED_BY, B_REMOTE, B_CHUNK, B_BLOCK_PAGES, B_ADDRESS, B_ALLOC,
+    B_LAST_USE, B_PAGES, B_WR, B_COSTS, B_HTOD_S, B_EVICT_S, B_CODES, B_COUNTERS, B_CLOCK, NBUF
+};
+
+PyDoc_STRVAR(service_doc,
+"service_plain(state, read_mostly, preferred, accessed_by, remote, chunk, block_pages, block_address,\n"
+"              block_alloc, last_use, pages, wr, costs, htod_seconds, eviction_seconds, codes, counters, clock,\n"
+"              processor, threshold, order, touch, lapse)\n--\n\n"
+"Shortcuts._service_plain for a GPU with FIFO eviction. The page table's arrays as they are; pages (int64,\n"
+"sorted, distinct) and wr (bool) the batch; costs, codes, counters and clock (float64 [1]) as _service.c\n"
+"numbers them; htod_seconds, eviction_seconds: link_seconds of runs of 0-512 pages; threshold < 0 turns\n"
+"the prefetcher off; order: GpuMemory's FIFO (an OrderedDict); touch: the thrashing detector's last\n"
+"migration of each block, or None where it is off. Returns None, having changed nothing, where the batch is\n"
+"not one it takes; else (records as EVENT_DTYPE bytes, evictions, bytes copied, bytes prefetched).");
+
+static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 23) {
+        PyErr_Format(PyExc_TypeError, "service_plain() takes 23 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    static const Py_ssize_t size[NBUF] = {1, 1, 1, 1, 1, 1, 2, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8};
+    static const int writable[NBUF] = {1, 0, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 1};
+    static const char *name[NBUF] = {"state", "read_mostly", "preferred", "accessed_by", "remote", "chunk",
+                                     "block_pages", "block_address", "block_alloc", "last_use", "pages", "wr",
+                                     "costs", "htod_seconds", "eviction_seconds", "codes", "counters", "clock"};
+    long processor = PyLong_AsLong(args[18]), threshold = PyLong_AsLong(args[19]);
+    long long lapse = PyLong_AsLongLong(args[22]);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *order = args[20], *touch = args[21] == Py_None ? NULL : args[21];
+    if (processor < 0 || processor > 6 || (touch && !PyDict_Check(touch))) {
+        PyErr_SetString(PyExc_ValueError, "service_plain(): processor must be a GPU (0-6), touch a dict or None");
+        return NULL;
+    }
+    Py_buffer v[NBUF];
+    int got = 0;
+    PyObject *result = NULL;
+    int64_t *blocks = NULL, *extra = NULL, *lanes_buf = NULL, *victims = NULL, *scratch = NULL;
+    record_t *records = NULL;
+    for (; got < NBUF; got++)
+        if (sim_buffer(args[got], &v[got], writable[got], size[got], name[got]) < 0) goto done;
+    Py_ssize_t table = v[B_STATE].len, nblocks_table = v[B_CHUNK].len;
+    if (v[B_READ_MOSTLY].len != table || v[B_PREFERRED].len != table || v[B_ACCESSED_BY].len != table ||
+        v[B_REMOTE].len != table || table != nblocks_table * PAGES || v[B_BLOCK_PAGES].len != nblocks_table * 2 ||
+        v[B_ADDRESS].len != nblocks_table * 8 || v[B_ALLOC].len != nblocks_table * 8 ||
+        v[B_LAST_USE].len != nblocks_table * 8 || v[B_WR].len != v[B_PAGES].len / 8 ||
+        v[B_COSTS].len != NCOSTS * 8 || v[B_HTOD_S].len != (PAGES + 1) * 8 || v[B_EVICT_S].len != (PAGES + 1) * 8 ||
+        v[B_CODES].len != NCODES * 8 || v[B_COUNTERS].len != NCOUNTERS * 8 || v[B_CLOCK].len != 8) {
+        PyErr_SetString(PyExc_ValueError, "service_plain(): arrays of inconsistent lengths");
+        goto done;
+    }
+    uint8_t *state = v[B_STATE].buf, *remote = v[B_REMOTE].buf, *chunk = v[B_CHUNK].buf;
+    const uint8_t *read_mostly = v[B_READ_MOSTLY].buf, *accessed_by = v[B_ACCESSED_BY].buf, *wr = v[B_WR].buf;
+    const int8_t *preferred = v[B_PREFERRED].buf;
+    const int16_t *block_pages = v[B_BLOCK_PAGES].buf;
+    const uint64_t *address = v[B_ADDRESS].buf, *alloc = v[B_ALLOC].buf;
+    int64_t *last_use = v[B_LAST_USE].buf, *counters = v[B_COUNTERS].buf;
+    const int64_t *pages = v[B_PAGES].buf, *codes = v[B_CODES].buf;
+    const double *costs = v[B_COSTS].buf, *htod_s = v[B_HTOD_S].buf, *evict_s = v[B_EVICT_S].buf;
+    double *clock = v[B_CLOCK].buf;
+    Py_ssize_t n = v[B_PAGES].len / 8;
+    uint8_t g = (uint8_t)(1 << (processor + 1));
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pages[i] < 0 || pages[i] >= table || (i && pages[i] <= pages[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "service_plain(): pages must be sorted, distinct and in the table");
+            goto done;
+        }
+    }
+    if (!n) { result = Py_NewRef(Py_None); goto done; }
+
+    /* -- is it a plain batch? (nothing changes until the victims are known to be plain too) ---------------- */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t p = pages[i];
+        uint8_t st = state[p];
+        if ((st & (st - 1)) || (st & g) || preferred[p] != NO_LOCATION || read_mostly[p] ||
+            accessed_by[p] || remote[p]) { result = Py_NewRef(Py_None); goto done; }
+    }
+    blocks = PyMem_Malloc((size_t)n * 8);
+    lanes_buf = PyMem_Malloc((size_t)n * 8);
+    if (!blocks || !lanes_buf) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t nb = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (!nb || blocks[nb - 1] != pages[i] / PAGES) blocks[nb++] = pages[i] / PAGES;
+    int64_t capacity = counters[M_CAPACITY], used = counters[M_USED], pinned = counters[M_PINNED];
+    int64_t free_blocks = capacity - used - pinned;
+    Py_ssize_t queued = PyObject_Length(order);
+    if (queued < 0) goto done;
+    if (nb > free_blocks + queued) { result = Py_NewRef(Py_None); goto done; }
+    /* R5: the prefetcher's pages, block by block (every candidate eligible: checked page by page). */
+    Py_ssize_t nextra = 0;
+    extra = PyMem_Malloc((size_t)nb * PAGES * 8);
+    if (!extra) { PyErr_NoMemory(); goto done; }
+    if (threshold >= 0) {
+        for (Py_ssize_t f = 0, r = 0; f < n; r++) {
+            int64_t b = blocks[r], first = b * PAGES;
+            Py_ssize_t k = 0;
+            while (f < n && pages[f] / PAGES == b) lanes_buf[k++] = pages[f++] - first;
+            uint8_t empty;
+            block_t blk = {state + first, preferred + first, remote + first, accessed_by + first};
+            nextra += sim_block_region(blk, g, (int8_t)processor, lanes_buf, k, block_pages[b], threshold, NULL,
+                                       first, extra + nextra, &empty);
+            if (empty) {   /* populated whole where a page prefers this GPU: the Python code's case */
+                for (int i = 0; i < PAGES; i++)
+                    if (preferred[first + i] == processor) { result = Py_NewRef(Py_None); goto done; }
+            }
+        }
+        for (Py_ssize_t i = 0; i < nextra; i++)
+            if (read_mostly[extra[i]]) { result = Py_NewRef(Py_None); goto done; }
+    }
+    /* R7: a block that another processor migrated into within the lapse would start thrashing state. */
+    long long now0 = (long long)clock[0];
+    if (touch) {
+        for (Py_ssize_t r = 0; r < nb; r++) {
+            PyObject *key = PyLong_FromLongLong(blocks[r]);
+            if (!key) goto done;
+            PyObject *last = PyDict_GetItemWithError(touch, key);   /* borrowed */
+            Py_DECREF(key);
+            if (!last) {
+                if (PyErr_Occurred()) goto done;
+                continue;
+            }
+            if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 2) {
+                PyErr_SetString(PyExc_TypeError, "service_plain(): touch holds (processor, time) tuples");
+                goto done;
+            }
+            long who = PyLong_AsLong(PyTuple_GET_ITEM(last, 0));
+            long long when = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 1));
+            if (PyErr_Occurred()) goto done;
+            if (who != processor && now0 - when <= lapse) { result = Py_NewRef(Py_None); goto done; }
+        }
+    }
+    /* R1/R6: the chunks the batch needs; FIFO's head goes for those that are not free. */
+    Py_ssize_t need = 0, nvictims = 0;
+    for (Py_ssize_t r = 0; r < nb; r++) need += !chunk[blocks[r]];
+    int64_t short_by = need - free_blocks;
+    if (short_by > 0) {
+        victims = PyMem_Malloc((size_t)short_by * 8);
+        if (!victims) { PyErr_NoMemory(); goto done; }
+        PyObject *it = PyObject_GetIter(order), *key;
+        if (!it) goto done;
+        while (nvictims < short_by && (key = PyIter_Next(it))) {
+            long long b = PyLong_AsLongLong(key);
+            Py_DECREF(key);
+            if (b == -1 && PyErr_Occurred()) break;
+            if (b < 0 || b >= nblocks_table) {
+                PyErr_SetString(PyExc_IndexError, "service_plain(): a queued chunk lies outside the table");
+                break;
+            }
+            if (!in_sorted(blocks, nb, b)) victims[nvictims++] = b;
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) goto done;
+        if (nvictims < short_by) { result = Py_NewRef(Py_None); goto done; }
+        for (Py_ssize_t i = 0; i < nvictims; i++) {   /* a duplicate is invalidated between copies: Python's */
+            const uint8_t *st = state + victims[i] * PAGES;
+            for (int p = 0; p < block_pages[victims[i]]; p++)
+                if ((st[p] & g) && st[p] != g) { result = Py_NewRef(Py_None); goto done; }
+        }
+    }
+
+    /* -- the batch is ours: records, clock, state ------------------------------------------------------------ */
+    Py_ssize_t room = nvictims * PAGES / 2 + 2 * n + 2 * nextra + 4;
+    records = PyMem_Malloc((size_t)room * sizeof(record_t));
+    scratch = PyMem_Malloc((size_t)(3 * (nvictims * PAGES / 2 + 1) + 4 * (n + nextra) + 4) * 8);
+    if (!records || !scratch) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t nrec = 0;
+    double t = clock[0];
+    Py_ssize_t new_chunks = need;
+    if (nvictims) {   /* GpuMemory._evict_many, then evicted() */
+        Py_ssize_t most = nvictims * PAGES / 2 + 1;   /* runs: every other page at most */
+        int64_t *starts = scratch, *lengths = starts + most, *owner = lengths + most;
+        int64_t npages_v[1];
+        Py_ssize_t runs = 0;
+        for (Py_ssize_t i = 0; i < nvictims; i++) {   /* victim by victim: each one's runs, in eviction order */
+            npages_v[0] = block_pages[victims[i]];
+            Py_ssize_t k = sim_victim_runs(state, victims + i, npages_v, 1, g, starts + runs, lengths + runs,
+                                           owner + runs);
+            for (Py_ssize_t j = runs; j < runs + k; j++) owner[j] = i;
+            runs += k;
+        }
+        double wait = costs[C_EVICTION_WAIT];
+        if (runs) {
+            double *d = PyMem_Malloc((size_t)runs * 3 * sizeof(double));
+            int64_t *per = PyMem_Calloc((size_t)nvictims, 8);
+            if (!d || !per) { PyMem_Free(d); PyMem_Free(per); PyErr_NoMemory(); goto done; }
+            for (Py_ssize_t j = 0; j < runs; j++) { d[j] = evict_s[lengths[j]] * 1e9; per[owner[j]]++; }
+            double *begin = d + runs, *finish = d + 2 * runs;
+            t = sim_eviction_clock(per, nvictims, d, t, wait, begin, finish);
+            for (Py_ssize_t j = 0; j < runs; j++) {
+                record_t *r = &records[nrec++];
+                int64_t b = victims[owner[j]];
+                r->kind = (uint8_t)codes[K_DTOH];
+                r->flags = (uint8_t)codes[K_EVICTION];
+                r->src = (int16_t)processor;
+                r->dst = -1;
+                r->start = (uint64_t)begin[j];
+                r->end = (uint64_t)finish[j];
+                r->address = address[starts[j] / PAGES] + (uint64_t)((starts[j] & (PAGES - 1)) * PAGE_SIZE);
+                r->bytes = r->value = (uint64_t)lengths[j] * PAGE_SIZE;
+                r->alloc_id = alloc[b];
+                r->stream = 0;
+            }
+            PyMem_Free(d);
+            PyMem_Free(per);
+        } else {
+            for (Py_ssize_t i = 0; i < nvictims; i++) t += wait;
+        }
+        for (Py_ssize_t i = 0; i < nvictims; i++) {
+            int64_t b = victims[i];
+            if (chunk[b]) {
+                chunk[b] = 0;
+                used--;
+                PyObject *key = PyLong_FromLongLong(b);
+                if (!key || PyObject_DelItem(order, key) < 0) { Py_XDECREF(key); goto done; }
+                Py_DECREF(key);
+            }
+        }
+        counters[M_EVICTED] += nvictims;
+    }
+    /* The claims, one tick each, queued at FIFO's tail in block order. */
+    int64_t tick = counters[M_TICK];
+    for (Py_ssize_t r = 0; r < nb; r++) {
+        int64_t b = blocks[r];
+        if (chunk[b]) continue;
+        tick++;
+        chunk[b] = 1;
+        last_use[b] = tick;
+        used++;
+        PyObject *value = PyLong_FromLongLong(tick);
+        if (!value || set_int(order, b, value) < 0) { Py_XDECREF(value); goto done; }
+        Py_DECREF(value);
+    }
+    /* The copies: faulted pages held elsewhere (COHERENCE), then the prefetched ones held elsewhere. */
+    int64_t *moved = scratch, *ex_moved = moved + n, *ex_pop = ex_moved + nextra, *tmp = ex_pop + nextra;
+    Py_ssize_t nmoved = 0, nex_moved = 0, nex_pop = 0;
+    for (Py_ssize_t i = 0; i < n; i++) if (state[pages[i]]) moved[nmoved++] = pages[i];
+    for (Py_ssize_t i = 0; i < nextra; i++) {
+        if (state[extra[i]]) ex_moved[nex_moved++] = extra[i]; else ex_pop[nex_pop++] = extra[i];
+    }
+    nrec += sim_run_records(moved, nmoved, (uint8_t)codes[K_HTOD], (uint8_t)codes[K_COHERENCE], -1,
+                            (int16_t)processor, (uint64_t)codes[K_STREAM], address, alloc, htod_s, VALUE_BYTES, NULL,
+                            0, &t, records + nrec);
+    nrec += sim_run_records(ex_moved, nex_moved, (uint8_t)codes[K_HTOD], (uint8_t)codes[K_PREFETCH], -1,
+                            (int16_t)processor, (uint64_t)codes[K_STREAM], address, alloc, htod_s, VALUE_BYTES, NULL,
+                            0, &t, records + nrec);
+    int64_t moved_bytes = (int64_t)(nmoved + nex_moved) * PAGE_SIZE;
+    /* The fault records: one per run, reads and writes apart, first-touched neighbours with the writes if any. */
+    Py_ssize_t nwrites = 0;
+    for (Py_ssize_t i = 0; i < n; i++) nwrites += wr[i] != 0;
+    int64_t *reads = tmp, *writes = tmp + n + nextra;
+    Py_ssize_t nreads = 0, nwritten = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (wr[i]) writes[nwritten++] = pages[i]; else reads[nreads++] = pages[i];
+    }
+    if (nex_pop) {   /* disjoint from the faulted pages, each sorted: a merge */
+        int64_t *into = nwritten ? writes : reads;
+        Py_ssize_t *len = nwritten ? &nwritten : &nreads;
+        int64_t *copy = PyMem_Malloc((size_t)(*len + nex_pop) * 8);
+        if (!copy) { PyErr_NoMemory(); goto done; }
+        *len = merge(into, *len, ex_pop, nex_pop, copy);
+        memcpy(into, copy, (size_t)*len * 8);
+        PyMem_Free(copy);
+    }
+    const int64_t *faulted = nex_pop ? pages : NULL;
+    int value = nex_pop ? VALUE_FAULTED : VALUE_PAGES;
+    double service = costs[C_BATCH] + costs[C_BLOCK] * (double)nb + (double)n * costs[C_FAULT] +
+                     (double)nwrites * costs[C_WRITE];
+    /* Every page that moves here loses its source mapping. */
+    int64_t *migrated = PyMem_Malloc((size_t)(nmoved + nex_moved + 1) * 8);
+    if (!migrated) { PyErr_NoMemory(); goto done; }
+    Py_ssize_t nmigrated = merge(moved, nmoved, ex_moved, nex_moved, migrated);
+    int64_t n_populated = (int64_t)n - nmoved + nex_pop;
+    service += (double)(n_populated * PAGE_SIZE) / costs[C_POPULATE_BW] +
+               (double)(moved_bytes / PAGE_SIZE) * costs[C_PAGE] + (double)(nmoved + nex_moved) * costs[C_UNMAP] +
+               (double)block_runs(migrated, nmigrated) * costs[C_UNMAP_RUN] + (double)new_chunks * costs[C_CHUNK];
+    nrec += sim_run_records(reads, nreads, (uint8_t)codes[K_GPU_FAULT], (uint8_t)codes[K_READ], (int16_t)processor,
+                            (int16_t)processor, (uint64_t)codes[K_STREAM], address, alloc, NULL, value, faulted, n, &t,
+                            records + nrec);
+    nrec += sim_run_records(writes, nwritten, (uint8_t)codes[K_GPU_FAULT], (uint8_t)codes[K_WRITE],
+                            (int16_t)processor, (int16_t)processor, (uint64_t)codes[K_STREAM], address, alloc, NULL,
+                            value, faulted, n, &t, records + nrec);
+    t += service * 1e9;
+    /* State: every page here is now on this GPU only. */
+    for (Py_ssize_t i = 0; i < n; i++) state[pages[i]] = g;
+    for (Py_ssize_t i = 0; i < nextra; i++) { state[extra[i]] = g; remote[extra[i]] &= (uint8_t)~g; }
+    /* GpuMemory.migrated_into: the blocks are requeued at FIFO's tail. */
+    tick++;
+    PyObject *tick_obj = PyLong_FromLongLong(tick), *move = PyUnicode_FromString("move_to_end");
+    if (!tick_obj || !move) { Py_XDECREF(tick_obj); Py_XDECREF(move); goto done; }
+    for (Py_ssize_t r = 0; r < nb; r++) {
+        PyObject *key = PyLong_FromLongLong(blocks[r]);
+        int has = key ? PySequence_Contains(order, key) : -1;
+        PyObject *moved_ok = has == 1 ? PyObject_CallMethodOneArg(order, move, key) : NULL;
+        int rc = has < 0 || (has == 1 && (!moved_ok || PyObject_SetItem(order, key, tick_obj) < 0));
+        Py_XDECREF(moved_ok);
+        Py_XDECREF(key);
+        if (rc) { Py_DECREF(tick_obj); Py_DECREF(move); PyMem_Free(migrated); goto done; }
+    }
+    Py_DECREF(tick_obj);
+    Py_DECREF(move);
+    /* R7: the blocks that pages migrated into note it (none starts thrashing state: checked above). */
+    if (touch && nmigrated) {
+        long long now = (long long)t;
+        PyObject *entry = Py_BuildValue("(lL)", processor, now);
+        if (!entry) { PyMem_Free(migrated); goto done; }
+        for (Py_ssize_t i = 0; i < nmigrated; i++) {
+            if (i && migrated[i] / PAGES == migrated[i - 1] / PAGES) continue;
+            if (set_int(touch, migrated[i] / PAGES, entry) < 0) { Py_DECREF(entry); PyMem_Free(migrated); goto done; }
+        }
+        Py_DECREF(entry);
+    }
+    PyMem_Free(migrated);
+    counters[M_USED] = used;
+    counters[M_TICK] = tick;
+    clock[0] = t;
+    PyObject *bytes = PyByteArray_FromStringAndSize((const char *)records, nrec * (Py_ssize_t)sizeof(record_t));
+    if (!bytes) goto done;
+    result = Py_BuildValue("(NnLL)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE);
+done:
+    PyMem_Free(blocks);
+    PyMem_Free(lanes_buf);
+    PyMem_Free(extra);
+    PyMem_Free(victims);
+    PyMem_Free(scratch);
+    PyMem_Free(records);
+    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    return result;
+}
+
+PyMethodDef sim_service_method = {"service_plain", (PyCFunction)(void (*)(void))service_plain, METH_FASTCALL,
+                                  service_doc};

@@ -1,0 +1,72 @@
+/* The simulator's compiled core: what its C files share.
+ *
+ * One extension module (_simcore) built from _prefetch.c (the density prefetcher), _eviction.c (a run of
+ * evictions), _records.c (records of copies and faults) and _service.c (a plain fault batch, whole), with
+ * _simcore.c registering their functions. Each function has a numpy or Python twin that gives the same pages,
+ * records and clock, to the bit; the tests hold each to its twin.
+ */
+#ifndef UVM_LAB_SIMCORE_H
+#define UVM_LAB_SIMCORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define PAGES 512            /* 4 KiB pages of a 2 MiB block */
+#define PAGE_SIZE 4096
+#define NO_LOCATION (-2)     /* model.NO_LOCATION: no advice */
+
+/* uvm_lab.events.schema.EVENT_DTYPE, packed. */
+typedef struct __attribute__((packed)) {
+    uint8_t kind, flags;
+    int16_t src, dst;
+    uint64_t start, end, address, bytes, value, alloc_id, stream;
+} record_t;
+
+_Static_assert(sizeof(record_t) == 62, "EVENT_DTYPE is 62 bytes");
+
+/* The page table's per-page arrays, from a block's first page on. */
+typedef struct {
+    const uint8_t *state;
+    const int8_t *preferred;
+    const uint8_t *remote, *accessed_by;
+} block_t;
+
+/* A C-contiguous buffer of items of itemsize bytes (writable if asked), or -1 with an exception set. */
+static inline int sim_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
+    if (view->itemsize != itemsize) {
+        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", what, itemsize, view->itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+/* _prefetch.c: the pages the prefetcher adds to one block's faults (see region's doc); returns how many. */
+Py_ssize_t sim_block_region(block_t blk, uint8_t g, int8_t processor, const int64_t *lanes, Py_ssize_t k,
+                            int64_t n, int64_t threshold, const uint8_t *thrash, int64_t first_page, int64_t *out,
+                            uint8_t *empty);
+
+/* _eviction.c: the runs of pages only g holds in each victim, moved to the host (see victim_runs' doc);
+ * returns how many, or -1 (nothing changed) where a victim holds a duplicate. Victims must lie in the table. */
+Py_ssize_t sim_victim_runs(uint8_t *state, const int64_t *victims, const int64_t *npages, Py_ssize_t n, uint8_t g,
+                           int64_t *starts, int64_t *lengths, int64_t *owner);
+/* _eviction.c: the clock of a run of evictions (see clock_by_victim's doc); returns the clock after them. */
+double sim_eviction_clock(const int64_t *per_victim, Py_ssize_t victims, const double *durations, double now,
+                          double wait, double *begin, double *finish);
+
+/* _records.c: one record per run of sorted, distinct pages (see run_records' doc); returns how many, and
+ * advances *t. value: VALUE_BYTES, VALUE_PAGES or VALUE_FAULTED (with faulted, sorted). */
+enum { VALUE_BYTES, VALUE_PAGES, VALUE_FAULTED };
+Py_ssize_t sim_run_records(const int64_t *pages, Py_ssize_t n, uint8_t kind, uint8_t flags, int16_t src,
+                           int16_t dst, uint64_t stream, const uint64_t *address, const uint64_t *alloc,
+                           const double *seconds, int value, const int64_t *faulted, Py_ssize_t nfaulted, double *t,
+                           record_t *out);
+
+/* The functions each file gives Python. */
+extern PyMethodDef sim_region_method, sim_victim_runs_method, sim_clock_method, sim_run_records_method,
+    sim_service_method;
+
+#endif
