@@ -11,6 +11,24 @@
  */
 #include "_simcore.h"
 
+/* Work space kept from call to call: a fresh allocation of this size costs a page fault a page, which is more
+ * than the batch. The interpreter lock is held throughout a call, so one set serves every caller. */
+enum { W_BLOCKS, W_LANES, W_EXTRA, W_VICTIMS, W_SCRATCH, W_RECORDS, W_MIGRATED, W_MERGE, W_CLOCK, W_PER, W_CLAIMED,
+       NWORK };
+static void *work[NWORK];
+static size_t work_size[NWORK];
+
+static void *space(int slot, size_t bytes) {
+    if (bytes > work_size[slot]) {
+        size_t size = bytes < 4096 ? 4096 : bytes + bytes / 2;
+        void *p = PyMem_Realloc(work[slot], size);
+        if (!p) { PyErr_NoMemory(); return NULL; }
+        work[slot] = p;
+        work_size[slot] = size;
+    }
+    return work[slot];
+}
+
 /* Merge two sorted, disjoint arrays into out; returns the length. */
 static Py_ssize_t merge(const int64_t *a, Py_ssize_t na, const int64_t *b, Py_ssize_t nb, int64_t *out) {
     Py_ssize_t i = 0, j = 0, k = 0;
@@ -133,9 +151,9 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         if ((st & (st - 1)) || (st & g) || preferred[p] != NO_LOCATION || read_mostly[p] ||
             accessed_by[p] || remote[p]) { result = Py_NewRef(Py_None); goto done; }
     }
-    blocks = PyMem_Malloc((size_t)n * 8);
-    lanes_buf = PyMem_Malloc((size_t)n * 8);
-    if (!blocks || !lanes_buf) { PyErr_NoMemory(); goto done; }
+    blocks = space(W_BLOCKS, (size_t)n * 8);
+    lanes_buf = space(W_LANES, (size_t)n * 8);
+    if (!blocks || !lanes_buf) goto done;
     Py_ssize_t nb = 0;
     for (Py_ssize_t i = 0; i < n; i++)
         if (!nb || blocks[nb - 1] != pages[i] / PAGES) blocks[nb++] = pages[i] / PAGES;
@@ -146,8 +164,8 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (nb > free_blocks + queued) { result = Py_NewRef(Py_None); goto done; }
     /* R5: the prefetcher's pages, block by block (every candidate eligible: checked page by page). */
     Py_ssize_t nextra = 0;
-    extra = PyMem_Malloc((size_t)nb * PAGES * 8);
-    if (!extra) { PyErr_NoMemory(); goto done; }
+    extra = space(W_EXTRA, (size_t)nb * PAGES * 8);
+    if (!extra) goto done;
     if (threshold >= 0) {
         for (Py_ssize_t f = 0, r = 0; f < n; r++) {
             int64_t b = blocks[r], first = b * PAGES;
@@ -157,9 +175,10 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
             block_t blk = {state + first, preferred + first, remote + first, accessed_by + first};
             nextra += sim_block_region(blk, g, (int8_t)processor, lanes_buf, k, block_pages[b], threshold, NULL,
                                        first, extra + nextra, &empty);
-            if (empty) {   /* populated whole where a page prefers this GPU: the Python code's case */
-                for (int i = 0; i < PAGES; i++)
-                    if (preferred[first + i] == processor) { result = Py_NewRef(Py_None); goto done; }
+            /* populated whole where a page prefers this GPU: the Python code's case */
+            if (empty && memchr(preferred + first, (int)(int8_t)processor, PAGES)) {
+                result = Py_NewRef(Py_None);
+                goto done;
             }
         }
         for (Py_ssize_t i = 0; i < nextra; i++)
@@ -192,8 +211,8 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     for (Py_ssize_t r = 0; r < nb; r++) need += !chunk[blocks[r]];
     int64_t short_by = need - free_blocks;
     if (short_by > 0) {
-        victims = PyMem_Malloc((size_t)short_by * 8);
-        if (!victims) { PyErr_NoMemory(); goto done; }
+        victims = space(W_VICTIMS, (size_t)short_by * 8);
+        if (!victims) goto done;
         PyObject *it = PyObject_GetIter(order), *key;
         if (!it) goto done;
         while (nvictims < short_by && (key = PyIter_Next(it))) {
@@ -218,9 +237,9 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
 
     /* -- the batch is ours: records, clock, state ------------------------------------------------------------ */
     Py_ssize_t room = nvictims * PAGES / 2 + 2 * n + 2 * nextra + 4;
-    records = PyMem_Malloc((size_t)room * sizeof(record_t));
-    scratch = PyMem_Malloc((size_t)(3 * (nvictims * PAGES / 2 + 1) + 4 * (n + nextra) + 4) * 8);
-    if (!records || !scratch) { PyErr_NoMemory(); goto done; }
+    records = space(W_RECORDS, (size_t)room * sizeof(record_t));
+    scratch = space(W_SCRATCH, (size_t)(3 * (nvictims * PAGES / 2 + 1) + 4 * (n + nextra) + 4) * 8);
+    if (!records || !scratch) goto done;
     Py_ssize_t nrec = 0;
     double t = clock[0];
     Py_ssize_t new_chunks = need;
@@ -238,9 +257,10 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         double wait = costs[C_EVICTION_WAIT];
         if (runs) {
-            double *d = PyMem_Malloc((size_t)runs * 3 * sizeof(double));
-            int64_t *per = PyMem_Calloc((size_t)nvictims, 8);
-            if (!d || !per) { PyMem_Free(d); PyMem_Free(per); PyErr_NoMemory(); goto done; }
+            double *d = space(W_CLOCK, (size_t)runs * 3 * sizeof(double));
+            int64_t *per = space(W_PER, (size_t)nvictims * 8);
+            if (!d || !per) goto done;
+            memset(per, 0, (size_t)nvictims * 8);
             for (Py_ssize_t j = 0; j < runs; j++) { d[j] = evict_s[lengths[j]] * 1e9; per[owner[j]]++; }
             double *begin = d + runs, *finish = d + 2 * runs;
             t = sim_eviction_clock(per, nvictims, d, t, wait, begin, finish);
@@ -258,8 +278,6 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
                 r->alloc_id = alloc[b];
                 r->stream = 0;
             }
-            PyMem_Free(d);
-            PyMem_Free(per);
         } else {
             for (Py_ssize_t i = 0; i < nvictims; i++) t += wait;
         }
@@ -275,18 +293,18 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         }
         counters[M_EVICTED] += nvictims;
     }
-    /* The claims, one tick each, queued at FIFO's tail in block order. */
+    /* The claims, one tick each. They join FIFO's queue below, with the blocks already in it. */
     int64_t tick = counters[M_TICK];
+    uint8_t *claimed = space(W_CLAIMED, (size_t)nb);
+    if (!claimed) goto done;
     for (Py_ssize_t r = 0; r < nb; r++) {
         int64_t b = blocks[r];
-        if (chunk[b]) continue;
+        claimed[r] = !chunk[b];
+        if (!claimed[r]) continue;
         tick++;
         chunk[b] = 1;
         last_use[b] = tick;
         used++;
-        PyObject *value = PyLong_FromLongLong(tick);
-        if (!value || set_int(order, b, value) < 0) { Py_XDECREF(value); goto done; }
-        Py_DECREF(value);
     }
     /* The copies: faulted pages held elsewhere (COHERENCE), then the prefetched ones held elsewhere. */
     int64_t *moved = scratch, *ex_moved = moved + n, *ex_pop = ex_moved + nextra, *tmp = ex_pop + nextra;
@@ -313,19 +331,18 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (nex_pop) {   /* disjoint from the faulted pages, each sorted: a merge */
         int64_t *into = nwritten ? writes : reads;
         Py_ssize_t *len = nwritten ? &nwritten : &nreads;
-        int64_t *copy = PyMem_Malloc((size_t)(*len + nex_pop) * 8);
-        if (!copy) { PyErr_NoMemory(); goto done; }
+        int64_t *copy = space(W_MERGE, (size_t)(*len + nex_pop) * 8);
+        if (!copy) goto done;
         *len = merge(into, *len, ex_pop, nex_pop, copy);
         memcpy(into, copy, (size_t)*len * 8);
-        PyMem_Free(copy);
     }
     const int64_t *faulted = nex_pop ? pages : NULL;
     int value = nex_pop ? VALUE_FAULTED : VALUE_PAGES;
     double service = costs[C_BATCH] + costs[C_BLOCK] * (double)nb + (double)n * costs[C_FAULT] +
                      (double)nwrites * costs[C_WRITE];
     /* Every page that moves here loses its source mapping. */
-    int64_t *migrated = PyMem_Malloc((size_t)(nmoved + nex_moved + 1) * 8);
-    if (!migrated) { PyErr_NoMemory(); goto done; }
+    int64_t *migrated = space(W_MIGRATED, (size_t)(nmoved + nex_moved + 1) * 8);
+    if (!migrated) goto done;
     Py_ssize_t nmigrated = merge(moved, nmoved, ex_moved, nex_moved, migrated);
     int64_t n_populated = (int64_t)n - nmoved + nex_pop;
     service += (double)(n_populated * PAGE_SIZE) / costs[C_POPULATE_BW] +
@@ -341,33 +358,30 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     /* State: every page here is now on this GPU only. */
     for (Py_ssize_t i = 0; i < n; i++) state[pages[i]] = g;
     for (Py_ssize_t i = 0; i < nextra; i++) { state[extra[i]] = g; remote[extra[i]] &= (uint8_t)~g; }
-    /* GpuMemory.migrated_into: the blocks are requeued at FIFO's tail. */
+    /* The claims queue at FIFO's tail (GpuMemory.claim), then GpuMemory.migrated_into requeues every block of the
+     * batch there, in block order, with one tick: together, the batch's blocks leave the queue and join its
+     * tail in block order, each with that tick. */
     tick++;
-    PyObject *tick_obj = PyLong_FromLongLong(tick), *move = PyUnicode_FromString("move_to_end");
-    if (!tick_obj || !move) { Py_XDECREF(tick_obj); Py_XDECREF(move); goto done; }
+    PyObject *tick_obj = PyLong_FromLongLong(tick);
+    if (!tick_obj) goto done;
     for (Py_ssize_t r = 0; r < nb; r++) {
         PyObject *key = PyLong_FromLongLong(blocks[r]);
-        int has = key ? PySequence_Contains(order, key) : -1;
-        PyObject *moved_ok = has == 1 ? PyObject_CallMethodOneArg(order, move, key) : NULL;
-        int rc = has < 0 || (has == 1 && (!moved_ok || PyObject_SetItem(order, key, tick_obj) < 0));
-        Py_XDECREF(moved_ok);
+        int rc = !key || (!claimed[r] && PyObject_DelItem(order, key) < 0) || PyObject_SetItem(order, key, tick_obj) < 0;
         Py_XDECREF(key);
-        if (rc) { Py_DECREF(tick_obj); Py_DECREF(move); PyMem_Free(migrated); goto done; }
+        if (rc) { Py_DECREF(tick_obj); goto done; }
     }
     Py_DECREF(tick_obj);
-    Py_DECREF(move);
     /* R7: the blocks that pages migrated into note it (none starts thrashing state: checked above). */
     if (touch && nmigrated) {
         long long now = (long long)t;
         PyObject *entry = Py_BuildValue("(lL)", processor, now);
-        if (!entry) { PyMem_Free(migrated); goto done; }
+        if (!entry) goto done;
         for (Py_ssize_t i = 0; i < nmigrated; i++) {
             if (i && migrated[i] / PAGES == migrated[i - 1] / PAGES) continue;
-            if (set_int(touch, migrated[i] / PAGES, entry) < 0) { Py_DECREF(entry); PyMem_Free(migrated); goto done; }
+            if (set_int(touch, migrated[i] / PAGES, entry) < 0) { Py_DECREF(entry); goto done; }
         }
         Py_DECREF(entry);
     }
-    PyMem_Free(migrated);
     counters[M_USED] = used;
     counters[M_TICK] = tick;
     clock[0] = t;
@@ -375,12 +389,6 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (!bytes) goto done;
     result = Py_BuildValue("(NnLL)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE);
 done:
-    PyMem_Free(blocks);
-    PyMem_Free(lanes_buf);
-    PyMem_Free(extra);
-    PyMem_Free(victims);
-    PyMem_Free(scratch);
-    PyMem_Free(records);
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
 }
