@@ -89,6 +89,30 @@ def _table(npages: int):
             np.zeros(npages, dtype=np.uint8), np.zeros(npages, dtype=np.uint8))
 
 
+@pytest.mark.parametrize("platform", ["x86-pcie5", "gh200-ats"])
+def test_the_compiled_usable_is_the_numpy_one(platform):
+    """Duplicates, ReadMostly pages written or not, AccessedBy and remote mappings; GPUs and the host; reads,
+    writes and a mix."""
+    rng = np.random.default_rng(8)
+    b = SimBackend(device_memory="64MiB", platform=platform)
+    t, engine = b._table, b._engine
+    n = 8 * PAGES
+    for _ in range(40):
+        t.state = rng.choice([0, 1, 2, 3, 4, 6, 7], n).astype(np.uint8)
+        t.read_mostly = rng.random(n) < 0.3
+        t.writable = rng.choice([0, 1, 2, 4, 3], n).astype(np.uint8)
+        t.accessed_by = np.where(rng.random(n) < 0.2, rng.choice([1, 2, 4], n), 0).astype(np.uint8)
+        t.remote = np.where(rng.random(n) < 0.2, rng.choice([1, 2, 4], n), 0).astype(np.uint8)
+        pages = rng.integers(0, n, 3000)
+        for processor in (-1, 0, 1):
+            for wr in (False, True, rng.random(len(pages)) < 0.5):
+                engine.compiled = True
+                got = engine._usable(pages, processor, wr)
+                engine.compiled = False
+                expected = engine._usable(pages, processor, wr)
+                assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
+
+
 def test_the_prefetch_sequence_is_the_drivers():
     """R5's sequence, on the compiled path: faults at 0, 64K, 128K, 256K, 512K move 64K, 64K, 128K, 256K, 512K."""
     arrays = _table(PAGES)

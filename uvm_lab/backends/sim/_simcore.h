@@ -1,8 +1,8 @@
 /* The simulator's compiled core: what its C files share.
  *
- * One extension module (_simcore) built from _prefetch.c (the density prefetcher), _eviction.c (a run of
- * evictions), _records.c (records of copies and faults) and _service.c (a plain fault batch, whole), with
- * _simcore.c registering their functions. Each function has a numpy or Python twin that gives the same pages,
+ * One extension module (_simcore) built from _access.c (which accesses proceed), _prefetch.c (the density
+ * prefetcher), _eviction.c (a run of evictions), _records.c (records of copies and faults) and _service.c (a
+ * plain fault batch, whole), with _simcore.c registering their functions. Each function has a numpy or Python twin that gives the same pages,
  * records and clock, to the bit; the tests hold each to its twin.
  */
 #ifndef UVM_LAB_SIMCORE_H
@@ -67,6 +67,6 @@ Py_ssize_t sim_run_records(const int64_t *pages, Py_ssize_t n, uint8_t kind, uin
 
 /* The functions each file gives Python. */
 extern PyMethodDef sim_region_method, sim_victim_runs_method, sim_clock_method, sim_run_records_method,
-    sim_service_method;
+    sim_service_method, sim_usable_method;
 
 #endif

@@ -40,6 +40,11 @@ from .platform import Platform, link_seconds
 from .prefetcher import COMPILED, DEFAULT_THRESHOLD, block_prefetch, compiled_region, dense_subtrees
 from .records import COMPILED as RECORDS_COMPILED
 from .records import run_records
+
+try:   # which accesses proceed, in C (``_access.c``), where the package was built with a compiler
+    from ._simcore import usable as compiled_usable
+except ImportError:
+    compiled_usable = None
 from .scattered import ScatteredBatches
 from .shortcuts import _HALF, _LANES, _SCAN, Shortcuts, block_runs, blocks_of
 from .thrashing import ThrashingDetector
@@ -107,10 +112,10 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self.thrashing = thrashing
         self.prefetch = prefetch
         self.threshold = prefetch_threshold
-        #: Take the prefetcher's region from ``_prefetch.c``, write the records of copies and faults with
-        #: ``_records.c`` and service plain GPU batches with ``_service.c`` where they were compiled; the numpy
-        #: versions give the same pages, records and clock (switchable so that the tests can hold the one to
-        #: the other).
+        #: Find the accesses that proceed with ``_access.c``, take the prefetcher's region from ``_prefetch.c``,
+        #: write the records of copies and faults with ``_records.c`` and service plain GPU batches with
+        #: ``_service.c`` where they were compiled; the numpy versions give the same answers, records and clock
+        #: (switchable so that the tests can hold the one to the other).
         self.compiled = COMPILED and RECORDS_COMPILED
         self._plain_costs_for: Platform | None = None   # the platform _compiled_plain's costs are for
         #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
@@ -180,6 +185,14 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         """``(local, remote)``: accesses that proceed without a fault, on a local copy or through a mapping."""
         t = self.table
         g = 1 if processor == HOST_ID else 1 << (processor + 1)
+        if self.compiled:
+            local, remote = np.empty(len(pages), dtype=bool), np.empty(len(pages), dtype=bool)
+            reach = 1 if processor != HOST_ID else 2 if self.platform.cpu_maps_gpu_memory else 0
+            writes = np.ascontiguousarray(wr, dtype=bool).view(np.uint8) if isinstance(wr, np.ndarray) else bool(wr)
+            compiled_usable(t.state, t.read_mostly.view(np.uint8), t.writable, t.accessed_by, t.remote,
+                            np.ascontiguousarray(pages, dtype=np.int64), writes, g, reach, local.view(np.uint8),
+                            remote.view(np.uint8))
+            return local, remote
         st = t.state[pages]
         local = (st & g) != 0
         if wr is not False:
