@@ -1,5 +1,5 @@
-"""The compiled parts of the simulator (``_prefetch.c``, ``_eviction.c``) give what their numpy and Python twins
-give, and runs give the same traces with them or without them."""
+"""The simulator's compiled core (``_simcore``: ``_access.c``, ``_prefetch.c``, ``_eviction.c``, ``_records.c``,
+``_service.c``) gives what its numpy and Python twins give, and runs give the same traces with it or without it."""
 
 from __future__ import annotations
 
