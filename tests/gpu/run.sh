@@ -10,7 +10,7 @@ python3 hatch_build.py || echo "the C hot paths were not compiled: their Python 
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv || true
 python3 -c "import cuda.bindings, cupy, numpy; print('cuda-bindings', cuda.bindings.__version__, 'cupy', cupy.__version__)"
 # Every test with the gpu marker: tests/gpu, and the GPU side of unit modules (workloads as CuPy kernels).
-python3 -m pytest tests/gpu tests/unit -m gpu -v -rs -p no:cacheprovider "$@"
+python3 -m pytest tests/gpu tests/unit -m gpu -v -rfEs -p no:cacheprovider "$@"
 status=$?
 python3 -m pytest -q -p no:cacheprovider tests/unit/test_sim_backend.py tests/unit/test_buffer.py \
     tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_buffer_data.py tests/unit/test_pool.py tests/unit/test_pool_hot_path.py tests/unit/test_residency_model.py \
