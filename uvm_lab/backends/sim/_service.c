@@ -14,7 +14,7 @@
 /* Work space kept from call to call: a fresh allocation of this size costs a page fault a page, which is more
  * than the batch. The interpreter lock is held throughout a call, so one set serves every caller. */
 enum { W_BLOCKS, W_LANES, W_EXTRA, W_VICTIMS, W_SCRATCH, W_RECORDS, W_MIGRATED, W_MERGE, W_CLOCK, W_PER, W_CLAIMED,
-       NWORK };
+       W_KEYS, NWORK };
 static void *work[NWORK];
 static size_t work_size[NWORK];
 
@@ -55,14 +55,6 @@ static Py_ssize_t block_runs(const int64_t *p, Py_ssize_t n) {
     return runs;
 }
 
-/* order[key] = value (an OrderedDict: its own setitem keeps the order). */
-static int set_int(PyObject *map, int64_t key, PyObject *value) {
-    PyObject *k = PyLong_FromLongLong(key);
-    if (!k) return -1;
-    int rc = PyObject_SetItem(map, k, value);
-    Py_DECREF(k);
-    return rc;
-}
 
 enum {  /* costs[] */
     C_BATCH, C_BLOCK, C_FAULT, C_WRITE, C_POPULATE_BW, C_PAGE, C_UNMAP, C_UNMAP_RUN, C_CHUNK, C_EVICTION_WAIT, NCOSTS
@@ -112,6 +104,8 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     int got = 0;
     PyObject *result = NULL;
     int64_t *blocks = NULL, *extra = NULL, *lanes_buf = NULL, *victims = NULL, *scratch = NULL;
+    PyObject **keys = NULL;   /* the batch's blocks as ints, made once for the queue and the notes */
+    Py_ssize_t nkeys = 0;
     record_t *records = NULL;
     for (; got < NBUF; got++)
         if (sim_buffer(args[got], &v[got], writable[got], size[got], name[got]) < 0) goto done;
@@ -157,6 +151,10 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     Py_ssize_t nb = 0;
     for (Py_ssize_t i = 0; i < n; i++)
         if (!nb || blocks[nb - 1] != pages[i] / PAGES) blocks[nb++] = pages[i] / PAGES;
+    keys = space(W_KEYS, (size_t)nb * sizeof(PyObject *));
+    if (!keys) goto done;
+    for (; nkeys < nb; nkeys++)
+        if (!(keys[nkeys] = PyLong_FromLongLong(blocks[nkeys]))) goto done;
     int64_t capacity = counters[M_CAPACITY], used = counters[M_USED], pinned = counters[M_PINNED];
     int64_t free_blocks = capacity - used - pinned;
     Py_ssize_t queued = PyObject_Length(order);
@@ -188,10 +186,7 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     long long now0 = (long long)clock[0];
     if (touch) {
         for (Py_ssize_t r = 0; r < nb; r++) {
-            PyObject *key = PyLong_FromLongLong(blocks[r]);
-            if (!key) goto done;
-            PyObject *last = PyDict_GetItemWithError(touch, key);   /* borrowed */
-            Py_DECREF(key);
+            PyObject *last = PyDict_GetItemWithError(touch, keys[r]);   /* borrowed */
             if (!last) {
                 if (PyErr_Occurred()) goto done;
                 continue;
@@ -365,10 +360,10 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     PyObject *tick_obj = PyLong_FromLongLong(tick);
     if (!tick_obj) goto done;
     for (Py_ssize_t r = 0; r < nb; r++) {
-        PyObject *key = PyLong_FromLongLong(blocks[r]);
-        int rc = !key || (!claimed[r] && PyObject_DelItem(order, key) < 0) || PyObject_SetItem(order, key, tick_obj) < 0;
-        Py_XDECREF(key);
-        if (rc) { Py_DECREF(tick_obj); goto done; }
+        if ((!claimed[r] && PyObject_DelItem(order, keys[r]) < 0) || PyObject_SetItem(order, keys[r], tick_obj) < 0) {
+            Py_DECREF(tick_obj);
+            goto done;
+        }
     }
     Py_DECREF(tick_obj);
     /* R7: the blocks that pages migrated into note it (none starts thrashing state: checked above). */
@@ -376,9 +371,11 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         long long now = (long long)t;
         PyObject *entry = Py_BuildValue("(lL)", processor, now);
         if (!entry) goto done;
+        Py_ssize_t r = 0;   /* the batch's blocks and the migrated pages are both sorted: walk them together */
         for (Py_ssize_t i = 0; i < nmigrated; i++) {
             if (i && migrated[i] / PAGES == migrated[i - 1] / PAGES) continue;
-            if (set_int(touch, migrated[i] / PAGES, entry) < 0) { Py_DECREF(entry); goto done; }
+            while (blocks[r] != migrated[i] / PAGES) r++;
+            if (PyDict_SetItem(touch, keys[r], entry) < 0) { Py_DECREF(entry); goto done; }
         }
         Py_DECREF(entry);
     }
@@ -389,6 +386,7 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (!bytes) goto done;
     result = Py_BuildValue("(NnLL)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE);
 done:
+    for (Py_ssize_t i = 0; i < nkeys; i++) Py_DECREF(keys[i]);
     for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
     return result;
 }
