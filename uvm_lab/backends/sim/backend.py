@@ -616,8 +616,8 @@ class SimBackend:
 
     def _finish(self, log: EventLog) -> None:
         self._now = max(self._now, int(log.t))
-        if len(log):
-            self.bus.publish(log.to_array())
+        for piece in log.pieces():
+            self.bus.publish(piece)
 
     # -- lookups and checks ------------------------------------------------------------------------------
     def _segment_at(self, ptr: int) -> Segment | None:

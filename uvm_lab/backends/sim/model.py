@@ -229,6 +229,12 @@ class Segment:
         return self.address + page * PAGE_SIZE
 
 
+def _joined(chunks: list[np.ndarray]) -> np.ndarray:
+    """Record arrays as one, joined as bytes: numpy copies a packed structured dtype field by field, several
+    times slower."""
+    return chunks[0] if len(chunks) == 1 else np.concatenate([c.view(np.uint8) for c in chunks]).view(EVENT_DTYPE)
+
+
 class EventLog:
     """Records produced by one backend operation, stamped on the simulated clock, published at once."""
 
@@ -299,12 +305,25 @@ class EventLog:
     def __len__(self) -> int:
         return len(self.rows) + sum(len(c) for c in self.chunks)
 
+    def pieces(self, limit: int = 1 << 16) -> Iterator[np.ndarray]:
+        """The records in order, as arrays of at most about ``limit`` records (a larger chunk comes whole): what a
+        long run made is published without one copy of all of it (joining is bytes, not fields)."""
+        self._flush_rows()
+        group: list[np.ndarray] = []
+        held = 0
+        for chunk in self.chunks:
+            if group and held + len(chunk) > limit:
+                yield _joined(group)
+                group, held = [], 0
+            group.append(chunk)
+            held += len(chunk)
+        if group:
+            yield _joined(group)
+
     def to_array(self) -> np.ndarray:
         self._flush_rows()
         if not self.chunks:
             return np.zeros(0, dtype=EVENT_DTYPE)
-        # As bytes: numpy copies a packed structured dtype field by field, several times slower.
-        out = self.chunks[0] if len(self.chunks) == 1 else \
-            np.concatenate([c.view(np.uint8) for c in self.chunks]).view(EVENT_DTYPE)
+        out = _joined(self.chunks)
         self.chunks = [out]
         return out
