@@ -7,6 +7,10 @@
  */
 #include "_simcore.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 double sim_eviction_clock(const int64_t *per, Py_ssize_t victims, const double *d, double now, double wait,
                           double *begin, double *finish) {
     Py_ssize_t r = 0;
@@ -33,21 +37,61 @@ double sim_eviction_clock(const int64_t *per, Py_ssize_t victims, const double *
     return now;
 }
 
+/* Bit p of only: page p is held by g alone; of held: by g and maybe others. Pages from n on are clear. */
+static void page_masks(const uint8_t *st, uint8_t g, int64_t n, uint64_t only[PAGES / 64], uint64_t held[PAGES / 64]) {
+    memset(only, 0, PAGES / 8);
+    memset(held, 0, PAGES / 8);
+#if defined(__SSE2__)
+    const __m128i gv = _mm_set1_epi8((char)g);
+    for (int w = 0; w < PAGES / 16; w++) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(st + 16 * w));
+        uint64_t o = (uint64_t)_mm_movemask_epi8(_mm_cmpeq_epi8(x, gv));
+        uint64_t h = (uint64_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_and_si128(x, gv), gv));
+        only[w >> 2] |= o << ((w & 3) * 16);
+        held[w >> 2] |= h << ((w & 3) * 16);
+    }
+#else
+    for (int p = 0; p < PAGES; p++) {
+        only[p >> 6] |= (uint64_t)(st[p] == g) << (p & 63);
+        held[p >> 6] |= (uint64_t)((st[p] & g) != 0) << (p & 63);
+    }
+#endif
+    for (int w = 0; w < PAGES / 64; w++) {   /* pages that exist only */
+        int64_t lo = (int64_t)w * 64;
+        uint64_t valid = n >= lo + 64 ? ~0ULL : n <= lo ? 0 : (1ULL << (n - lo)) - 1;
+        only[w] &= valid;
+        held[w] &= valid;
+    }
+}
+
+/* The first page from p on whose bit in mask is want (1 or 0), or PAGES. */
+static int64_t next_bit(const uint64_t mask[PAGES / 64], int64_t p, int want) {
+    int w = (int)(p >> 6);
+    if (w >= PAGES / 64) return PAGES;
+    uint64_t m = (want ? mask[w] : ~mask[w]) & (~0ULL << (p & 63));
+    while (!m) {
+        if (++w >= PAGES / 64) return PAGES;
+        m = want ? mask[w] : ~mask[w];
+    }
+    return (int64_t)w * 64 + __builtin_ctzll(m);
+}
+
 Py_ssize_t sim_victim_runs(uint8_t *state, const int64_t *victims, const int64_t *npages, Py_ssize_t n, uint8_t g,
                            int64_t *starts, int64_t *lengths, int64_t *owner) {
+    uint64_t only[PAGES / 64], held[PAGES / 64];
     for (Py_ssize_t i = 0; i < n; i++) {   /* check everything before changing anything */
-        const uint8_t *st = state + victims[i] * PAGES;
-        for (int64_t p = 0; p < npages[i]; p++)
-            if ((st[p] & g) && st[p] != g) return -1;
+        page_masks(state + victims[i] * PAGES, g, npages[i], only, held);
+        for (int w = 0; w < PAGES / 64; w++)
+            if (held[w] & ~only[w]) return -1;
     }
     Py_ssize_t runs = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         uint8_t *st = state + victims[i] * PAGES;
         int64_t first = victims[i] * PAGES;
-        for (int64_t p = 0; p < npages[i];) {
-            if (st[p] != g) { p++; continue; }
-            int64_t q = p;
-            while (q < npages[i] && st[q] == g) st[q++] = 1;
+        page_masks(st, g, npages[i], only, held);
+        for (int64_t p = next_bit(only, 0, 1); p < PAGES; p = next_bit(only, p, 1)) {
+            int64_t q = next_bit(only, p, 0);   /* the pages from npages on are clear: the run stops there */
+            memset(st + p, 1, (size_t)(q - p));
             starts[runs] = first + p;
             lengths[runs] = q - p;
             owner[runs] = i;
