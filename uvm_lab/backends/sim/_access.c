@@ -26,20 +26,17 @@ static PyObject *usable(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *writes = args[6];
-    int all_write = writes == Py_True, per_page = writes != Py_True && writes != Py_False;
+    int all_write = writes == Py_True, per_page = !PyBool_Check(writes);
     enum { STATE, RM, WRITABLE, ACC, REMOTE, PAGES_, WRITES, LOCAL, OUT, NBUF };
-    static const int arg[NBUF] = {0, 1, 2, 3, 4, 5, 6, 9, 10};
-    static const Py_ssize_t size[NBUF] = {1, 1, 1, 1, 1, 8, 1, 1, 1};
-    static const char *name[NBUF] = {"state", "read_mostly", "writable", "accessed_by", "remote", "pages", "writes",
-                                     "local", "remote_out"};
+    static const sim_arg_t spec[NBUF] = {
+        {0, 1, 0, 0, "state"}, {1, 1, 0, 0, "read_mostly"}, {2, 1, 0, 0, "writable"}, {3, 1, 0, 0, "accessed_by"},
+        {4, 1, 0, 0, "remote"}, {5, 8, 0, 0, "pages"}, {6, 1, 0, 1, "writes"}, {9, 1, 1, 0, "local"},
+        {10, 1, 1, 0, "remote_out"},
+    };
     Py_buffer v[NBUF];
-    int held[NBUF] = {0};
+    int held[NBUF];
     PyObject *result = NULL;
-    for (int i = 0; i < NBUF; i++) {
-        if (i == WRITES && !per_page) continue;
-        if (sim_buffer(args[arg[i]], &v[i], i >= LOCAL, size[i], name[i]) < 0) goto done;
-        held[i] = 1;
-    }
+    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
     Py_ssize_t table = v[STATE].len, n = v[PAGES_].len / 8;
     if (v[RM].len != table || v[WRITABLE].len != table || v[ACC].len != table || v[REMOTE].len != table ||
         (per_page && v[WRITES].len != n) || v[LOCAL].len != n || v[OUT].len != n) {
@@ -70,7 +67,7 @@ static PyObject *usable(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     result = Py_NewRef(Py_None);
 done:
-    for (int i = 0; i < NBUF; i++) if (held[i]) PyBuffer_Release(&v[i]);
+    sim_release(v, held, NBUF);
     return result;
 }
 

@@ -118,34 +118,34 @@ static PyObject *clock_by_victim(PyObject *self, PyObject *const *args, Py_ssize
     }
     double now = PyFloat_AsDouble(args[2]), wait = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
-    Py_buffer pv, du, be, fi;
+    enum { PER, DUR, BEGIN, FINISH, NBUF };
+    static const sim_arg_t spec[NBUF] = {
+        {0, 8, 0, 0, "per_victim"}, {1, 8, 0, 0, "durations"}, {4, 8, 1, 0, "begin"}, {5, 8, 1, 0, "finish"},
+    };
+    Py_buffer v[NBUF];
+    int held[NBUF];
     PyObject *result = NULL;
-    if (sim_buffer(args[0], &pv, 0, 8, "per_victim") < 0) return NULL;
-    if (sim_buffer(args[1], &du, 0, 8, "durations") < 0) goto e0;
-    if (sim_buffer(args[4], &be, 1, 8, "begin") < 0) goto e1;
-    if (sim_buffer(args[5], &fi, 1, 8, "finish") < 0) goto e2;
-    const int64_t *per = pv.buf;
-    const double *d = du.buf;
-    double *begin = be.buf, *finish = fi.buf;
-    Py_ssize_t victims = pv.len / 8, n = du.len / 8, r = 0;
-    if (be.len < du.len || fi.len < du.len) {
+    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
+    const int64_t *per = v[PER].buf;
+    const double *d = v[DUR].buf;
+    double *begin = v[BEGIN].buf, *finish = v[FINISH].buf;
+    Py_ssize_t victims = v[PER].len / 8, n = v[DUR].len / 8, r = 0;
+    if (v[BEGIN].len < v[DUR].len || v[FINISH].len < v[DUR].len) {
         PyErr_SetString(PyExc_ValueError, "clock_by_victim(): begin and finish must be as long as durations");
-        goto e3;
+        goto done;
     }
-    for (Py_ssize_t v = 0; v < victims; v++) {
-        if (per[v] < 0 || per[v] > n - r) break;
-        r += per[v];
+    for (Py_ssize_t i = 0; i < victims; i++) {
+        if (per[i] < 0 || per[i] > n - r) break;
+        r += per[i];
     }
     if (r != n) {
         PyErr_SetString(PyExc_ValueError, "clock_by_victim(): per_victim does not add up to the durations");
-        goto e3;
+        goto done;
     }
     now = sim_eviction_clock(per, victims, d, now, wait, begin, finish);
     result = PyFloat_FromDouble(now);
-e3: PyBuffer_Release(&fi);
-e2: PyBuffer_Release(&be);
-e1: PyBuffer_Release(&du);
-e0: PyBuffer_Release(&pv);
+done:
+    sim_release(v, held, NBUF);
     return result;
 }
 
@@ -171,14 +171,14 @@ static PyObject *victim_runs(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     enum { STATE, VICTIMS, NPAGES, STARTS, LENGTHS, OWNER, NBUF };
-    static const int arg[NBUF] = {0, 1, 2, 4, 5, 6};
-    static const Py_ssize_t size[NBUF] = {1, 8, 8, 8, 8, 8};
-    static const char *name[NBUF] = {"state", "victims", "npages", "starts", "lengths", "owner"};
+    static const sim_arg_t spec[NBUF] = {
+        {0, 1, 1, 0, "state"}, {1, 8, 0, 0, "victims"}, {2, 8, 0, 0, "npages"}, {4, 8, 1, 0, "starts"},
+        {5, 8, 1, 0, "lengths"}, {6, 8, 1, 0, "owner"},
+    };
     Py_buffer v[NBUF];
-    int got = 0;
+    int held[NBUF];
     PyObject *result = NULL;
-    for (; got < NBUF; got++)
-        if (sim_buffer(args[arg[got]], &v[got], got == STATE || got >= STARTS, size[got], name[got]) < 0) goto done;
+    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
     uint8_t *state = v[STATE].buf;
     const int64_t *victims = v[VICTIMS].buf, *npages = v[NPAGES].buf;
     int64_t *starts = v[STARTS].buf, *lengths = v[LENGTHS].buf, *owner = v[OWNER].buf;
@@ -197,7 +197,7 @@ static PyObject *victim_runs(PyObject *self, PyObject *const *args, Py_ssize_t n
     Py_ssize_t runs = sim_victim_runs(state, victims, npages, n, (uint8_t)g, starts, lengths, owner);
     result = PyLong_FromSsize_t(runs);
 done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    sim_release(v, held, NBUF);
     return result;
 }
 

@@ -166,18 +166,16 @@ static PyObject *region(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     enum { STATE, PREF, REMOTE, ACC, BLOCKS, ROWS, LANES, NPAGES, THRASH, OUT, EMPTY, NBUF };
-    static const int arg[NBUF] = {0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13};
-    static const Py_ssize_t size[NBUF] = {1, 1, 1, 1, 8, 8, 8, 8, 1, 8, 1};
-    static const char *name[NBUF] = {"state", "preferred", "remote", "accessed_by", "blocks", "rows", "lanes",
-                                     "npages", "thrash", "out", "empty"};
+    static const sim_arg_t spec[NBUF] = {
+        {0, 1, 0, 0, "state"}, {1, 1, 0, 0, "preferred"}, {2, 1, 0, 0, "remote"}, {3, 1, 0, 0, "accessed_by"},
+        {4, 8, 0, 0, "blocks"}, {5, 8, 0, 0, "rows"}, {6, 8, 0, 0, "lanes"}, {7, 8, 0, 0, "npages"},
+        {11, 1, 0, 1, "thrash"}, {12, 8, 1, 0, "out"}, {13, 1, 1, 0, "empty"},
+    };
     Py_buffer v[NBUF];
-    int got = 0;
+    int held[NBUF];
     Py_ssize_t total = -1;
-    int have_thrash = args[11] != Py_None;
-    for (; got < NBUF; got++) {
-        if (got == THRASH && !have_thrash) { memset(&v[got], 0, sizeof v[got]); continue; }
-        if (sim_buffer(args[arg[got]], &v[got], got == OUT || got == EMPTY, size[got], name[got]) < 0) goto done;
-    }
+    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
+    int have_thrash = held[THRASH];
     Py_ssize_t table = v[STATE].len, nblocks = v[BLOCKS].len / 8, nfaults = v[ROWS].len / 8;
     const int64_t *blocks = v[BLOCKS].buf, *rows = v[ROWS].buf, *lanes = v[LANES].buf, *npages = v[NPAGES].buf;
     if (v[PREF].len != table || v[REMOTE].len != table || v[ACC].len != table || v[LANES].len != v[ROWS].len ||
@@ -209,7 +207,7 @@ static PyObject *region(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     }
     total = m;
 done:
-    for (int i = 0; i < got; i++) if (i != THRASH || have_thrash) PyBuffer_Release(&v[i]);
+    sim_release(v, held, NBUF);
     return total < 0 ? NULL : PyLong_FromSsize_t(total);
 }
 

@@ -82,17 +82,14 @@ static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t n
         return NULL;
     }
     enum { PAGES_, ADDR, ALLOC, SECONDS, FAULTED, OUT, NBUF };
-    static const int arg[NBUF] = {0, 6, 7, 8, 10, 12};
-    static const Py_ssize_t size[NBUF] = {8, 8, 8, 8, 8, 62};
-    static const char *name[NBUF] = {"pages", "block_address", "block_alloc", "seconds", "faulted", "out"};
+    static const sim_arg_t spec[NBUF] = {
+        {0, 8, 0, 0, "pages"}, {6, 8, 0, 0, "block_address"}, {7, 8, 0, 0, "block_alloc"}, {8, 8, 0, 1, "seconds"},
+        {10, 8, 0, 1, "faulted"}, {12, 62, 1, 0, "out"},
+    };
     Py_buffer v[NBUF];
-    int held[NBUF] = {0};
+    int held[NBUF];
     PyObject *result = NULL;
-    for (int i = 0; i < NBUF; i++) {
-        if ((i == SECONDS || i == FAULTED) && args[arg[i]] == Py_None) continue;
-        if (sim_buffer(args[arg[i]], &v[i], i == OUT, size[i], name[i]) < 0) goto done;
-        held[i] = 1;
-    }
+    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
     const int64_t *pages = v[PAGES_].buf;
     const uint64_t *address = v[ADDR].buf, *alloc = v[ALLOC].buf;
     const double *seconds = held[SECONDS] ? v[SECONDS].buf : NULL;
@@ -113,7 +110,7 @@ static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t n
                                       (record_t *)v[OUT].buf);
     result = Py_BuildValue("nd", runs, t);
 done:
-    for (int i = 0; i < NBUF; i++) if (held[i]) PyBuffer_Release(&v[i]);
+    sim_release(v, held, NBUF);
     return result;
 }
 

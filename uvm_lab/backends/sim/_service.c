@@ -87,11 +87,13 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         PyErr_Format(PyExc_TypeError, "service_plain() takes 23 arguments (%zd given)", nargs);
         return NULL;
     }
-    static const Py_ssize_t size[NBUF] = {1, 1, 1, 1, 1, 1, 2, 8, 8, 8, 8, 1, 8, 8, 8, 8, 8, 8};
-    static const int writable[NBUF] = {1, 0, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 1, 1};
-    static const char *name[NBUF] = {"state", "read_mostly", "preferred", "accessed_by", "remote", "chunk",
-                                     "block_pages", "block_address", "block_alloc", "last_use", "pages", "wr",
-                                     "costs", "htod_seconds", "eviction_seconds", "codes", "counters", "clock"};
+    static const sim_arg_t spec[NBUF] = {
+        {0, 1, 1, 0, "state"}, {1, 1, 0, 0, "read_mostly"}, {2, 1, 0, 0, "preferred"}, {3, 1, 0, 0, "accessed_by"},
+        {4, 1, 1, 0, "remote"}, {5, 1, 1, 0, "chunk"}, {6, 2, 0, 0, "block_pages"}, {7, 8, 0, 0, "block_address"},
+        {8, 8, 0, 0, "block_alloc"}, {9, 8, 1, 0, "last_use"}, {10, 8, 0, 0, "pages"}, {11, 1, 0, 0, "wr"},
+        {12, 8, 0, 0, "costs"}, {13, 8, 0, 0, "htod_seconds"}, {14, 8, 0, 0, "eviction_seconds"},
+        {15, 8, 0, 0, "codes"}, {16, 8, 1, 0, "counters"}, {17, 8, 1, 0, "clock"},
+    };
     long processor = PyLong_AsLong(args[18]), threshold = PyLong_AsLong(args[19]);
     long long lapse = PyLong_AsLongLong(args[22]);
     if (PyErr_Occurred()) return NULL;
@@ -101,14 +103,13 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         return NULL;
     }
     Py_buffer v[NBUF];
-    int got = 0;
+    int held[NBUF];
     PyObject *result = NULL;
     int64_t *blocks = NULL, *extra = NULL, *lanes_buf = NULL, *victims = NULL, *scratch = NULL;
     PyObject **keys = NULL;   /* the batch's blocks as ints, made once for the queue and the notes */
     Py_ssize_t nkeys = 0;
     record_t *records = NULL;
-    for (; got < NBUF; got++)
-        if (sim_buffer(args[got], &v[got], writable[got], size[got], name[got]) < 0) goto done;
+    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
     Py_ssize_t table = v[B_STATE].len, nblocks_table = v[B_CHUNK].len;
     if (v[B_READ_MOSTLY].len != table || v[B_PREFERRED].len != table || v[B_ACCESSED_BY].len != table ||
         v[B_REMOTE].len != table || table != nblocks_table * PAGES || v[B_BLOCK_PAGES].len != nblocks_table * 2 ||
@@ -387,7 +388,7 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     result = Py_BuildValue("(NnLL)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE);
 done:
     for (Py_ssize_t i = 0; i < nkeys; i++) Py_DECREF(keys[i]);
-    for (int i = 0; i < got; i++) PyBuffer_Release(&v[i]);
+    sim_release(v, held, NBUF);
     return result;
 }
 

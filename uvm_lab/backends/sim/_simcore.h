@@ -33,13 +33,39 @@ typedef struct {
     const uint8_t *remote, *accessed_by;
 } block_t;
 
-/* A C-contiguous buffer of items of itemsize bytes (writable if asked), or -1 with an exception set. */
-static inline int sim_buffer(PyObject *obj, Py_buffer *view, int writable, Py_ssize_t itemsize, const char *what) {
-    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) return -1;
-    if (view->itemsize != itemsize) {
-        PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", what, itemsize, view->itemsize);
-        PyBuffer_Release(view);
-        return -1;
+/* An array argument of a function: its position, its items' size, whether it is written, and whether it may be
+ * given as no array at all (None, or True or False for a flag that is either one value or one per item). */
+typedef struct {
+    int arg;
+    Py_ssize_t itemsize;
+    int writable, optional;
+    const char *name;
+} sim_arg_t;
+
+/* Release the buffers taken (held[i] set) among the first n. */
+static inline void sim_release(Py_buffer *views, const int *held, int n) {
+    for (int i = 0; i < n; i++)
+        if (held[i]) PyBuffer_Release(&views[i]);
+}
+
+/* Each spec's argument as a C-contiguous buffer (an optional one given as no array: held[i] = 0). On failure,
+ * with an exception set, what was taken is released and -1 returned. */
+static inline int sim_buffers(PyObject *const *args, const sim_arg_t *spec, int n, Py_buffer *views, int *held) {
+    for (int i = 0; i < n; i++) {
+        held[i] = 0;
+        PyObject *obj = args[spec[i].arg];
+        if (spec[i].optional && (obj == Py_None || PyBool_Check(obj))) continue;
+        if (PyObject_GetBuffer(obj, &views[i], PyBUF_C_CONTIGUOUS | (spec[i].writable ? PyBUF_WRITABLE : 0)) < 0) {
+            sim_release(views, held, i);
+            return -1;
+        }
+        held[i] = 1;
+        if (views[i].itemsize != spec[i].itemsize) {
+            PyErr_Format(PyExc_TypeError, "%s: items of %zd bytes expected, got %zd", spec[i].name, spec[i].itemsize,
+                         views[i].itemsize);
+            sim_release(views, held, i + 1);
+            return -1;
+        }
     }
     return 0;
 }
