@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from uvm_lab import workloads as W
-from uvm_lab.backends.sim import SimBackend, eviction, prefetcher, records
+from uvm_lab.backends.sim import SimBackend, prefetcher
+from uvm_lab.backends.sim.compiled import COMPILED, core
 from uvm_lab.backends.sim.eviction import GpuMemory
 from uvm_lab.backends.sim.model import NO_LOCATION, EventLog, page_runs
 from uvm_lab.backends.sim.platform import link_seconds
@@ -18,7 +19,7 @@ from uvm_lab.location import Location
 
 from .test_sim_fast_batches import _assert_same, _ping_pong, _run
 
-pytestmark = pytest.mark.skipif(not (prefetcher.COMPILED and eviction.COMPILED and records.COMPILED),
+pytestmark = pytest.mark.skipif(not COMPILED,
                                 reason="the simulator's C parts were not compiled (no C compiler at build time)")
 
 MiB = 1 << 20
@@ -78,7 +79,7 @@ def test_the_compiled_prefetch_is_the_numpy_one(threshold, thrashing, advice):
         cand, numpy_empty = engine._numpy_region(blocks, rows, lanes, npages, 2, thrash)
         expected = engine._eligible(blocks, cand, 0, 2, thrash)
         out, empty = np.empty(nblocks * PAGES, dtype=np.int64), np.empty(nblocks, dtype=np.uint8)
-        k = prefetcher.compiled_region(*arrays, blocks, rows, lanes, npages, 2, 0, threshold,
+        k = core.region(*arrays, blocks, rows, lanes, npages, 2, 0, threshold,
                                        None if thrash is None else thrash.view(np.uint8), out, empty)
         assert out[:k].tolist() == expected.tolist()
         assert np.flatnonzero(empty).tolist() == numpy_empty.tolist()
@@ -120,7 +121,7 @@ def test_the_prefetch_sequence_is_the_drivers():
     for kib in (0, 64, 128, 256, 512):
         lane = kib // 4
         out, empty = np.empty(PAGES, dtype=np.int64), np.empty(1, dtype=np.uint8)
-        k = prefetcher.compiled_region(*arrays, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([lane]),
+        k = core.region(*arrays, np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([lane]),
                                        np.array([PAGES]), 2, 0, 51, None, out, empty)
         moved.append((k + 1) * 4)
         arrays[0][out[:k]] = 2
@@ -132,7 +133,7 @@ def test_bad_arguments_raise_instead_of_reading_outside_the_table():
     out, empty = np.empty(PAGES, dtype=np.int64), np.empty(1, dtype=np.uint8)
     arrays = _table(PAGES)
     one, n = np.zeros(1, np.int64), np.array([PAGES])
-    region = prefetcher.compiled_region
+    region = core.region
     with pytest.raises(IndexError):     # a block past the table
         region(*arrays, np.array([1]), one, one, n, 2, 0, 51, None, out, empty)
     with pytest.raises(IndexError):     # a lane past the block
@@ -149,7 +150,7 @@ def test_bad_arguments_raise_instead_of_reading_outside_the_table():
 
 def test_the_compiled_eviction_clock_is_the_python_one():
     rng = np.random.default_rng(5)
-    clock = eviction._compiled_clock
+    clock = core.clock_by_victim
     for _ in range(200):
         per_victim = rng.choice([0, 1, 2, 3, 4, 5, 9, 40], int(rng.integers(1, 30)))
         durations = rng.random(int(per_victim.sum())) * rng.choice([1e2, 1e5, 1e7])
@@ -176,7 +177,7 @@ def test_the_compiled_eviction_scan_is_the_numpy_one():
         npages = t.block_pages[victims].astype(np.int64)
         found = np.empty((3, len(victims) * PAGES // 2), dtype=np.int64)
         before = t.state.copy()
-        k = eviction._compiled_runs(t.state, victims, npages, 2, *found)
+        k = core.victim_runs(t.state, victims, npages, 2, *found)
         st = np.where(np.arange(PAGES)[None, :] < npages[:, None], before.reshape(-1, PAGES)[victims], 0)
         if (((st & 2) != 0) & (st != 2)).any():
             assert k == -1 and np.array_equal(t.state, before)      # nothing changed
@@ -251,13 +252,13 @@ def test_a_bad_records_call_raises():
 def test_a_bad_eviction_clock_call_raises():
     begin = finish = np.empty(3)
     with pytest.raises(ValueError):    # five copies claimed, three given
-        eviction._compiled_clock(np.array([5]), np.ones(3), 0.0, 1.0, begin, finish)
+        core.clock_by_victim(np.array([5]), np.ones(3), 0.0, 1.0, begin, finish)
     with pytest.raises(ValueError):    # copies left over
-        eviction._compiled_clock(np.array([1]), np.ones(3), 0.0, 1.0, begin, finish)
+        core.clock_by_victim(np.array([1]), np.ones(3), 0.0, 1.0, begin, finish)
     with pytest.raises(ValueError):    # no room for the answer
-        eviction._compiled_clock(np.array([3]), np.ones(3), 0.0, 1.0, begin[:2], finish)
+        core.clock_by_victim(np.array([3]), np.ones(3), 0.0, 1.0, begin[:2], finish)
     with pytest.raises(TypeError):     # float32 durations
-        eviction._compiled_clock(np.array([3]), np.ones(3, np.float32), 0.0, 1.0, begin, finish)
+        core.clock_by_victim(np.array([3]), np.ones(3, np.float32), 0.0, 1.0, begin, finish)
 
 
 def _both(script, engine: dict | None = None, **backend) -> None:

@@ -34,17 +34,12 @@ import numpy as np
 from ...events.schema import AccessType, EventKind, MigrationCause, RemoteMapCause
 from ...location import HOST_ID
 from ...units import PAGE_SIZE
+from .compiled import COMPILED, core
 from .eviction import GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
-from .prefetcher import COMPILED, DEFAULT_THRESHOLD, block_prefetch, compiled_region, dense_subtrees
-from .records import COMPILED as RECORDS_COMPILED
+from .prefetcher import DEFAULT_THRESHOLD, block_prefetch, dense_subtrees
 from .records import run_records
-
-try:   # which accesses proceed, in C (``_access.c``), where the package was built with a compiler
-    from ._simcore import usable as compiled_usable
-except ImportError:
-    compiled_usable = None
 from .scattered import ScatteredBatches
 from .shortcuts import _HALF, _LANES, _SCAN, Shortcuts, block_runs, blocks_of
 from .thrashing import ThrashingDetector
@@ -116,7 +111,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         #: write the records of copies and faults with ``_records.c`` and service plain GPU batches with
         #: ``_service.c`` where they were compiled; the numpy versions give the same answers, records and clock
         #: (switchable so that the tests can hold the one to the other).
-        self.compiled = COMPILED and RECORDS_COMPILED
+        self.compiled = COMPILED
         self._plain_costs_for: Platform | None = None   # the platform _compiled_plain's costs are for
         #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
         #: clock and state are the same either way, so this exists to test that they are.
@@ -189,7 +184,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             local, remote = np.empty(len(pages), dtype=bool), np.empty(len(pages), dtype=bool)
             reach = 1 if processor != HOST_ID else 2 if self.platform.cpu_maps_gpu_memory else 0
             writes = np.ascontiguousarray(wr, dtype=bool).view(np.uint8) if isinstance(wr, np.ndarray) else bool(wr)
-            compiled_usable(t.state, t.read_mostly.view(np.uint8), t.writable, t.accessed_by, t.remote,
+            core.usable(t.state, t.read_mostly.view(np.uint8), t.writable, t.accessed_by, t.remote,
                             np.ascontiguousarray(pages, dtype=np.int64), writes, g, reach, local.view(np.uint8),
                             remote.view(np.uint8))
             return local, remote
@@ -609,7 +604,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         if self.compiled:
             extra = np.empty(rows * PAGES_PER_BLOCK, dtype=np.int64)
             empty_rows = np.empty(rows, dtype=np.uint8)
-            k = compiled_region(t.state, t.preferred, t.remote, t.accessed_by, blocks, row, lane, npages, g,
+            k = core.region(t.state, t.preferred, t.remote, t.accessed_by, blocks, row, lane, npages, g,
                                 processor, self.threshold, None if thrash is None else thrash.view(np.uint8), extra,
                                 empty_rows)
             extra = extra[:k]
@@ -647,7 +642,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
 
     def _numpy_region(self, blocks: np.ndarray, row: np.ndarray, lane: np.ndarray, npages: np.ndarray, g: int,
                       thrash: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        """What ``compiled_region`` gives, with numpy: the region's new pages as offsets into the batch's rows,
+        """What the compiled ``region`` gives, with numpy: the region's new pages as offsets into the batch's rows,
         and the rows with no page resident anywhere."""
         t, rows = self.table, len(blocks)
         # The batch's blocks, whole, as rows of 512 pages (the table holds whole blocks).

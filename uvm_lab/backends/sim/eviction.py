@@ -24,20 +24,11 @@ import numpy as np
 from ...errors import InvalidArgumentError
 from ...events.schema import EVENT_DTYPE, EventKind, MigrationCause
 from ...location import HOST_ID
+from .compiled import COMPILED, core
 from .model import BLOCK_SHIFT, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
 
-__all__ = ["COMPILED", "EVICTION_POLICIES", "GpuMemory"]
-
-try:   # a run of evictions' page scan and clock in C (``_eviction.c``), where the package was built with a compiler
-    from ._simcore import clock_by_victim as _compiled_clock
-    from ._simcore import victim_runs as _compiled_runs
-except ImportError:
-    _compiled_clock = _compiled_runs = None
-
-#: Whether a run of evictions is scanned and timed in C; :meth:`GpuMemory._evict_many` does the same with numpy
-#: otherwise.
-COMPILED = _compiled_clock is not None
+__all__ = ["EVICTION_POLICIES", "GpuMemory"]
 
 #: Policy names: the driver's, and the what-if ones.
 EVICTION_POLICIES = ("fifo", "lru", "tree")
@@ -257,7 +248,7 @@ class GpuMemory:
         if self.compiled:
             room = len(victims) * PAGES_PER_BLOCK // 2    # runs a victim can hold: every other page
             found = np.empty((3, room), dtype=np.int64)
-            k = _compiled_runs(table.state, victims, table.block_pages[victims].astype(np.int64), g, found[0],
+            k = core.victim_runs(table.state, victims, table.block_pages[victims].astype(np.int64), g, found[0],
                                found[1], found[2])
             if k < 0:   # duplicates are invalidated between the copies
                 for b in victims.tolist():
@@ -292,7 +283,7 @@ class GpuMemory:
                 begin, finish, now = clock[at], clock[at + 1], float(clock[-1])
             elif self.compiled:
                 begin, finish = np.empty(len(starts)), np.empty(len(starts))
-                now = _compiled_clock(per_victim, durations, log.t, wait, begin, finish)
+                now = core.clock_by_victim(per_victim, durations, log.t, wait, begin, finish)
             else:
                 begin, finish, now = self._clock_by_victim(per_victim.tolist(), durations.tolist(), log.t, wait)
             log._flush_rows()

@@ -17,8 +17,8 @@ import numpy as np
 
 from ...units import BIG_PAGE_SIZE, BLOCK_SIZE, PAGE_SIZE
 
-__all__ = ["BIG", "COMPILED", "DEFAULT_THRESHOLD", "PAGES_PER_BLOCK", "block_prefetch", "compiled_region",
-           "dense_subtrees", "density_region", "grow_to_big_pages"]
+__all__ = ["BIG", "DEFAULT_THRESHOLD", "PAGES_PER_BLOCK", "block_prefetch", "dense_subtrees", "density_region",
+           "grow_to_big_pages"]
 
 PAGES_PER_BLOCK = BLOCK_SIZE // PAGE_SIZE   # 512 leaves
 BIG = BIG_PAGE_SIZE // PAGE_SIZE            # 16 pages per big page
@@ -26,14 +26,6 @@ BIG = BIG_PAGE_SIZE // PAGE_SIZE            # 16 pages per big page
 DEFAULT_THRESHOLD = 51
 _LEVELS = [1 << i for i in range(PAGES_PER_BLOCK.bit_length())]   # subtree sizes 1, 2, ... 512
 _CACHE_LIMIT = 1 << 16   # one-block answers block_prefetch keeps
-
-try:   # the same rules in C, block by block (``_prefetch.c``), where the package was built with a compiler
-    from ._simcore import region as compiled_region
-except ImportError:
-    compiled_region = None
-
-#: Whether :func:`compiled_region` is there; the engine uses the numpy functions below otherwise.
-COMPILED = compiled_region is not None
 
 
 def grow_to_big_pages(faulted: np.ndarray, npages: np.ndarray, blocked: np.ndarray | None = None) -> np.ndarray:

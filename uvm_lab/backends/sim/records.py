@@ -1,7 +1,7 @@
 """Records of copies and faults, one per run of pages, written in C (``_records.c``) where it was compiled.
 
 :func:`run_records` does what ``page_runs`` and :meth:`~.model.EventLog.add_many` do together, with the same
-records and clock; the engine keeps that numpy code for builds without a compiler (:data:`COMPILED` False).
+records and clock; the engine keeps that numpy code for builds without a compiler (``compiled.COMPILED`` False).
 """
 
 from __future__ import annotations
@@ -10,18 +10,11 @@ import numpy as np
 
 from ...events.schema import EVENT_DTYPE
 from ...units import PAGE_SIZE
+from .compiled import core
 from .model import PAGES_PER_BLOCK, EventLog, PageTable
 from .platform import link_seconds
 
-__all__ = ["COMPILED", "link_table", "run_records"]
-
-try:
-    from ._simcore import run_records as _run_records
-except ImportError:
-    _run_records = None
-
-#: Whether records are written in C.
-COMPILED = _run_records is not None
+__all__ = ["link_table", "run_records"]
 
 _VALUE_BYTES, _VALUE_PAGES, _VALUE_FAULTED = range(3)
 _seconds: dict[tuple[float, float], np.ndarray] = {}
@@ -46,7 +39,7 @@ def run_records(log: EventLog, table: PageTable, pages: np.ndarray, kind: int, f
     log._flush_rows()      # the records stay in the order they were made
     out = np.empty(len(pages), dtype=EVENT_DTYPE)
     value = _VALUE_BYTES if link is not None else _VALUE_PAGES if faulted is None else _VALUE_FAULTED
-    n, log.t = _run_records(np.ascontiguousarray(pages, dtype=np.int64), kind, flags, src, dst, stream,
+    n, log.t = core.run_records(np.ascontiguousarray(pages, dtype=np.int64), kind, flags, src, dst, stream,
                             table.block_address, table.block_alloc, None if link is None else link_table(*link),
                             value, None if faulted is None else np.ascontiguousarray(faulted, dtype=np.int64), log.t,
                             out)

@@ -24,15 +24,11 @@ import numpy as np
 from ...events.schema import EVENT_DTYPE, AccessType, EventKind, MigrationCause
 from ...location import HOST_ID
 from ...units import PAGE_SIZE
+from .compiled import core
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, page_runs
 from .platform import link_seconds
 from .prefetcher import block_prefetch
 from .records import link_table
-
-try:   # a plain batch, whole, in C (``_service.c``), where the package was built with a compiler
-    from ._simcore import service_plain as compiled_service
-except ImportError:
-    compiled_service = None
 
 if TYPE_CHECKING:
     from .engine import StreamStats
@@ -727,7 +723,7 @@ class Shortcuts:
                          dtype=np.int64)
         counters = np.array([mem.capacity, mem.used, mem.pinned, mem._tick, mem.evicted_blocks], dtype=np.int64)
         clock = np.array([log.t])
-        out = compiled_service(t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote,
+        out = core.service_plain(t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote,
                                t.chunk.view(np.uint8), t.block_pages, t.block_address, t.block_alloc, t.last_use,
                                np.ascontiguousarray(pages, dtype=np.int64),
                                np.ascontiguousarray(wr, dtype=bool).view(np.uint8), self._plain_costs,
