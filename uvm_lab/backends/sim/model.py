@@ -319,11 +319,3 @@ class EventLog:
             held += len(chunk)
         if group:
             yield _joined(group)
-
-    def to_array(self) -> np.ndarray:
-        self._flush_rows()
-        if not self.chunks:
-            return np.zeros(0, dtype=EVENT_DTYPE)
-        out = _joined(self.chunks)
-        self.chunks = [out]
-        return out
