@@ -14,7 +14,7 @@ from uvm_lab.backends.sim.model import NO_LOCATION, EventLog, page_runs
 from uvm_lab.backends.sim.platform import link_seconds
 from uvm_lab.backends.sim.records import run_records
 from uvm_lab.backends.sim.shortcuts import Shortcuts
-from uvm_lab.events.schema import EventKind, MemoryKind
+from uvm_lab.events.schema import Advice, EventKind, MemoryKind
 from uvm_lab.location import Location
 
 from .test_sim_fast_batches import _assert_same, _ping_pong, _run
@@ -298,16 +298,22 @@ def test_advice_thrashing_and_host_turns_give_the_same_trace_either_way(backend)
     _both(_ping_pong, **backend)
 
 
-def _gathers(b: SimBackend) -> list:
+def _gathers(b: SimBackend, read_mostly: bool = False) -> list:
     """Random GPU reads and writes over three buffers (one with a partial last block), some of them first
     touches; halfway, the first buffer goes back to the host. The host's moves are long enough ago that the
-    thrashing detector stays out of it."""
+    thrashing detector stays out of it. With ``read_mostly``, a fourth buffer is read-duplicated on the GPU
+    first, so that victims hold duplicates."""
     rng = np.random.default_rng(11)
     sizes = (96 * MiB, 64 * MiB + 5 * 4096, 40 * MiB)
     ptrs = [b.allocate(size, MemoryKind.MANAGED) for size in sizes]
     pages = np.concatenate([p + np.arange(n // 4096, dtype=np.uint64) * 4096
                             for p, n in zip(ptrs, sizes, strict=True)])
     out = []
+    if read_mostly:
+        dup = b.allocate(32 * MiB, MemoryKind.MANAGED)
+        b.prefetch(dup, 32 * MiB, HOST)
+        b.advise(dup, 32 * MiB, Advice.SET_READ_MOSTLY, None)
+        out.append(b.access_stream(dup + np.arange(0, 32 * MiB, 4096, dtype=np.uint64), GPU, "read"))
     for i in range(80):
         if i in (0, 40):
             b.prefetch(ptrs[0], sizes[0], HOST)
@@ -318,12 +324,14 @@ def _gathers(b: SimBackend) -> list:
     return out
 
 
+@pytest.mark.parametrize("read_mostly", [False, True])
 @pytest.mark.parametrize("backend", [{"device_memory": "1GiB"}, {"device_memory": "128MiB"},
                                      {"device_memory": "160MiB"}, {"device_memory": "128MiB", "thrashing": False},
                                      {"device_memory": "128MiB", "prefetcher": False},
                                      {"device_memory": "128MiB", "prefetch_threshold": 90}])
-def test_compiled_plain_batches_give_the_same_trace(backend, monkeypatch):
-    """Oversubscribed (evicting FIFO's head) or not, with the detector off, the prefetcher off or stricter."""
+def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, monkeypatch):
+    """Oversubscribed (evicting FIFO's head, duplicates among the victims or not) or not, with the detector off,
+    the prefetcher off or stricter."""
     taken = []
     plain = Shortcuts._compiled_plain
 
@@ -334,6 +342,6 @@ def test_compiled_plain_batches_give_the_same_trace(backend, monkeypatch):
     monkeypatch.setattr(Shortcuts, "_compiled_plain", counted)
     # Scattered batches in untouched blocks and one-run batches have shortcuts of their own: off, so that
     # every batch comes to the plain path.
-    _both(_gathers, {"fast_scattered": False, "fast_run_batches": False}, **backend)
+    _both(lambda b: _gathers(b, read_mostly), {"fast_scattered": False, "fast_run_batches": False}, **backend)
     # Batches that need more chunks than the GPU has go to the general path; the rest are the compiled one's.
     assert sum(taken) >= 20

@@ -14,7 +14,7 @@
 /* Work space kept from call to call: a fresh allocation of this size costs a page fault a page, which is more
  * than the batch. The interpreter lock is held throughout a call, so one set serves every caller. */
 enum { W_BLOCKS, W_LANES, W_EXTRA, W_VICTIMS, W_SCRATCH, W_RECORDS, W_MIGRATED, W_MERGE, W_CLOCK, W_PER, W_CLAIMED,
-       W_KEYS, NWORK };
+       W_KEYS, W_VICTIM_PAGES, NWORK };
 static void *work[NWORK];
 static size_t work_size[NWORK];
 
@@ -224,11 +224,6 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         Py_DECREF(it);
         if (PyErr_Occurred()) goto done;
         if (nvictims < short_by) { result = Py_NewRef(Py_None); goto done; }
-        for (Py_ssize_t i = 0; i < nvictims; i++) {   /* a duplicate is invalidated between copies: Python's */
-            const uint8_t *st = state + victims[i] * PAGES;
-            for (int p = 0; p < block_pages[victims[i]]; p++)
-                if ((st[p] & g) && st[p] != g) { result = Py_NewRef(Py_None); goto done; }
-        }
     }
 
     /* -- the batch is ours: records, clock, state ------------------------------------------------------------ */
@@ -242,15 +237,12 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (nvictims) {   /* GpuMemory._evict_many, then evicted() */
         Py_ssize_t most = nvictims * PAGES / 2 + 1;   /* runs: every other page at most */
         int64_t *starts = scratch, *lengths = starts + most, *owner = lengths + most;
-        int64_t npages_v[1];
-        Py_ssize_t runs = 0;
-        for (Py_ssize_t i = 0; i < nvictims; i++) {   /* victim by victim: each one's runs, in eviction order */
-            npages_v[0] = block_pages[victims[i]];
-            Py_ssize_t k = sim_victim_runs(state, victims + i, npages_v, 1, g, starts + runs, lengths + runs,
-                                           owner + runs);
-            for (Py_ssize_t j = runs; j < runs + k; j++) owner[j] = i;
-            runs += k;
-        }
+        int64_t *npages_v = space(W_VICTIM_PAGES, (size_t)nvictims * 8);
+        if (!npages_v) goto done;
+        for (Py_ssize_t i = 0; i < nvictims; i++) npages_v[i] = block_pages[victims[i]];
+        /* The first change: none is made where a victim holds a duplicate (invalidated between copies: Python's). */
+        Py_ssize_t runs = sim_victim_runs(state, victims, npages_v, nvictims, g, starts, lengths, owner);
+        if (runs < 0) { result = Py_NewRef(Py_None); goto done; }
         double wait = costs[C_EVICTION_WAIT];
         if (runs) {
             double *d = space(W_CLOCK, (size_t)runs * 3 * sizeof(double));
