@@ -185,8 +185,8 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             reach = 1 if processor != HOST_ID else 2 if self.platform.cpu_maps_gpu_memory else 0
             writes = np.ascontiguousarray(wr, dtype=bool).view(np.uint8) if isinstance(wr, np.ndarray) else bool(wr)
             core.usable(t.state, t.read_mostly.view(np.uint8), t.writable, t.accessed_by, t.remote,
-                            np.ascontiguousarray(pages, dtype=np.int64), writes, g, reach, local.view(np.uint8),
-                            remote.view(np.uint8))
+                        np.ascontiguousarray(pages, dtype=np.int64), writes, g, reach, local.view(np.uint8),
+                        remote.view(np.uint8))
             return local, remote
         st = t.state[pages]
         local = (st & g) != 0
@@ -605,8 +605,8 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             extra = np.empty(rows * PAGES_PER_BLOCK, dtype=np.int64)
             empty_rows = np.empty(rows, dtype=np.uint8)
             k = core.region(t.state, t.preferred, t.remote, t.accessed_by, blocks, row, lane, npages, g,
-                                processor, self.threshold, None if thrash is None else thrash.view(np.uint8), extra,
-                                empty_rows)
+                            processor, self.threshold, None if thrash is None else thrash.view(np.uint8), extra,
+                            empty_rows)
             extra = extra[:k]
             empty = np.flatnonzero(empty_rows)
         else:

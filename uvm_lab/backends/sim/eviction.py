@@ -249,7 +249,7 @@ class GpuMemory:
             room = len(victims) * PAGES_PER_BLOCK // 2    # runs a victim can hold: every other page
             found = np.empty((3, room), dtype=np.int64)
             k = core.victim_runs(table.state, victims, table.block_pages[victims].astype(np.int64), g, found[0],
-                               found[1], found[2])
+                                 found[1], found[2])
             if k < 0:   # duplicates are invalidated between the copies
                 for b in victims.tolist():
                     self.evict(b, log)

@@ -39,8 +39,8 @@ def run_records(log: EventLog, table: PageTable, pages: np.ndarray, kind: int, f
     log._flush_rows()      # the records stay in the order they were made
     out = np.empty(len(pages), dtype=EVENT_DTYPE)
     value = _VALUE_BYTES if link is not None else _VALUE_PAGES if faulted is None else _VALUE_FAULTED
+    seconds = None if link is None else link_table(*link)
+    faulted = None if faulted is None else np.ascontiguousarray(faulted, dtype=np.int64)
     n, log.t = core.run_records(np.ascontiguousarray(pages, dtype=np.int64), kind, flags, src, dst, stream,
-                            table.block_address, table.block_alloc, None if link is None else link_table(*link),
-                            value, None if faulted is None else np.ascontiguousarray(faulted, dtype=np.int64), log.t,
-                            out)
+                                table.block_address, table.block_alloc, seconds, value, faulted, log.t, out)
     log.chunks.append(out[:n])

@@ -724,12 +724,12 @@ class Shortcuts:
         counters = np.array([mem.capacity, mem.used, mem.pinned, mem._tick, mem.evicted_blocks], dtype=np.int64)
         clock = np.array([log.t])
         out = core.service_plain(t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote,
-                               t.chunk.view(np.uint8), t.block_pages, t.block_address, t.block_alloc, t.last_use,
-                               np.ascontiguousarray(pages, dtype=np.int64),
-                               np.ascontiguousarray(wr, dtype=bool).view(np.uint8), self._plain_costs,
-                               *self._plain_links, codes, counters, clock, processor,
-                               self.threshold if self.prefetch else -1, mem._order,
-                               thr._touch if thr.enabled else None, thr.c.lapse)
+                                 t.chunk.view(np.uint8), t.block_pages, t.block_address, t.block_alloc, t.last_use,
+                                 np.ascontiguousarray(pages, dtype=np.int64),
+                                 np.ascontiguousarray(wr, dtype=bool).view(np.uint8), self._plain_costs,
+                                 *self._plain_links, codes, counters, clock, processor,
+                                 self.threshold if self.prefetch else -1, mem._order,
+                                 thr._touch if thr.enabled else None, thr.c.lapse)
         if out is None:
             return False
         records, evictions, copied, prefetched = out
