@@ -236,7 +236,7 @@ def _joined(chunks: list[np.ndarray]) -> np.ndarray:
 
 
 class EventLog:
-    """Records produced by one backend operation, stamped on the simulated clock, published at once."""
+    """Records produced by one backend operation, stamped on the simulated clock, published when it ends."""
 
     def __init__(self, start_ns: int) -> None:
         self.t = float(start_ns)
