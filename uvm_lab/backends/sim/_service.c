@@ -1,8 +1,7 @@
 /* A plain fault batch on a GPU, compiled: Shortcuts._service_plain, whole, for FIFO eviction.
  *
  * The batch: distinct faulting pages with no advice, no remote mapping and one copy each, none of it on the
- * faulting GPU; their blocks and the prefetched neighbours hold no ReadMostly page; no thrashing state
- * anywhere. Its chunks are claimed (evicting FIFO's head where none is free), its pages and the density
+ * faulting GPU; the prefetched neighbours are not ReadMostly; no thrashing state anywhere. Its chunks are claimed (evicting FIFO's head where none is free), its pages and the density
  * prefetcher's copied or populated, its records written and its time added, as the Python code does it:
  * the same records, clock (the same float operations in the same order), state and counters.
  *
@@ -54,7 +53,6 @@ static Py_ssize_t block_runs(const int64_t *p, Py_ssize_t n) {
     for (Py_ssize_t i = 1; i < n; i++) runs += p[i] != p[i - 1] + 1 || (p[i] & (PAGES - 1)) == 0;
     return runs;
 }
-
 
 enum {  /* costs[] */
     C_BATCH, C_BLOCK, C_FAULT, C_WRITE, C_POPULATE_BW, C_PAGE, C_UNMAP, C_UNMAP_RUN, C_CHUNK, C_EVICTION_WAIT, NCOSTS
