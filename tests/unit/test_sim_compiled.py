@@ -266,9 +266,9 @@ def test_a_bad_eviction_clock_call_raises():
 
 
 def _both(script, engine: dict | None = None, **backend) -> None:
-    """``script`` gives the same records, clock, state and stats with the compiled parts and without them
-    (``engine``: flags of the engine to set on both runs)."""
-    runs = []
+    """``script`` gives the same records, clock, state, stats and thrashing detector's notes with the compiled
+    parts and without them (``engine``: flags of the engine to set on both runs)."""
+    runs, notes = [], []
     for compiled in (True, False):
         def switched(b, compiled=compiled):
             assert hasattr(b._engine, "compiled") and hasattr(b._memory, "compiled")
@@ -277,9 +277,13 @@ def _both(script, engine: dict | None = None, **backend) -> None:
             for flag, value in (engine or {}).items():
                 assert hasattr(b._engine, flag)
                 setattr(b._engine, flag, value)
-            return script(b)
+            out = script(b)
+            thr = b._engine.thrashing
+            notes.append((thr._touch.items(), len(thr._touch), sorted(thr.blocks)))
+            return out
         runs.append(_run(True, switched, **backend))
     _assert_same(*runs)
+    assert notes[0] == notes[1]
 
 
 @pytest.mark.parametrize("ratio", [0.5, 1.5])
@@ -345,3 +349,4 @@ def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, monkey
     _both(lambda b: _gathers(b, read_mostly), {"fast_scattered": False, "fast_run_batches": False}, **backend)
     # Batches that need more chunks than the GPU has go to the general path; the rest are the compiled one's.
     assert sum(taken) >= 20
+

@@ -8,6 +8,7 @@ import pytest
 from uvm_lab.backends.sim import PLATFORMS, SimBackend
 from uvm_lab.backends.sim.platform import link_seconds
 from uvm_lab.backends.sim.prefetcher import density_region
+from uvm_lab.backends.sim.thrashing import BlockNotes
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EventBus, EventKind, MigrationCause, RemoteMapCause
 from uvm_lab.events.schema import Advice, MemoryKind
@@ -471,3 +472,21 @@ def test_a_host_stream_of_reads_and_writes_costs_each_at_its_own_rate():
     assert mixed.faults == 0
     assert mixed.seconds == pytest.approx(n_write * p.host_write_latency
                                           + (len(pages) - n_write) * p.host_access_latency)
+
+
+def test_block_notes_behave_as_a_mapping_of_blocks():
+    notes = BlockNotes()
+    assert not notes and len(notes) == 0 and notes.get(3) is None and notes.get(10**6, "no") == "no"
+    notes[5] = (0, 100)
+    notes[2] = (-1, 50)
+    notes[5] = (1, 200)                       # a block's note is replaced, not added
+    assert notes and len(notes) == 2
+    assert notes.get(5) == (1, 200) and notes.items() == [(2, (-1, 50)), (5, (1, 200))]
+    notes.update([(7, (0, 1)), (8, (0, 2))])
+    notes.forget(6, 2)                        # blocks 6 and 7
+    assert notes.items() == [(2, (-1, 50)), (5, (1, 200)), (8, (0, 2))] and len(notes) == 3
+    assert notes.pop(5) == (1, 200) and notes.pop(5, "gone") == "gone" and len(notes) == 2
+    notes.reserve(4096)
+    notes.processor[4000], notes.time[4000] = 0, 9   # as compiled code writes them, then says so
+    notes.noted(1)
+    assert notes.get(4000) == (0, 9) and len(notes) == 3

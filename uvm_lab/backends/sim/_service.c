@@ -65,24 +65,25 @@ enum {  /* counters[]: GpuMemory's, read and written */
 };
 enum {  /* buffers */
     B_STATE, B_READ_MOSTLY, B_PREFERRED, B_ACCESSED_BY, B_REMOTE, B_CHUNK, B_BLOCK_PAGES, B_ADDRESS, B_ALLOC,
-    B_LAST_USE, B_PAGES, B_WR, B_COSTS, B_HTOD_S, B_EVICT_S, B_CODES, B_COUNTERS, B_CLOCK, NBUF
+    B_LAST_USE, B_PAGES, B_WR, B_COSTS, B_HTOD_S, B_EVICT_S, B_CODES, B_COUNTERS, B_CLOCK, B_NOTE_P, B_NOTE_T, NBUF
 };
 
 PyDoc_STRVAR(service_doc,
 "service_plain(state, read_mostly, preferred, accessed_by, remote, chunk, block_pages, block_address,\n"
 "              block_alloc, last_use, pages, wr, costs, htod_seconds, eviction_seconds, codes, counters, clock,\n"
-"              processor, threshold, order, touch, lapse)\n--\n\n"
+"              processor, threshold, order, note_processor, note_time, lapse)\n--\n\n"
 "Shortcuts._service_plain for a GPU with FIFO eviction. The page table's arrays as they are; pages (int64,\n"
 "sorted, distinct) and wr (bool) the batch; costs, codes, counters and clock (float64 [1]) as _service.c\n"
 "numbers them; htod_seconds, eviction_seconds: link_seconds of runs of 0-512 pages; threshold < 0 turns\n"
-"the prefetcher off; order: GpuMemory's FIFO (an OrderedDict); touch: the thrashing detector's last\n"
-"migration of each block, or None where it is off. Returns None, having changed nothing, where the batch is\n"
-"not one it takes; else (records as EVENT_DTYPE bytes, evictions, bytes copied, bytes prefetched).");
+"the prefetcher off; order: GpuMemory's FIFO (an OrderedDict); note_processor, note_time: the thrashing\n"
+"detector's last migration into each block (int8, int64, one a block of the table at least; -2: none), or\n"
+"None where it is off. Returns None, having changed nothing, where the batch is not one it takes; else\n"
+"(records as EVENT_DTYPE bytes, evictions, bytes copied, bytes prefetched, notes added).");
 
 static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 23) {
-        PyErr_Format(PyExc_TypeError, "service_plain() takes 23 arguments (%zd given)", nargs);
+    if (nargs != 24) {
+        PyErr_Format(PyExc_TypeError, "service_plain() takes 24 arguments (%zd given)", nargs);
         return NULL;
     }
     static const sim_arg_t spec[NBUF] = {
@@ -90,21 +91,22 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         {4, 1, 1, 0, "remote"}, {5, 1, 1, 0, "chunk"}, {6, 2, 0, 0, "block_pages"}, {7, 8, 0, 0, "block_address"},
         {8, 8, 0, 0, "block_alloc"}, {9, 8, 1, 0, "last_use"}, {10, 8, 0, 0, "pages"}, {11, 1, 0, 0, "wr"},
         {12, 8, 0, 0, "costs"}, {13, 8, 0, 0, "htod_seconds"}, {14, 8, 0, 0, "eviction_seconds"},
-        {15, 8, 0, 0, "codes"}, {16, 8, 1, 0, "counters"}, {17, 8, 1, 0, "clock"},
+        {15, 8, 0, 0, "codes"}, {16, 8, 1, 0, "counters"}, {17, 8, 1, 0, "clock"}, {21, 1, 1, 1, "note_processor"},
+        {22, 8, 1, 1, "note_time"},
     };
     long processor = PyLong_AsLong(args[18]), threshold = PyLong_AsLong(args[19]);
-    long long lapse = PyLong_AsLongLong(args[22]);
+    long long lapse = PyLong_AsLongLong(args[23]);
     if (PyErr_Occurred()) return NULL;
-    PyObject *order = args[20], *touch = args[21] == Py_None ? NULL : args[21];
-    if (processor < 0 || processor > 6 || (touch && !PyDict_Check(touch))) {
-        PyErr_SetString(PyExc_ValueError, "service_plain(): processor must be a GPU (0-6), touch a dict or None");
+    PyObject *order = args[20];
+    if (processor < 0 || processor > 6 || (args[21] == Py_None) != (args[22] == Py_None)) {
+        PyErr_SetString(PyExc_ValueError, "service_plain(): processor must be a GPU (0-6); the notes both arrays or None");
         return NULL;
     }
     Py_buffer v[NBUF];
     int held[NBUF];
     PyObject *result = NULL;
     int64_t *blocks = NULL, *extra = NULL, *lanes_buf = NULL, *victims = NULL, *scratch = NULL;
-    PyObject **keys = NULL;   /* the batch's blocks as ints, made once for the queue and the notes */
+    PyObject **keys = NULL;   /* the batch's blocks as ints, for FIFO's queue */
     Py_ssize_t nkeys = 0;
     record_t *records = NULL;
     if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
@@ -114,7 +116,8 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         v[B_ADDRESS].len != nblocks_table * 8 || v[B_ALLOC].len != nblocks_table * 8 ||
         v[B_LAST_USE].len != nblocks_table * 8 || v[B_WR].len != v[B_PAGES].len / 8 ||
         v[B_COSTS].len != NCOSTS * 8 || v[B_HTOD_S].len != (PAGES + 1) * 8 || v[B_EVICT_S].len != (PAGES + 1) * 8 ||
-        v[B_CODES].len != NCODES * 8 || v[B_COUNTERS].len != NCOUNTERS * 8 || v[B_CLOCK].len != 8) {
+        v[B_CODES].len != NCODES * 8 || v[B_COUNTERS].len != NCOUNTERS * 8 || v[B_CLOCK].len != 8 ||
+        (held[B_NOTE_P] && (v[B_NOTE_P].len < nblocks_table || v[B_NOTE_T].len != v[B_NOTE_P].len * 8))) {
         PyErr_SetString(PyExc_ValueError, "service_plain(): arrays of inconsistent lengths");
         goto done;
     }
@@ -127,6 +130,8 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     const int64_t *pages = v[B_PAGES].buf, *codes = v[B_CODES].buf;
     const double *costs = v[B_COSTS].buf, *htod_s = v[B_HTOD_S].buf, *evict_s = v[B_EVICT_S].buf;
     double *clock = v[B_CLOCK].buf;
+    int8_t *note_p = held[B_NOTE_P] ? v[B_NOTE_P].buf : NULL;   /* NULL: the thrashing detector is off */
+    int64_t *note_t = held[B_NOTE_T] ? v[B_NOTE_T].buf : NULL;
     Py_ssize_t n = v[B_PAGES].len / 8;
     uint8_t g = (uint8_t)(1 << (processor + 1));
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -183,21 +188,13 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     /* R7: a block that another processor migrated into within the lapse would start thrashing state. */
     long long now0 = (long long)clock[0];
-    if (touch) {
+    if (note_p) {
         for (Py_ssize_t r = 0; r < nb; r++) {
-            PyObject *last = PyDict_GetItemWithError(touch, keys[r]);   /* borrowed */
-            if (!last) {
-                if (PyErr_Occurred()) goto done;
-                continue;
-            }
-            if (!PyTuple_Check(last) || PyTuple_GET_SIZE(last) != 2) {
-                PyErr_SetString(PyExc_TypeError, "service_plain(): touch holds (processor, time) tuples");
+            int64_t b = blocks[r];
+            if (note_p[b] != NO_LOCATION && note_p[b] != processor && now0 - note_t[b] <= lapse) {
+                result = Py_NewRef(Py_None);
                 goto done;
             }
-            long who = PyLong_AsLong(PyTuple_GET_ITEM(last, 0));
-            long long when = PyLong_AsLongLong(PyTuple_GET_ITEM(last, 1));
-            if (PyErr_Occurred()) goto done;
-            if (who != processor && now0 - when <= lapse) { result = Py_NewRef(Py_None); goto done; }
         }
     }
     /* R1/R6: the chunks the batch needs; FIFO's head goes for those that are not free. */
@@ -358,24 +355,24 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     Py_DECREF(tick_obj);
     /* R7: the blocks that pages migrated into note it (none starts thrashing state: checked above). */
-    if (touch && nmigrated) {
+    Py_ssize_t noted = 0;
+    if (note_p) {
         long long now = (long long)t;
-        PyObject *entry = Py_BuildValue("(lL)", processor, now);
-        if (!entry) goto done;
-        Py_ssize_t r = 0;   /* the batch's blocks and the migrated pages are both sorted: walk them together */
         for (Py_ssize_t i = 0; i < nmigrated; i++) {
-            if (i && migrated[i] / PAGES == migrated[i - 1] / PAGES) continue;
-            while (blocks[r] != migrated[i] / PAGES) r++;
-            if (PyDict_SetItem(touch, keys[r], entry) < 0) { Py_DECREF(entry); goto done; }
+            int64_t b = migrated[i] / PAGES;
+            if (i && b == migrated[i - 1] / PAGES) continue;
+            noted += note_p[b] == NO_LOCATION;
+            note_p[b] = (int8_t)processor;
+            note_t[b] = now;
         }
-        Py_DECREF(entry);
     }
     counters[M_USED] = used;
     counters[M_TICK] = tick;
     clock[0] = t;
     PyObject *bytes = PyByteArray_FromStringAndSize((const char *)records, nrec * (Py_ssize_t)sizeof(record_t));
     if (!bytes) goto done;
-    result = Py_BuildValue("(NnLL)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE);
+    result = Py_BuildValue("(NnLLn)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE,
+                           noted);
 done:
     for (Py_ssize_t i = 0; i < nkeys; i++) Py_DECREF(keys[i]);
     sim_release(v, held, NBUF);

@@ -723,16 +723,21 @@ class Shortcuts:
                          dtype=np.int64)
         counters = np.array([mem.capacity, mem.used, mem.pinned, mem._tick, mem.evicted_blocks], dtype=np.int64)
         clock = np.array([log.t])
+        notes = thr._touch
+        if thr.enabled:
+            notes.reserve(t.nblocks)
         out = core.service_plain(t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote,
                                  t.chunk.view(np.uint8), t.block_pages, t.block_address, t.block_alloc, t.last_use,
                                  np.ascontiguousarray(pages, dtype=np.int64),
                                  np.ascontiguousarray(wr, dtype=bool).view(np.uint8), self._plain_costs,
                                  *self._plain_links, codes, counters, clock, processor,
                                  self.threshold if self.prefetch else -1, mem._order,
-                                 thr._touch if thr.enabled else None, thr.c.lapse)
+                                 notes.processor if thr.enabled else None, notes.time if thr.enabled else None,
+                                 thr.c.lapse)
         if out is None:
             return False
-        records, evictions, copied, prefetched = out
+        records, evictions, copied, prefetched, noted = out
+        notes.noted(noted)
         if records:
             log._flush_rows()
             log.chunks.append(np.frombuffer(records, dtype=EVENT_DTYPE))

@@ -51,6 +51,68 @@ class _Block:
     resets: int = 0
 
 
+class BlockNotes:
+    """Each block's last migration in, as ``(processor, time)``: a mapping from block numbers kept in two arrays
+    (one entry a block, grown with the page table), so that compiled code reads and writes them in place."""
+
+    def __init__(self) -> None:
+        self.processor = np.full(0, NO_LOCATION, dtype=np.int8)   # NO_LOCATION: no note
+        self.time = np.zeros(0, dtype=np.int64)
+        self._count = 0
+
+    def reserve(self, nblocks: int) -> None:
+        """Room for blocks ``0 .. nblocks - 1``."""
+        if nblocks > len(self.processor):
+            size = max(nblocks, 2 * len(self.processor))
+            self.processor = np.concatenate((self.processor, np.full(size - len(self.processor), NO_LOCATION,
+                                                                     dtype=np.int8)))
+            self.time = np.concatenate((self.time, np.zeros(size - len(self.time), dtype=np.int64)))
+
+    def noted(self, added: int) -> None:
+        """``added`` notes were written into the arrays directly."""
+        self._count += added
+
+    def get(self, b: int, default: tuple[int, int] | None = None) -> tuple[int, int] | None:
+        if 0 <= b < len(self.processor) and self.processor[b] != NO_LOCATION:
+            return int(self.processor[b]), int(self.time[b])
+        return default
+
+    def __setitem__(self, b: int, note: tuple[int, int]) -> None:
+        self.reserve(b + 1)
+        if self.processor[b] == NO_LOCATION:
+            self._count += 1
+        self.processor[b], self.time[b] = note
+
+    def update(self, notes) -> None:
+        for b, note in notes:
+            self[b] = note
+
+    def pop(self, b: int, default: tuple[int, int] | None = None) -> tuple[int, int] | None:
+        note = self.get(b)
+        if note is None:
+            return default
+        self.processor[b] = NO_LOCATION
+        self._count -= 1
+        return note
+
+    def forget(self, first: int, n: int) -> None:
+        """Drop the notes of blocks ``first .. first + n - 1``."""
+        span = self.processor[first:first + n]
+        self._count -= int(np.count_nonzero(span != NO_LOCATION))
+        span[:] = NO_LOCATION
+
+    def items(self) -> list[tuple[int, tuple[int, int]]]:
+        blocks = np.flatnonzero(self.processor != NO_LOCATION)
+        return [(b, (p, t)) for b, p, t in zip(blocks.tolist(), self.processor[blocks].tolist(),
+                                                self.time[blocks].tolist(), strict=True)]
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __bool__(self) -> bool:
+        return self._count > 0
+
+
 class ThrashingDetector:
     """Per-block thrashing state for one simulated address space.
 
@@ -66,14 +128,14 @@ class ThrashingDetector:
         self.enabled = enabled
         self.c = constants or ThrashingConstants()
         self.blocks: dict[int, _Block] = {}
-        self._touch: dict[int, tuple[int, int]] = {}     # block -> (processor, time) of its last migration in
+        self._touch = BlockNotes()     # block -> (processor, time) of its last migration in
         self._resets: dict[int, int] = {}
 
     def forget(self, first_block: int, nblocks: int) -> None:
         """A segment was freed: drop the state of its blocks."""
+        self._touch.forget(first_block, nblocks)
         for b in range(first_block, first_block + nblocks):
             self.blocks.pop(b, None)
-            self._touch.pop(b, None)
             self._resets.pop(b, None)
 
     def reset(self, pages: np.ndarray) -> None:
@@ -98,14 +160,22 @@ class ThrashingDetector:
         cuts = np.flatnonzero(blocks[1:] != blocks[:-1]) + 1
         bounds = [0, *cuts.tolist(), len(pages)]
         found = []
-        state, touch, lapse, entry = self.blocks, self._touch, c.lapse, (dest, now)
-        for j, b in enumerate(blocks[np.concatenate(([0], cuts))].tolist()):
+        heads = blocks[np.concatenate(([0], cuts))]    # the distinct blocks, in order
+        state, touch = self.blocks, self._touch
+        touch.reserve(int(heads[-1]) + 1)
+        # A block with no state notes the migration; one that another processor migrated into within the lapse
+        # starts state.
+        stateless = np.fromiter((b not in state for b in heads.tolist()), dtype=bool, count=len(heads)) if state \
+            else np.ones(len(heads), dtype=bool)
+        last_p, last_t = touch.processor[heads], touch.time[heads]
+        starts = stateless & (last_p != NO_LOCATION) & (last_p != dest) & (now - last_t <= c.lapse)
+        touch.noted(int(np.count_nonzero(stateless & (last_p == NO_LOCATION))))
+        touch.processor[heads[stateless]] = dest
+        touch.time[heads[stateless]] = now
+        for j in np.flatnonzero(~stateless | starts).tolist():
+            b = int(heads[j])
             s = state.get(b)
             if s is None:
-                last = touch.get(b)
-                touch[b] = entry
-                if last is None or last[0] == dest or now - last[1] > lapse:
-                    continue
                 s = self.blocks[b] = _Block(last_thrash=now)
             elif now - s.last_thrash > c.epoch and self._resets.get(b, 0) < c.max_resets:
                 self._resets[b] = self._resets.get(b, 0) + 1
