@@ -14,10 +14,7 @@ PyDoc_STRVAR(usable_doc,
 
 static PyObject *usable(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 11) {
-        PyErr_Format(PyExc_TypeError, "usable() takes 11 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (sim_arity("usable", nargs, 11) < 0) return NULL;
     long g = PyLong_AsLong(args[7]), reach = PyLong_AsLong(args[8]);
     if (PyErr_Occurred()) return NULL;
     if (g <= 0 || g > 128 || (g & (g - 1)) || reach < 0 || reach > 2) {

@@ -112,10 +112,7 @@ PyDoc_STRVAR(clock_doc,
 
 static PyObject *clock_by_victim(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 6) {
-        PyErr_Format(PyExc_TypeError, "clock_by_victim() takes 6 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (sim_arity("clock_by_victim", nargs, 6) < 0) return NULL;
     double now = PyFloat_AsDouble(args[2]), wait = PyFloat_AsDouble(args[3]);
     if (PyErr_Occurred()) return NULL;
     enum { PER, DUR, BEGIN, FINISH, NBUF };
@@ -160,10 +157,7 @@ PyDoc_STRVAR(runs_doc,
 
 static PyObject *victim_runs(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 7) {
-        PyErr_Format(PyExc_TypeError, "victim_runs() takes 7 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (sim_arity("victim_runs", nargs, 7) < 0) return NULL;
     long g = PyLong_AsLong(args[3]);
     if (PyErr_Occurred()) return NULL;
     if (g <= 1 || g > 128 || (g & (g - 1))) {

@@ -154,10 +154,7 @@ PyDoc_STRVAR(region_doc,
 
 static PyObject *region(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 14) {
-        PyErr_Format(PyExc_TypeError, "region() takes 14 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (sim_arity("region", nargs, 14) < 0) return NULL;
     long g = PyLong_AsLong(args[8]), processor = PyLong_AsLong(args[9]), threshold = PyLong_AsLong(args[10]);
     if (PyErr_Occurred()) return NULL;
     if (g <= 0 || g > 128 || (g & (g - 1)) || processor < -128 || processor > 127) {

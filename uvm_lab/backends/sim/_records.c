@@ -67,10 +67,7 @@ PyDoc_STRVAR(run_records_doc,
 
 static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 13) {
-        PyErr_Format(PyExc_TypeError, "run_records() takes 13 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (sim_arity("run_records", nargs, 13) < 0) return NULL;
     long kind = PyLong_AsLong(args[1]), flags = PyLong_AsLong(args[2]), src = PyLong_AsLong(args[3]);
     long dst = PyLong_AsLong(args[4]), value = PyLong_AsLong(args[9]);
     unsigned long long stream = PyLong_AsUnsignedLongLong(args[5]);

@@ -82,10 +82,7 @@ PyDoc_STRVAR(service_doc,
 
 static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (nargs != 24) {
-        PyErr_Format(PyExc_TypeError, "service_plain() takes 24 arguments (%zd given)", nargs);
-        return NULL;
-    }
+    if (sim_arity("service_plain", nargs, 24) < 0) return NULL;
     static const sim_arg_t spec[NBUF] = {
         {0, 1, 1, 0, "state"}, {1, 1, 0, 0, "read_mostly"}, {2, 1, 0, 0, "preferred"}, {3, 1, 0, 0, "accessed_by"},
         {4, 1, 1, 0, "remote"}, {5, 1, 1, 0, "chunk"}, {6, 2, 0, 0, "block_pages"}, {7, 8, 0, 0, "block_address"},

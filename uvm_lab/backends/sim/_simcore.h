@@ -33,6 +33,13 @@ typedef struct {
     const uint8_t *remote, *accessed_by;
 } block_t;
 
+/* 0 where a function given nargs arguments takes that many, else -1 with a TypeError naming it. */
+static inline int sim_arity(const char *function, Py_ssize_t nargs, Py_ssize_t takes) {
+    if (nargs == takes) return 0;
+    PyErr_Format(PyExc_TypeError, "%s() takes %zd arguments (%zd given)", function, takes, nargs);
+    return -1;
+}
+
 /* An array argument of a function: its position, its items' size, whether it is written, and whether it may be
  * given as no array at all (None, or True or False for a flag that is either one value or one per item). */
 typedef struct {
