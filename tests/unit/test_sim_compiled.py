@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from uvm_lab import workloads as W
-from uvm_lab.backends.sim import SimBackend, prefetcher
+from uvm_lab.backends.sim import SimBackend, engine, prefetcher
 from uvm_lab.backends.sim.compiled import COMPILED, core
 from uvm_lab.backends.sim.eviction import GpuMemory
 from uvm_lab.backends.sim.model import NO_LOCATION, EventLog, page_runs
@@ -349,4 +349,21 @@ def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, monkey
     _both(lambda b: _gathers(b, read_mostly), {"fast_scattered": False, "fast_run_batches": False}, **backend)
     # Batches that need more chunks than the GPU has go to the general path; the rest are the compiled one's.
     assert sum(taken) >= 20
+
+
+def test_a_strided_read_goes_to_the_compiled_batch_not_the_scattered_shortcut(monkeypatch):
+    """The scattered shortcut serves the numpy code: with the compiled core every batch is the plain one's."""
+    calls = {"_scattered": 0, "_compiled_plain": 0}
+    for name in calls:
+        original = getattr(Shortcuts if name == "_compiled_plain" else engine.FaultEngine, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            done = _original(self, *args, **kwargs)
+            calls[_name] += bool(done)
+            return done
+
+        monkeypatch.setattr(Shortcuts if name == "_compiled_plain" else engine.FaultEngine, name, counted)
+    w = W.make("strided", size="64MiB")
+    W.run_sim(w, device_memory="128MiB")
+    assert calls == {"_scattered": 0, "_compiled_plain": 64 * MiB // (64 << 10) // 256}
 

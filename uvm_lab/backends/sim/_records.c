@@ -15,7 +15,7 @@ Py_ssize_t sim_run_records(const int64_t *pages, Py_ssize_t n, uint8_t kind, uin
     for (Py_ssize_t i = 0; i < n;) {   /* the runs first: how many decides how the clock runs */
         Py_ssize_t j = i + 1;
         while (j < n && pages[j] == pages[j - 1] + 1 && (pages[j] & (PAGES - 1))) j++;
-        int64_t first = pages[i], len = j - i, b = first / PAGES;
+        int64_t first = pages[i], len = j - i, b = block_of(first);
         record_t *r = &out[runs++];
         r->kind = kind;
         r->flags = flags;
@@ -97,7 +97,7 @@ static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t n
         goto done;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (pages[i] < 0 || pages[i] / PAGES >= nblocks || (i && pages[i] <= pages[i - 1])) {
+        if (pages[i] < 0 || block_of(pages[i]) >= nblocks || (i && pages[i] <= pages[i - 1])) {
             PyErr_SetString(PyExc_ValueError, "run_records(): pages must be sorted, distinct and in the page table");
             goto done;
         }

@@ -151,7 +151,7 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (!blocks || !lanes_buf) goto done;
     Py_ssize_t nb = 0;
     for (Py_ssize_t i = 0; i < n; i++)
-        if (!nb || blocks[nb - 1] != pages[i] / PAGES) blocks[nb++] = pages[i] / PAGES;
+        if (!nb || blocks[nb - 1] != block_of(pages[i])) blocks[nb++] = block_of(pages[i]);
     keys = space(W_KEYS, (size_t)nb * sizeof(PyObject *));
     if (!keys) goto done;
     for (; nkeys < nb; nkeys++)
@@ -169,7 +169,7 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
         for (Py_ssize_t f = 0, r = 0; f < n; r++) {
             int64_t b = blocks[r], first = b * PAGES;
             Py_ssize_t k = 0;
-            while (f < n && pages[f] / PAGES == b) lanes_buf[k++] = pages[f++] - first;
+            while (f < n && block_of(pages[f]) == b) lanes_buf[k++] = pages[f++] - first;
             uint8_t empty;
             block_t blk = {state + first, preferred + first, remote + first, accessed_by + first};
             nextra += sim_block_region(blk, g, (int8_t)processor, lanes_buf, k, block_pages[b], threshold, NULL,
@@ -253,7 +253,7 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
                 r->dst = -1;
                 r->start = (uint64_t)begin[j];
                 r->end = (uint64_t)finish[j];
-                r->address = address[starts[j] / PAGES] + (uint64_t)((starts[j] & (PAGES - 1)) * PAGE_SIZE);
+                r->address = address[block_of(starts[j])] + (uint64_t)((starts[j] & (PAGES - 1)) * PAGE_SIZE);
                 r->bytes = r->value = (uint64_t)lengths[j] * PAGE_SIZE;
                 r->alloc_id = alloc[b];
                 r->stream = 0;
@@ -356,8 +356,8 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     if (note_p) {
         long long now = (long long)t;
         for (Py_ssize_t i = 0; i < nmigrated; i++) {
-            int64_t b = migrated[i] / PAGES;
-            if (i && b == migrated[i - 1] / PAGES) continue;
+            int64_t b = block_of(migrated[i]);
+            if (i && b == block_of(migrated[i - 1])) continue;
             noted += note_p[b] == NO_LOCATION;
             note_p[b] = (int8_t)processor;
             note_t[b] = now;

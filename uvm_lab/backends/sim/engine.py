@@ -130,7 +130,8 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self.fast_half_blocks = True
         #: Service a GPU stream's run of batches whose faults land in untouched blocks, no block in two of them
         #: (a strided read, a gather's first touches), by :meth:`_scattered`, all at once; it stands for
-        #: ``_service_plain``, so it runs only with that on.
+        #: ``_service_plain``, so it runs only with that on, and only without the compiled core, whose plain
+        #: batch services the same runs batch by batch faster (a 4 GiB strided read: 31 ms against 40).
         self.fast_scattered = True
         self._remote_read_s = self._remote_written_s = 0.0
         self._kept_for: tuple | None = None
@@ -258,7 +259,8 @@ class FaultEngine(Shortcuts, ScatteredBatches):
                 if done:
                     pos += done
                     continue
-            if self.fast_scattered and self.fast_batches and in_flight == batch_size and processor != HOST_ID:
+            if self.fast_scattered and not self.compiled and self.fast_batches and in_flight == batch_size \
+                    and processor != HOST_ID:
                 done = self._scattered(pages, pos, wr, processor, log, stats, local=local, remote=remote, kind=kind,
                                        stream=stream)
                 if done:
