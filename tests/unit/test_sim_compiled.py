@@ -114,6 +114,38 @@ def test_the_compiled_usable_is_the_numpy_one(platform):
                 assert np.array_equal(got[0], expected[0]) and np.array_equal(got[1], expected[1])
 
 
+def test_the_compiled_batch_pages_are_the_numpy_ones():
+    """The batch's first distinct pages and where the next batch begins: sweeps in order, gathers with repeats,
+    fewer distinct pages than the batch holds, exactly as many, and one more."""
+    rng = np.random.default_rng(9)
+    fault_engine = SimBackend(device_memory="64MiB")._engine
+    for trial in range(600):
+        size = int(rng.choice([1, 7, 256, 257, 300]))
+        n = int(rng.integers(0, 1200))
+        fp = np.sort(rng.choice(1 << 20, n, replace=False)) if trial % 3 == 0 else \
+            rng.integers(0, int(rng.integers(1, 2000)), n)
+        if trial % 3 == 1:   # a sweep that comes back: in order for a while, then not
+            fp = np.concatenate((np.sort(fp[:n - n // 8]), fp[n - n // 8:]))
+        bad = np.sort(rng.choice(4 * n + 1, n, replace=False))    # where in the window each fault lies
+        fault_engine.compiled = True
+        got = fault_engine._batch_pages(fp, bad, size, 4 * n + 1)
+        fault_engine.compiled = False
+        expected = fault_engine._batch_pages(fp, bad, size, 4 * n + 1)
+        assert np.array_equal(got[0], expected[0]) and got[1] == expected[1], trial
+
+
+def test_a_bad_batch_pages_call_raises():
+    out = np.empty(256, dtype=np.int64)
+    with pytest.raises(ValueError):     # no room for the batch
+        core.batch_pages(np.arange(10), 300, out)
+    with pytest.raises(ValueError):     # no batch
+        core.batch_pages(np.arange(10), 0, out)
+    with pytest.raises(TypeError):      # int32 where int64 is needed
+        core.batch_pages(np.arange(10, dtype=np.int32), 256, out)
+    with pytest.raises(TypeError):      # two arguments where three are needed
+        core.batch_pages(np.arange(10), 256)
+
+
 def test_the_prefetch_sequence_is_the_drivers():
     """R5's sequence, on the compiled path: faults at 0, 64K, 128K, 256K, 512K move 64K, 64K, 128K, 256K, 512K."""
     arrays = _table(PAGES)

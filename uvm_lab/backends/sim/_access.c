@@ -1,4 +1,5 @@
-/* Which accesses proceed without a fault, compiled: FaultEngine._usable in one pass over the stream.
+/* Which accesses proceed without a fault, and which faults make a batch, compiled: FaultEngine._usable in one
+ * pass over the stream, and the batch's distinct pages (FaultEngine._run_chunk) in one pass over its faults.
  *
  * An access proceeds on a local copy (one its processor may write, for a write) or through a mapping of a
  * copy it can reach. The numpy code in FaultEngine._usable gives the same two masks; the tests hold this to it.
@@ -69,3 +70,73 @@ done:
 }
 
 PyMethodDef sim_usable_method = {"usable", (PyCFunction)(void (*)(void))usable, METH_FASTCALL, usable_doc};
+
+PyDoc_STRVAR(batch_pages_doc,
+"batch_pages(faults, limit, out)\n--\n\n"
+"The fault batch among faults (int64 pages, in stream order): the first limit distinct pages, by first\n"
+"occurrence. Writes them to out (int64, room for limit), sorted, and returns (count, stop): stop is the index\n"
+"in faults of the first occurrence of the page past the first limit (the first access of the next batch), or\n"
+"-1 where faults hold limit distinct pages or fewer.");
+
+static PyObject *batch_pages(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (sim_arity("batch_pages", nargs, 3) < 0) return NULL;
+    Py_ssize_t limit = PyLong_AsSsize_t(args[1]);
+    if (limit == -1 && PyErr_Occurred()) return NULL;
+    if (limit < 1 || limit > (1 << 20)) {
+        PyErr_Format(PyExc_ValueError, "batch_pages(): limit must be 1 to 2**20, got %zd", limit);
+        return NULL;
+    }
+    enum { FAULTS, OUT, NBUF };
+    static const sim_arg_t spec[NBUF] = {{0, 8, 0, 0, "faults"}, {2, 8, 1, 0, "out"}};
+    Py_buffer v[NBUF];
+    int held[NBUF];
+    PyObject *result = NULL;
+    uint64_t *seen = NULL;
+    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
+    if (v[OUT].len < limit * 8) {
+        PyErr_SetString(PyExc_ValueError, "batch_pages(): out holds fewer than limit pages");
+        goto done;
+    }
+    const int64_t *faults = v[FAULTS].buf;
+    int64_t *out = v[OUT].buf;
+    Py_ssize_t n = v[FAULTS].len / 8, count = 0, stop = -1;
+    /* An open-addressing set of the pages met, a quarter full at most; page + 1 so that 0 is a free slot. */
+    size_t cap = 64;
+    while (cap < (size_t)limit * 4) cap <<= 1;
+    seen = calloc(cap, sizeof(uint64_t));
+    if (!seen) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t key = (uint64_t)faults[i] + 1;
+        size_t h = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
+        while (seen[h] && seen[h] != key) h = (h + 1) & (cap - 1);
+        if (seen[h]) continue;
+        if (count == limit) { stop = i; break; }
+        seen[h] = key;
+        out[count++] = faults[i];
+    }
+    /* Sorted, by a bottom-up merge sort through the set's memory (a sweep's batch is in order already). */
+    int sorted = 1;
+    for (Py_ssize_t i = 1; i < count && sorted; i++) sorted = out[i - 1] < out[i];
+    int64_t *a = out, *b = (int64_t *)seen;
+    for (Py_ssize_t width = 1; !sorted && width < count; width *= 2) {
+        for (Py_ssize_t lo = 0; lo < count; lo += 2 * width) {
+            Py_ssize_t mid = lo + width < count ? lo + width : count;
+            Py_ssize_t hi = lo + 2 * width < count ? lo + 2 * width : count;
+            Py_ssize_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) b[k++] = a[i] <= a[j] ? a[i++] : a[j++];
+            while (i < mid) b[k++] = a[i++];
+            while (j < hi) b[k++] = a[j++];
+        }
+        int64_t *swap = a; a = b; b = swap;
+    }
+    if (a != out) memcpy(out, a, (size_t)count * 8);
+    result = Py_BuildValue("(nn)", count, stop);
+done:
+    free(seen);
+    sim_release(v, held, NBUF);
+    return result;
+}
+
+PyMethodDef sim_batch_pages_method = {"batch_pages", (PyCFunction)(void (*)(void))batch_pages, METH_FASTCALL,
+                                      batch_pages_doc};

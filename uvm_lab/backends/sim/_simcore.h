@@ -105,6 +105,6 @@ Py_ssize_t sim_run_records(const int64_t *pages, Py_ssize_t n, uint8_t kind, uin
 
 /* The functions each file gives Python. */
 extern PyMethodDef sim_region_method, sim_victim_runs_method, sim_clock_method, sim_run_records_method,
-    sim_service_method, sim_usable_method;
+    sim_service_method, sim_usable_method, sim_batch_pages_method;
 
 #endif

@@ -272,23 +272,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             l2, r2 = (ok_local[first_bad:first_bad + in_flight], ok_remote[first_bad:first_bad + in_flight]) \
                 if pos + len(win) <= end else self._usable(win, processor, ww)
             bad = np.flatnonzero(~(l2 | r2))
-            fp = win[bad]
-            if len(fp) < 2 or (fp[1:] > fp[:-1]).all():   # in order and distinct: a sweep (the common case)
-                uniq, first = fp, np.arange(len(fp))
-            else:
-                # The batch is the first batch_size distinct pages: a prefix holding more than that decides it.
-                head = 2 * batch_size
-                while True:
-                    uniq, first = np.unique(fp[:head], return_index=True)
-                    if len(uniq) > batch_size or head >= len(fp):
-                        break
-                    head *= 4
-            if len(uniq) > batch_size:
-                order = np.argsort(first, kind="stable")
-                cut = int(bad[first[order[batch_size]]])
-                uniq = np.sort(uniq[order[:batch_size]])
-            else:
-                cut = len(win)
+            uniq, cut = self._batch_pages(win[bad], bad, batch_size, len(win))
             if scalar_wr:
                 wpages = np.full(len(uniq), bool(ww))
             else:
@@ -319,6 +303,28 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             self._hits(win[:cut], cut - n_remote, n_remote, local, remote, bytes_per_access, log, stats, processor,
                        n_written)
             pos += cut
+
+    def _batch_pages(self, fp: np.ndarray, bad: np.ndarray, batch_size: int, n: int) -> tuple[np.ndarray, int]:
+        """The batch of faults ``fp`` (the pages of the window's accesses ``bad``, of ``n``): its first
+        ``batch_size`` distinct pages by first fault, sorted, and the access where the next batch begins."""
+        if self.compiled:
+            uniq = np.empty(batch_size, dtype=np.int64)
+            count, stop = core.batch_pages(fp, batch_size, uniq)
+            return uniq[:count], (int(bad[stop]) if stop >= 0 else n)
+        if len(fp) < 2 or (fp[1:] > fp[:-1]).all():   # in order and distinct: a sweep (the common case)
+            uniq, first = fp, np.arange(len(fp))
+        else:
+            # The batch is the first batch_size distinct pages: a prefix holding more than that decides it.
+            head = 2 * batch_size
+            while True:
+                uniq, first = np.unique(fp[:head], return_index=True)
+                if len(uniq) > batch_size or head >= len(fp):
+                    break
+                head *= 4
+        if len(uniq) <= batch_size:
+            return uniq, n
+        order = np.argsort(first, kind="stable")
+        return np.sort(uniq[order[:batch_size]]), int(bad[first[order[batch_size]]])
 
     def _hits(self, pages: np.ndarray, n_local: int, n_remote: int, local: float, remote: float,
               bytes_per_access: int, log: EventLog, stats: StreamStats, processor: int, n_written: int = 0) -> None:
