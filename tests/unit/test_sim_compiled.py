@@ -383,6 +383,28 @@ def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, monkey
     assert sum(taken) >= 20
 
 
+def test_batches_that_overflow_the_logs_tail_give_the_same_trace(monkeypatch):
+    """A batch writes its records straight into the log's tail where they surely fit, and hands them back as
+    bytes where not: with small tails both happen, and the trace is the numpy code's."""
+    monkeypatch.setattr(EventLog, "TAIL", 5000)
+    ways = {"into the tail": 0, "as bytes": 0}
+    grow, put = EventLog.grow, EventLog.put
+
+    def counted_grow(self, count):
+        ways["into the tail"] += count > 0
+        return grow(self, count)
+
+    def counted_put(self, records):
+        ways["as bytes"] += 1
+        return put(self, records)
+
+    monkeypatch.setattr(EventLog, "grow", counted_grow)
+    monkeypatch.setattr(EventLog, "put", counted_put)
+    _both(lambda b: _gathers(b, True), {"fast_run_batches": False}, device_memory="128MiB")
+    # put() grows the tail too: the batches written straight into it are the rest.
+    assert ways["into the tail"] - ways["as bytes"] >= 5 and ways["as bytes"] >= 5, ways
+
+
 def test_a_strided_read_goes_to_the_compiled_batch_not_the_scattered_shortcut(monkeypatch):
     """The scattered shortcut serves the numpy code: with the compiled core every batch is the plain one's."""
     calls = {"_scattered": 0, "_compiled_plain": 0}

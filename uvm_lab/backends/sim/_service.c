@@ -50,7 +50,7 @@ static int in_sorted(const int64_t *a, Py_ssize_t n, int64_t x) {
 static Py_ssize_t block_runs(const int64_t *p, Py_ssize_t n) {
     if (n < 2) return n;
     Py_ssize_t runs = 1;
-    for (Py_ssize_t i = 1; i < n; i++) runs += p[i] != p[i - 1] + 1 || (p[i] & (PAGES - 1)) == 0;
+    for (Py_ssize_t i = 1; i < n; i++) runs += (p[i] != p[i - 1] + 1) | ((p[i] & (PAGES - 1)) == 0);
     return runs;
 }
 
@@ -65,38 +65,43 @@ enum {  /* counters[]: GpuMemory's, read and written */
 };
 enum {  /* buffers */
     B_STATE, B_READ_MOSTLY, B_PREFERRED, B_ACCESSED_BY, B_REMOTE, B_CHUNK, B_BLOCK_PAGES, B_ADDRESS, B_ALLOC,
-    B_LAST_USE, B_PAGES, B_WR, B_COSTS, B_HTOD_S, B_EVICT_S, B_CODES, B_COUNTERS, B_CLOCK, B_NOTE_P, B_NOTE_T, NBUF
+    B_LAST_USE, B_PAGES, B_WR, B_COSTS, B_HTOD_S, B_EVICT_S, B_CODES, B_COUNTERS, B_CLOCK, B_NOTE_P, B_NOTE_T,
+    B_TAIL, NBUF
 };
 
 PyDoc_STRVAR(service_doc,
 "service_plain(state, read_mostly, preferred, accessed_by, remote, chunk, block_pages, block_address,\n"
 "              block_alloc, last_use, pages, wr, costs, htod_seconds, eviction_seconds, codes, counters, clock,\n"
-"              processor, threshold, order, note_processor, note_time, lapse)\n--\n\n"
+"              processor, threshold, order, note_processor, note_time, lapse, tail, filled)\n--\n\n"
 "Shortcuts._service_plain for a GPU with FIFO eviction. The page table's arrays as they are; pages (int64,\n"
 "sorted, distinct) and wr (bool) the batch; costs, codes, counters and clock (float64 [1]) as _service.c\n"
 "numbers them; htod_seconds, eviction_seconds: link_seconds of runs of 0-512 pages; threshold < 0 turns\n"
 "the prefetcher off; order: GpuMemory's FIFO (an OrderedDict); note_processor, note_time: the thrashing\n"
 "detector's last migration into each block (int8, int64, one a block of the table at least; -2: none), or\n"
-"None where it is off. Returns None, having changed nothing, where the batch is not one it takes; else\n"
-"(records as EVENT_DTYPE bytes, evictions, bytes copied, bytes prefetched, notes added).");
+"None where it is off; tail: None or an EVENT_DTYPE array whose first filled records are taken. Returns\n"
+"None, having changed nothing, where the batch is not one it takes; else (records, evictions, bytes copied,\n"
+"bytes prefetched, notes added): records is how many were written to tail from filled on where they were\n"
+"sure to fit, else the records as EVENT_DTYPE bytes.");
 
 static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
-    if (sim_arity("service_plain", nargs, 24) < 0) return NULL;
+    if (sim_arity("service_plain", nargs, 26) < 0) return NULL;
     static const sim_arg_t spec[NBUF] = {
         {0, 1, 1, 0, "state"}, {1, 1, 0, 0, "read_mostly"}, {2, 1, 0, 0, "preferred"}, {3, 1, 0, 0, "accessed_by"},
         {4, 1, 1, 0, "remote"}, {5, 1, 1, 0, "chunk"}, {6, 2, 0, 0, "block_pages"}, {7, 8, 0, 0, "block_address"},
         {8, 8, 0, 0, "block_alloc"}, {9, 8, 1, 0, "last_use"}, {10, 8, 0, 0, "pages"}, {11, 1, 0, 0, "wr"},
         {12, 8, 0, 0, "costs"}, {13, 8, 0, 0, "htod_seconds"}, {14, 8, 0, 0, "eviction_seconds"},
         {15, 8, 0, 0, "codes"}, {16, 8, 1, 0, "counters"}, {17, 8, 1, 0, "clock"}, {21, 1, 1, 1, "note_processor"},
-        {22, 8, 1, 1, "note_time"},
+        {22, 8, 1, 1, "note_time"}, {24, (Py_ssize_t)sizeof(record_t), 1, 1, "tail"},
     };
     long processor = PyLong_AsLong(args[18]), threshold = PyLong_AsLong(args[19]);
     long long lapse = PyLong_AsLongLong(args[23]);
+    Py_ssize_t filled = PyLong_AsSsize_t(args[25]);
     if (PyErr_Occurred()) return NULL;
     PyObject *order = args[20];
-    if (processor < 0 || processor > 6 || (args[21] == Py_None) != (args[22] == Py_None)) {
-        PyErr_SetString(PyExc_ValueError, "service_plain(): processor must be a GPU (0-6); the notes both arrays or None");
+    if (processor < 0 || processor > 6 || (args[21] == Py_None) != (args[22] == Py_None) || filled < 0) {
+        PyErr_SetString(PyExc_ValueError,
+                        "service_plain(): processor must be a GPU (0-6), the notes both arrays or None, filled >= 0");
         return NULL;
     }
     Py_buffer v[NBUF];
@@ -172,16 +177,19 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
             while (f < n && block_of(pages[f]) == b) lanes_buf[k++] = pages[f++] - first;
             uint8_t empty;
             block_t blk = {state + first, preferred + first, remote + first, accessed_by + first};
-            nextra += sim_block_region(blk, g, (int8_t)processor, lanes_buf, k, block_pages[b], threshold, NULL,
-                                       first, extra + nextra, &empty);
+            Py_ssize_t added = sim_block_region(blk, g, (int8_t)processor, lanes_buf, k, block_pages[b], threshold,
+                                                NULL, first, extra + nextra, &empty);
+            /* a ReadMostly page among them (looked for page by page only where the block has one) */
+            if (memchr(read_mostly + first, 1, PAGES))
+                for (Py_ssize_t i = nextra; i < nextra + added; i++)
+                    if (read_mostly[extra[i]]) { result = Py_NewRef(Py_None); goto done; }
+            nextra += added;
             /* populated whole where a page prefers this GPU: the Python code's case */
             if (empty && memchr(preferred + first, (int)(int8_t)processor, PAGES)) {
                 result = Py_NewRef(Py_None);
                 goto done;
             }
         }
-        for (Py_ssize_t i = 0; i < nextra; i++)
-            if (read_mostly[extra[i]]) { result = Py_NewRef(Py_None); goto done; }
     }
     /* R7: a block that another processor migrated into within the lapse would start thrashing state. */
     long long now0 = (long long)clock[0];
@@ -220,7 +228,10 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
 
     /* -- the batch is ours: records, clock, state ------------------------------------------------------------ */
     Py_ssize_t room = nvictims * PAGES / 2 + 2 * n + 2 * nextra + 4;
-    records = space(W_RECORDS, (size_t)room * sizeof(record_t));
+    /* Straight into the log's tail where they surely fit: no copy, and no bytes object a batch. */
+    Py_ssize_t tail_room = held[B_TAIL] ? v[B_TAIL].len / (Py_ssize_t)sizeof(record_t) - filled : 0;
+    int direct = tail_room >= room;
+    records = direct ? (record_t *)v[B_TAIL].buf + filled : space(W_RECORDS, (size_t)room * sizeof(record_t));
     scratch = space(W_SCRATCH, (size_t)(3 * (nvictims * PAGES / 2 + 1) + 4 * (n + nextra) + 4) * 8);
     if (!records || !scratch) goto done;
     Py_ssize_t nrec = 0;
@@ -366,7 +377,8 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     counters[M_USED] = used;
     counters[M_TICK] = tick;
     clock[0] = t;
-    PyObject *bytes = PyByteArray_FromStringAndSize((const char *)records, nrec * (Py_ssize_t)sizeof(record_t));
+    PyObject *bytes = direct ? PyLong_FromSsize_t(nrec)
+                             : PyByteArray_FromStringAndSize((const char *)records, nrec * (Py_ssize_t)sizeof(record_t));
     if (!bytes) goto done;
     result = Py_BuildValue("(NnLLn)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE,
                            noted);

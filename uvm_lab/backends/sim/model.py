@@ -238,10 +238,15 @@ def _joined(chunks: list[np.ndarray]) -> np.ndarray:
 class EventLog:
     """Records produced by one backend operation, stamped on the simulated clock, published when it ends."""
 
+    #: Records a tail holds (see :meth:`tail`): a piece's worth, so that a full tail is published as it is.
+    TAIL = 1 << 16
+
     def __init__(self, start_ns: int) -> None:
         self.t = float(start_ns)
         self.rows: list[tuple[int, ...]] = []
         self.chunks: list[np.ndarray] = []
+        self._tail: np.ndarray | None = None   # where compiled code writes records (see tail)
+        self._filled = 0                        # records in it, the last chunk while there are any
 
     def add(self, kind: int, *, flags: int = 0, src: int = 0, dst: int = 0, address: int = 0, nbytes: int = 0,
             value: int | None = None, alloc_id: int = 0, stream: int = 0, seconds: float = 0.0) -> None:
@@ -293,6 +298,36 @@ class EventLog:
         if advance:
             self.t = float(ends[-1])
         self.chunks.append(out)
+
+    def tail(self, room: int = 1) -> tuple[np.ndarray, int]:
+        """An array that compiled code may write the next records into, and how many it holds already: the one
+        the last chunk is the head of while ``room`` more fit (or one nothing was written into yet), else a new
+        one. :meth:`grow` takes what was written."""
+        self._flush_rows()
+        t = self._tail
+        if t is None or self._filled + room > len(t) or \
+                (self._filled and self.chunks[-1].base is not t):   # records came after it
+            self._tail, self._filled = np.empty(max(self.TAIL, room), dtype=EVENT_DTYPE), 0
+        return self._tail, self._filled
+
+    def grow(self, count: int) -> None:
+        """Take ``count`` records written into the tail after those it held."""
+        if not count:
+            return
+        if self._filled:
+            self.chunks[-1] = self._tail[:self._filled + count]
+        else:
+            self.chunks.append(self._tail[:count])
+        self._filled += count
+
+    def put(self, records: bytes | bytearray) -> None:
+        """Append records given as EVENT_DTYPE bytes, copied into the tail (a new one where they do not fit),
+        so that the records after them go on into the same array."""
+        n = len(records) // EVENT_DTYPE.itemsize
+        tail, filled = self.tail(n)
+        size = EVENT_DTYPE.itemsize
+        tail.view(np.uint8)[filled * size:(filled + n) * size] = np.frombuffer(records, dtype=np.uint8)
+        self.grow(n)
 
     def advance(self, seconds: float) -> None:
         self.t += seconds * 1e9

@@ -726,6 +726,7 @@ class Shortcuts:
         notes = thr._touch
         if thr.enabled:
             notes.reserve(t.nblocks)
+        tail, filled = log.tail()
         out = core.service_plain(t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote,
                                  t.chunk.view(np.uint8), t.block_pages, t.block_address, t.block_alloc, t.last_use,
                                  np.ascontiguousarray(pages, dtype=np.int64),
@@ -733,14 +734,15 @@ class Shortcuts:
                                  *self._plain_links, codes, counters, clock, processor,
                                  self.threshold if self.prefetch else -1, mem._order,
                                  notes.processor if thr.enabled else None, notes.time if thr.enabled else None,
-                                 thr.c.lapse)
+                                 thr.c.lapse, tail, filled)
         if out is None:
             return False
         records, evictions, copied, prefetched, noted = out
         notes.noted(noted)
-        if records:
-            log._flush_rows()
-            log.chunks.append(np.frombuffer(records, dtype=EVENT_DTYPE))
+        if isinstance(records, int):
+            log.grow(records)
+        elif records:   # too many for the tail's room: copied into a new tail, where the next batches go on
+            log.put(records)
         log.t = float(clock[0])
         mem.used, mem._tick, mem.evicted_blocks = int(counters[1]), int(counters[3]), int(counters[4])
         stats.batches += 1
