@@ -81,7 +81,7 @@ static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t n
     enum { PAGES_, ADDR, ALLOC, SECONDS, FAULTED, OUT, NBUF };
     static const sim_arg_t spec[NBUF] = {
         {0, 8, 0, 0, "pages"}, {6, 8, 0, 0, "block_address"}, {7, 8, 0, 0, "block_alloc"}, {8, 8, 0, 1, "seconds"},
-        {10, 8, 0, 1, "faulted"}, {12, 62, 1, 0, "out"},
+        {10, 8, 0, 1, "faulted"}, {12, (Py_ssize_t)sizeof(record_t), 1, 0, "out"},
     };
     Py_buffer v[NBUF];
     int held[NBUF];
@@ -92,7 +92,8 @@ static PyObject *run_records(PyObject *self, PyObject *const *args, Py_ssize_t n
     const double *seconds = held[SECONDS] ? v[SECONDS].buf : NULL;
     const int64_t *faulted = held[FAULTED] ? v[FAULTED].buf : NULL;
     Py_ssize_t n = v[PAGES_].len / 8, nblocks = v[ADDR].len / 8, nfaulted = held[FAULTED] ? v[FAULTED].len / 8 : 0;
-    if (v[ALLOC].len != v[ADDR].len || v[OUT].len < n * 62 || (seconds && v[SECONDS].len < (PAGES + 1) * 8)) {
+    if (v[ALLOC].len != v[ADDR].len || v[OUT].len < n * (Py_ssize_t)sizeof(record_t) ||
+        (seconds && v[SECONDS].len < (PAGES + 1) * 8)) {
         PyErr_SetString(PyExc_ValueError, "run_records(): arrays of inconsistent lengths");
         goto done;
     }
