@@ -3,9 +3,9 @@
 - ``uvm_lab/mr/_pool.c``: the pool's free list and allocate/deallocate. Without it the pool runs every call
   in Python, with the same free list written in Python (``uvm_lab.mr.bestfit.PyBestFit``): about 4x slower a
   pair (``benchmarks/README.md``).
-- ``uvm_lab/backends/sim/_simcore``, from ``_access.c``, ``_prefetch.c``, ``_eviction.c``, ``_records.c`` and
-  ``_service.c``: which accesses proceed, the simulator's density prefetcher, a run of evictions, the records
-  of copies and faults, and a plain fault batch, whole. Without it
+- ``uvm_lab/backends/sim/_simcore``, from ``_access.c``, ``_prefetch.c``, ``_eviction.c``, ``_records.c``,
+  ``_service.c`` and ``_run.c``: which accesses proceed, the simulator's density prefetcher, a run of evictions,
+  the records of copies and faults, a plain fault batch, whole, and a stream's run of them. Without it
   the numpy and Python code beside it gives the same pages, records and times, more slowly.
   ``-ffp-contract=off``: no fused multiply-add, so a float sum is the one Python makes.
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 SIM = Path("uvm_lab") / "backends" / "sim"
-_SIMCORE = ("_access", "_prefetch", "_eviction", "_records", "_service", "_simcore")
+_SIMCORE = ("_access", "_prefetch", "_eviction", "_records", "_service", "_run", "_simcore")
 #: Each extension module, and the C files it is built from.
 EXTENSIONS = {
     Path("uvm_lab") / "mr" / "_pool": (Path("uvm_lab") / "mr" / "_pool.c",),

@@ -14,7 +14,7 @@ from uvm_lab.backends.sim.model import NO_LOCATION, EventLog, page_runs
 from uvm_lab.backends.sim.platform import link_seconds
 from uvm_lab.backends.sim.records import run_records
 from uvm_lab.backends.sim.shortcuts import Shortcuts
-from uvm_lab.events.schema import Advice, EventKind, MemoryKind
+from uvm_lab.events.schema import AccessType, Advice, EventKind, MemoryKind
 from uvm_lab.location import Location
 
 from .test_sim_fast_batches import _assert_same, _ping_pong, _run
@@ -360,33 +360,46 @@ def _gathers(b: SimBackend, read_mostly: bool = False) -> list:
     return out
 
 
+@pytest.mark.parametrize("runs", [False, True], ids=["batch-by-batch", "in-runs"])
 @pytest.mark.parametrize("read_mostly", [False, True])
 @pytest.mark.parametrize("backend", [{"device_memory": "1GiB"}, {"device_memory": "128MiB"},
                                      {"device_memory": "160MiB"}, {"device_memory": "128MiB", "thrashing": False},
                                      {"device_memory": "128MiB", "prefetcher": False},
                                      {"device_memory": "128MiB", "prefetch_threshold": 90}])
-def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, monkeypatch):
+def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, runs, monkeypatch):
     """Oversubscribed (evicting FIFO's head, duplicates among the victims or not) or not, with the detector off,
-    the prefetcher off or stricter."""
-    taken = []
-    plain = Shortcuts._compiled_plain
+    the prefetcher off or stricter; batch by batch from the Python loop, or in runs by the compiled loop."""
+    taken = {"batch by batch": 0, "in runs": 0}
+    plain, run = Shortcuts._compiled_plain, Shortcuts._plain_run
 
     def counted(self, *args):
-        taken.append(plain(self, *args))
-        return taken[-1]
+        done = plain(self, *args)
+        taken["batch by batch"] += done
+        return done
+
+    def counted_run(self, pages, pos, write, processor, log, stats, **kwargs):
+        before = stats.batches
+        out = run(self, pages, pos, write, processor, log, stats, **kwargs)
+        taken["in runs"] += stats.batches - before
+        return out
 
     monkeypatch.setattr(Shortcuts, "_compiled_plain", counted)
+    monkeypatch.setattr(Shortcuts, "_plain_run", counted_run)
     # Scattered batches in untouched blocks and one-run batches have shortcuts of their own: off, so that
     # every batch comes to the plain path.
-    _both(lambda b: _gathers(b, read_mostly), {"fast_scattered": False, "fast_run_batches": False}, **backend)
+    _both(lambda b: _gathers(b, read_mostly),
+          {"fast_scattered": False, "fast_run_batches": False, "fast_plain_runs": runs}, **backend)
     # Batches that need more chunks than the GPU has go to the general path; the rest are the compiled one's.
-    assert sum(taken) >= 20
+    assert sum(taken.values()) >= 20, taken
+    # In runs: the plain batches of streams with one write flag (two of three) until one is not plain (the
+    # Python loop takes that one, and the compiled loop again after a plain one); the others' batch by batch.
+    assert (taken["in runs"] >= 5) == runs, taken
 
 
 def test_batches_that_overflow_the_logs_tail_give_the_same_trace(monkeypatch):
     """A batch writes its records straight into the log's tail where they surely fit, and hands them back as
     bytes where not: with small tails both happen, and the trace is the numpy code's."""
-    monkeypatch.setattr(EventLog, "TAIL", 5000)
+    monkeypatch.setattr(EventLog, "TAIL", 1500)
     ways = {"into the tail": 0, "as bytes": 0}
     grow, put = EventLog.grow, EventLog.put
 
@@ -405,19 +418,54 @@ def test_batches_that_overflow_the_logs_tail_give_the_same_trace(monkeypatch):
     assert ways["into the tail"] - ways["as bytes"] >= 5 and ways["as bytes"] >= 5, ways
 
 
-def test_a_strided_read_goes_to_the_compiled_batch_not_the_scattered_shortcut(monkeypatch):
-    """The scattered shortcut serves the numpy code: with the compiled core every batch is the plain one's."""
-    calls = {"_scattered": 0, "_compiled_plain": 0}
+@pytest.mark.parametrize("runs", [False, True], ids=["batch-by-batch", "in-runs"])
+def test_a_strided_read_goes_to_the_compiled_batch_not_the_scattered_shortcut(runs, monkeypatch):
+    """The scattered shortcut serves the numpy code: with the compiled core every batch is the plain one's, in
+    one run of the compiled loop or (with that off) batch by batch."""
+    calls = {"_scattered": 0, "_compiled_plain": 0, "_plain_run": 0}
     for name in calls:
-        original = getattr(Shortcuts if name == "_compiled_plain" else engine.FaultEngine, name)
+        owner = engine.FaultEngine if name == "_scattered" else Shortcuts
+        original = getattr(owner, name)
 
         def counted(self, *args, _original=original, _name=name, **kwargs):
             done = _original(self, *args, **kwargs)
-            calls[_name] += bool(done)
+            calls[_name] += done[0] > args[1] if _name == "_plain_run" else bool(done)
             return done
 
-        monkeypatch.setattr(Shortcuts if name == "_compiled_plain" else engine.FaultEngine, name, counted)
-    w = W.make("strided", size="64MiB")
-    W.run_sim(w, device_memory="128MiB")
-    assert calls == {"_scattered": 0, "_compiled_plain": 64 * MiB // (64 << 10) // 256}
+        monkeypatch.setattr(owner, name, counted)
+    b = SimBackend(device_memory="128MiB")
+    b._engine.fast_plain_runs = runs
+    W.run_sim(W.make("strided", size="64MiB"), b)
+    batches = 64 * MiB // (64 << 10) // 256
+    assert calls == {"_scattered": 0, "_compiled_plain": 0 if runs else batches, "_plain_run": 1 if runs else 0}
 
+
+
+def test_a_bad_plain_run_call_raises_and_changes_nothing():
+    """The compiled loop checks what it is given before it reads the table by it, and changes nothing then."""
+    b = SimBackend(device_memory="64MiB")
+    b.allocate(8 * MiB, MemoryKind.MANAGED)
+    e, t = b._engine, b._engine.table
+    log = EventLog(0)
+    args = e._plain_arguments(0, log, AccessType.READ, 0)
+    state, clock = t.state.copy(), args[17].copy()
+
+    def call(pages, write=False, pos=0, tally=8, extra=()):
+        args[10], args[11] = np.asarray(pages, dtype=np.int64), write
+        return core.run_plain(*args, t.writable, pos, 256, 256, 1024, 1 << 16, np.zeros(4), 4096,
+                              np.zeros(tally, dtype=np.int64), *extra)
+
+    with pytest.raises(IndexError):     # a page past the table, in the first batch
+        call([0, 1, 2, len(t.state) + 5])
+    with pytest.raises(TypeError):      # one flag for all, not an array
+        call([0, 1], write=np.zeros(2, dtype=bool))
+    with pytest.raises(ValueError):     # a position past the stream
+        call([0, 1], pos=3)
+    with pytest.raises(ValueError):     # a tally of the wrong length
+        call([0, 1], tally=7)
+    with pytest.raises(TypeError):      # one argument too many
+        call([0, 1], extra=(0,))
+    assert (t.state == state).all() and (args[17] == clock).all() and not len(log)
+    # The same call, well formed, services the batch.
+    pos, _, pending = call([0, 1, 2, 700])
+    assert pos == 4 and pending is None and (t.state[[0, 1, 2, 700]] == 2).all()

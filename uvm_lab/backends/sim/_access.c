@@ -71,6 +71,25 @@ done:
 
 PyMethodDef sim_usable_method = {"usable", (PyCFunction)(void (*)(void))usable, METH_FASTCALL, usable_doc};
 
+void sim_sort_pages(int64_t *pages, Py_ssize_t n, int64_t *scratch) {
+    /* A bottom-up merge sort; a sweep's batch is in order already. */
+    int sorted = 1;
+    for (Py_ssize_t i = 1; i < n && sorted; i++) sorted = pages[i - 1] < pages[i];
+    int64_t *a = pages, *b = scratch;
+    for (Py_ssize_t width = 1; !sorted && width < n; width *= 2) {
+        for (Py_ssize_t lo = 0; lo < n; lo += 2 * width) {
+            Py_ssize_t mid = lo + width < n ? lo + width : n;
+            Py_ssize_t hi = lo + 2 * width < n ? lo + 2 * width : n;
+            Py_ssize_t i = lo, j = mid, k = lo;
+            while (i < mid && j < hi) b[k++] = a[i] <= a[j] ? a[i++] : a[j++];
+            while (i < mid) b[k++] = a[i++];
+            while (j < hi) b[k++] = a[j++];
+        }
+        int64_t *swap = a; a = b; b = swap;
+    }
+    if (a != pages) memcpy(pages, a, (size_t)n * 8);
+}
+
 PyDoc_STRVAR(batch_pages_doc,
 "batch_pages(faults, limit, out)\n--\n\n"
 "The fault batch among faults (int64 pages, in stream order): the first limit distinct pages, by first\n"
@@ -115,22 +134,7 @@ static PyObject *batch_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
         seen[h] = key;
         out[count++] = faults[i];
     }
-    /* Sorted, by a bottom-up merge sort through the set's memory (a sweep's batch is in order already). */
-    int sorted = 1;
-    for (Py_ssize_t i = 1; i < count && sorted; i++) sorted = out[i - 1] < out[i];
-    int64_t *a = out, *b = (int64_t *)seen;
-    for (Py_ssize_t width = 1; !sorted && width < count; width *= 2) {
-        for (Py_ssize_t lo = 0; lo < count; lo += 2 * width) {
-            Py_ssize_t mid = lo + width < count ? lo + width : count;
-            Py_ssize_t hi = lo + 2 * width < count ? lo + 2 * width : count;
-            Py_ssize_t i = lo, j = mid, k = lo;
-            while (i < mid && j < hi) b[k++] = a[i] <= a[j] ? a[i++] : a[j++];
-            while (i < mid) b[k++] = a[i++];
-            while (j < hi) b[k++] = a[j++];
-        }
-        int64_t *swap = a; a = b; b = swap;
-    }
-    if (a != out) memcpy(out, a, (size_t)count * 8);
+    sim_sort_pages(out, count, (int64_t *)seen);   /* through the set's memory */
     result = Py_BuildValue("(nn)", count, stop);
 done:
     free(seen);

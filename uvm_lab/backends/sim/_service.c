@@ -63,12 +63,6 @@ enum {  /* codes[]: the schema's numbers */
 enum {  /* counters[]: GpuMemory's, read and written */
     M_CAPACITY, M_USED, M_PINNED, M_TICK, M_EVICTED, NCOUNTERS
 };
-enum {  /* buffers */
-    B_STATE, B_READ_MOSTLY, B_PREFERRED, B_ACCESSED_BY, B_REMOTE, B_CHUNK, B_BLOCK_PAGES, B_ADDRESS, B_ALLOC,
-    B_LAST_USE, B_PAGES, B_WR, B_COSTS, B_HTOD_S, B_EVICT_S, B_CODES, B_COUNTERS, B_CLOCK, B_NOTE_P, B_NOTE_T,
-    B_TAIL, NBUF
-};
-
 PyDoc_STRVAR(service_doc,
 "service_plain(state, read_mostly, preferred, accessed_by, remote, chunk, block_pages, block_address,\n"
 "              block_alloc, last_use, pages, wr, costs, htod_seconds, eviction_seconds, codes, counters, clock,\n"
@@ -83,93 +77,93 @@ PyDoc_STRVAR(service_doc,
 "bytes prefetched, notes added): records is how many were written to tail from filled on where they were\n"
 "sure to fit, else the records as EVENT_DTYPE bytes.");
 
-static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (sim_arity("service_plain", nargs, 26) < 0) return NULL;
-    static const sim_arg_t spec[NBUF] = {
+int sim_plain_open(PyObject *const *args, Py_buffer *v, int *held, plain_t *c) {
+    static const sim_arg_t spec[NPLAIN] = {
         {0, 1, 1, 0, "state"}, {1, 1, 0, 0, "read_mostly"}, {2, 1, 0, 0, "preferred"}, {3, 1, 0, 0, "accessed_by"},
         {4, 1, 1, 0, "remote"}, {5, 1, 1, 0, "chunk"}, {6, 2, 0, 0, "block_pages"}, {7, 8, 0, 0, "block_address"},
-        {8, 8, 0, 0, "block_alloc"}, {9, 8, 1, 0, "last_use"}, {10, 8, 0, 0, "pages"}, {11, 1, 0, 0, "wr"},
-        {12, 8, 0, 0, "costs"}, {13, 8, 0, 0, "htod_seconds"}, {14, 8, 0, 0, "eviction_seconds"},
-        {15, 8, 0, 0, "codes"}, {16, 8, 1, 0, "counters"}, {17, 8, 1, 0, "clock"}, {21, 1, 1, 1, "note_processor"},
-        {22, 8, 1, 1, "note_time"}, {24, (Py_ssize_t)sizeof(record_t), 1, 1, "tail"},
+        {8, 8, 0, 0, "block_alloc"}, {9, 8, 1, 0, "last_use"}, {12, 8, 0, 0, "costs"}, {13, 8, 0, 0, "htod_seconds"},
+        {14, 8, 0, 0, "eviction_seconds"}, {15, 8, 0, 0, "codes"}, {16, 8, 1, 0, "counters"}, {17, 8, 1, 0, "clock"},
+        {21, 1, 1, 1, "note_processor"}, {22, 8, 1, 1, "note_time"}, {24, (Py_ssize_t)sizeof(record_t), 1, 1, "tail"},
     };
     long processor = PyLong_AsLong(args[18]), threshold = PyLong_AsLong(args[19]);
     long long lapse = PyLong_AsLongLong(args[23]);
     Py_ssize_t filled = PyLong_AsSsize_t(args[25]);
-    if (PyErr_Occurred()) return NULL;
-    PyObject *order = args[20];
+    if (PyErr_Occurred()) return -1;
     if (processor < 0 || processor > 6 || (args[21] == Py_None) != (args[22] == Py_None) || filled < 0) {
         PyErr_SetString(PyExc_ValueError,
                         "service_plain(): processor must be a GPU (0-6), the notes both arrays or None, filled >= 0");
-        return NULL;
+        return -1;
     }
-    Py_buffer v[NBUF];
-    int held[NBUF];
-    PyObject *result = NULL;
+    if (sim_buffers(args, spec, NPLAIN, v, held) < 0) return -1;
+    Py_ssize_t table = v[P_STATE].len, nblocks = v[P_CHUNK].len;
+    Py_ssize_t tail_len = held[P_TAIL] ? v[P_TAIL].len / (Py_ssize_t)sizeof(record_t) : 0;
+    if (v[P_READ_MOSTLY].len != table || v[P_PREFERRED].len != table || v[P_ACCESSED_BY].len != table ||
+        v[P_REMOTE].len != table || table != nblocks * PAGES || v[P_BLOCK_PAGES].len != nblocks * 2 ||
+        v[P_ADDRESS].len != nblocks * 8 || v[P_ALLOC].len != nblocks * 8 || v[P_LAST_USE].len != nblocks * 8 ||
+        v[P_COSTS].len != NCOSTS * 8 || v[P_HTOD_S].len != (PAGES + 1) * 8 || v[P_EVICT_S].len != (PAGES + 1) * 8 ||
+        v[P_CODES].len != NCODES * 8 || v[P_COUNTERS].len != NCOUNTERS * 8 || v[P_CLOCK].len != 8 ||
+        (held[P_NOTE_P] && (v[P_NOTE_P].len < nblocks || v[P_NOTE_T].len != v[P_NOTE_P].len * 8)) ||
+        filled > tail_len) {
+        PyErr_SetString(PyExc_ValueError, "service_plain(): arrays of inconsistent lengths");
+        sim_release(v, held, NPLAIN);
+        return -1;
+    }
+    *c = (plain_t){
+        .state = v[P_STATE].buf, .remote = v[P_REMOTE].buf, .chunk = v[P_CHUNK].buf,
+        .read_mostly = v[P_READ_MOSTLY].buf, .accessed_by = v[P_ACCESSED_BY].buf, .preferred = v[P_PREFERRED].buf,
+        .block_pages = v[P_BLOCK_PAGES].buf, .address = v[P_ADDRESS].buf, .alloc = v[P_ALLOC].buf,
+        .last_use = v[P_LAST_USE].buf, .counters = v[P_COUNTERS].buf, .codes = v[P_CODES].buf,
+        .costs = v[P_COSTS].buf, .htod_s = v[P_HTOD_S].buf, .evict_s = v[P_EVICT_S].buf, .clock = v[P_CLOCK].buf,
+        .note_p = held[P_NOTE_P] ? v[P_NOTE_P].buf : NULL, .note_t = held[P_NOTE_T] ? v[P_NOTE_T].buf : NULL,
+        .tail = held[P_TAIL] ? v[P_TAIL].buf : NULL, .tail_len = tail_len, .filled = filled, .table = table,
+        .nblocks = nblocks, .processor = processor, .threshold = threshold, .lapse = lapse, .order = args[20],
+    };
+    return 0;
+}
+
+int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const uint8_t *wr, plain_done_t *done) {
+    uint8_t *state = c->state, *remote = c->remote, *chunk = c->chunk;
+    const uint8_t *read_mostly = c->read_mostly, *accessed_by = c->accessed_by;
+    const int8_t *preferred = c->preferred;
+    const int16_t *block_pages = c->block_pages;
+    const uint64_t *address = c->address, *alloc = c->alloc;
+    int64_t *last_use = c->last_use, *counters = c->counters;
+    const int64_t *codes = c->codes;
+    const double *costs = c->costs, *htod_s = c->htod_s, *evict_s = c->evict_s;
+    int8_t *note_p = c->note_p;
+    int64_t *note_t = c->note_t;
+    long processor = c->processor, threshold = c->threshold;
+    PyObject *order = c->order;
+    int status = -1;
     int64_t *blocks = NULL, *extra = NULL, *lanes_buf = NULL, *victims = NULL, *scratch = NULL;
     PyObject **keys = NULL;   /* the batch's blocks as ints, for FIFO's queue */
     Py_ssize_t nkeys = 0;
     record_t *records = NULL;
-    if (sim_buffers(args, spec, NBUF, v, held) < 0) return NULL;
-    Py_ssize_t table = v[B_STATE].len, nblocks_table = v[B_CHUNK].len;
-    if (v[B_READ_MOSTLY].len != table || v[B_PREFERRED].len != table || v[B_ACCESSED_BY].len != table ||
-        v[B_REMOTE].len != table || table != nblocks_table * PAGES || v[B_BLOCK_PAGES].len != nblocks_table * 2 ||
-        v[B_ADDRESS].len != nblocks_table * 8 || v[B_ALLOC].len != nblocks_table * 8 ||
-        v[B_LAST_USE].len != nblocks_table * 8 || v[B_WR].len != v[B_PAGES].len / 8 ||
-        v[B_COSTS].len != NCOSTS * 8 || v[B_HTOD_S].len != (PAGES + 1) * 8 || v[B_EVICT_S].len != (PAGES + 1) * 8 ||
-        v[B_CODES].len != NCODES * 8 || v[B_COUNTERS].len != NCOUNTERS * 8 || v[B_CLOCK].len != 8 ||
-        (held[B_NOTE_P] && (v[B_NOTE_P].len < nblocks_table || v[B_NOTE_T].len != v[B_NOTE_P].len * 8))) {
-        PyErr_SetString(PyExc_ValueError, "service_plain(): arrays of inconsistent lengths");
-        goto done;
-    }
-    uint8_t *state = v[B_STATE].buf, *remote = v[B_REMOTE].buf, *chunk = v[B_CHUNK].buf;
-    const uint8_t *read_mostly = v[B_READ_MOSTLY].buf, *accessed_by = v[B_ACCESSED_BY].buf, *wr = v[B_WR].buf;
-    const int8_t *preferred = v[B_PREFERRED].buf;
-    const int16_t *block_pages = v[B_BLOCK_PAGES].buf;
-    const uint64_t *address = v[B_ADDRESS].buf, *alloc = v[B_ALLOC].buf;
-    int64_t *last_use = v[B_LAST_USE].buf, *counters = v[B_COUNTERS].buf;
-    const int64_t *pages = v[B_PAGES].buf, *codes = v[B_CODES].buf;
-    const double *costs = v[B_COSTS].buf, *htod_s = v[B_HTOD_S].buf, *evict_s = v[B_EVICT_S].buf;
-    double *clock = v[B_CLOCK].buf;
-    int8_t *note_p = held[B_NOTE_P] ? v[B_NOTE_P].buf : NULL;   /* NULL: the thrashing detector is off */
-    int64_t *note_t = held[B_NOTE_T] ? v[B_NOTE_T].buf : NULL;
-    Py_ssize_t n = v[B_PAGES].len / 8;
     uint8_t g = (uint8_t)(1 << (processor + 1));
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (pages[i] < 0 || pages[i] >= table || (i && pages[i] <= pages[i - 1])) {
-            PyErr_SetString(PyExc_ValueError, "service_plain(): pages must be sorted, distinct and in the table");
-            goto done;
-        }
-    }
-    if (!n) { result = Py_NewRef(Py_None); goto done; }
+    if (!n) return 0;
 
     /* -- is it a plain batch? (nothing changes until the victims are known to be plain too) ---------------- */
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t p = pages[i];
         uint8_t st = state[p];
-        if ((st & (st - 1)) || (st & g) || preferred[p] != NO_LOCATION || read_mostly[p] ||
-            accessed_by[p] || remote[p]) { result = Py_NewRef(Py_None); goto done; }
+        if ((st & (st - 1)) || (st & g) || preferred[p] != NO_LOCATION || read_mostly[p] || accessed_by[p] ||
+            remote[p]) return 0;
     }
     blocks = space(W_BLOCKS, (size_t)n * 8);
     lanes_buf = space(W_LANES, (size_t)n * 8);
-    if (!blocks || !lanes_buf) goto done;
+    if (!blocks || !lanes_buf) return -1;
     Py_ssize_t nb = 0;
     for (Py_ssize_t i = 0; i < n; i++)
         if (!nb || blocks[nb - 1] != block_of(pages[i])) blocks[nb++] = block_of(pages[i]);
-    keys = space(W_KEYS, (size_t)nb * sizeof(PyObject *));
-    if (!keys) goto done;
-    for (; nkeys < nb; nkeys++)
-        if (!(keys[nkeys] = PyLong_FromLongLong(blocks[nkeys]))) goto done;
     int64_t capacity = counters[M_CAPACITY], used = counters[M_USED], pinned = counters[M_PINNED];
     int64_t free_blocks = capacity - used - pinned;
     Py_ssize_t queued = PyObject_Length(order);
-    if (queued < 0) goto done;
-    if (nb > free_blocks + queued) { result = Py_NewRef(Py_None); goto done; }
+    if (queued < 0) return -1;
+    if (nb > free_blocks + queued) return 0;
     /* R5: the prefetcher's pages, block by block (every candidate eligible: checked page by page). */
     Py_ssize_t nextra = 0;
     extra = space(W_EXTRA, (size_t)nb * PAGES * 8);
-    if (!extra) goto done;
+    if (!extra) return -1;
     if (threshold >= 0) {
         for (Py_ssize_t f = 0, r = 0; f < n; r++) {
             int64_t b = blocks[r], first = b * PAGES;
@@ -182,24 +176,18 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
             /* a ReadMostly page among them (looked for page by page only where the block has one) */
             if (memchr(read_mostly + first, 1, PAGES))
                 for (Py_ssize_t i = nextra; i < nextra + added; i++)
-                    if (read_mostly[extra[i]]) { result = Py_NewRef(Py_None); goto done; }
+                    if (read_mostly[extra[i]]) return 0;
             nextra += added;
             /* populated whole where a page prefers this GPU: the Python code's case */
-            if (empty && memchr(preferred + first, (int)(int8_t)processor, PAGES)) {
-                result = Py_NewRef(Py_None);
-                goto done;
-            }
+            if (empty && memchr(preferred + first, (int)(int8_t)processor, PAGES)) return 0;
         }
     }
     /* R7: a block that another processor migrated into within the lapse would start thrashing state. */
-    long long now0 = (long long)clock[0];
+    long long now0 = (long long)c->clock[0];
     if (note_p) {
         for (Py_ssize_t r = 0; r < nb; r++) {
             int64_t b = blocks[r];
-            if (note_p[b] != NO_LOCATION && note_p[b] != processor && now0 - note_t[b] <= lapse) {
-                result = Py_NewRef(Py_None);
-                goto done;
-            }
+            if (note_p[b] != NO_LOCATION && note_p[b] != processor && now0 - note_t[b] <= c->lapse) return 0;
         }
     }
     /* R1/R6: the chunks the batch needs; FIFO's head goes for those that are not free. */
@@ -208,44 +196,52 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     int64_t short_by = need - free_blocks;
     if (short_by > 0) {
         victims = space(W_VICTIMS, (size_t)short_by * 8);
-        if (!victims) goto done;
+        if (!victims) return -1;
         PyObject *it = PyObject_GetIter(order), *key;
-        if (!it) goto done;
+        if (!it) return -1;
         while (nvictims < short_by && (key = PyIter_Next(it))) {
             long long b = PyLong_AsLongLong(key);
             Py_DECREF(key);
             if (b == -1 && PyErr_Occurred()) break;
-            if (b < 0 || b >= nblocks_table) {
+            if (b < 0 || b >= c->nblocks) {
                 PyErr_SetString(PyExc_IndexError, "service_plain(): a queued chunk lies outside the table");
                 break;
             }
             if (!in_sorted(blocks, nb, b)) victims[nvictims++] = b;
         }
         Py_DECREF(it);
-        if (PyErr_Occurred()) goto done;
-        if (nvictims < short_by) { result = Py_NewRef(Py_None); goto done; }
+        if (PyErr_Occurred()) return -1;
+        if (nvictims < short_by) return 0;
     }
-
-    /* -- the batch is ours: records, clock, state ------------------------------------------------------------ */
-    Py_ssize_t room = nvictims * PAGES / 2 + 2 * n + 2 * nextra + 4;
-    /* Straight into the log's tail where they surely fit: no copy, and no bytes object a batch. */
-    Py_ssize_t tail_room = held[B_TAIL] ? v[B_TAIL].len / (Py_ssize_t)sizeof(record_t) - filled : 0;
-    int direct = tail_room >= room;
-    records = direct ? (record_t *)v[B_TAIL].buf + filled : space(W_RECORDS, (size_t)room * sizeof(record_t));
-    scratch = space(W_SCRATCH, (size_t)(3 * (nvictims * PAGES / 2 + 1) + 4 * (n + nextra) + 4) * 8);
-    if (!records || !scratch) goto done;
-    Py_ssize_t nrec = 0;
-    double t = clock[0];
-    Py_ssize_t new_chunks = need;
-    if (nvictims) {   /* GpuMemory._evict_many, then evicted() */
-        Py_ssize_t most = nvictims * PAGES / 2 + 1;   /* runs: every other page at most */
-        int64_t *starts = scratch, *lengths = starts + most, *owner = lengths + most;
+    keys = space(W_KEYS, (size_t)nb * sizeof(PyObject *));
+    if (!keys) return -1;
+    for (; nkeys < nb; nkeys++)
+        if (!(keys[nkeys] = PyLong_FromLongLong(blocks[nkeys]))) goto done;
+    Py_ssize_t most = nvictims * PAGES / 2 + 1;   /* a victim's runs: every other page at most */
+    scratch = space(W_SCRATCH, (size_t)(3 * most + 4 * (n + nextra) + 4) * 8);
+    /* room for the records however many runs the victims hold, taken before the first change */
+    if (!scratch || !space(W_RECORDS, (size_t)(most + 2 * n + 2 * nextra + 4) * sizeof(record_t))) goto done;
+    int64_t *starts = scratch, *lengths = starts + most, *owner = lengths + most;
+    Py_ssize_t runs = 0;
+    if (nvictims) {
         int64_t *npages_v = space(W_VICTIM_PAGES, (size_t)nvictims * 8);
         if (!npages_v) goto done;
         for (Py_ssize_t i = 0; i < nvictims; i++) npages_v[i] = block_pages[victims[i]];
         /* The first change: none is made where a victim holds a duplicate (invalidated between copies: Python's). */
-        Py_ssize_t runs = sim_victim_runs(state, victims, npages_v, nvictims, g, starts, lengths, owner);
-        if (runs < 0) { result = Py_NewRef(Py_None); goto done; }
+        runs = sim_victim_runs(state, victims, npages_v, nvictims, g, starts, lengths, owner);
+        if (runs < 0) { status = 0; goto done; }
+    }
+
+    /* -- the batch is ours: records, clock, state ------------------------------------------------------------ */
+    /* Straight into the log's tail where they surely fit (no copy, and no bytes object a batch), else into work
+     * space: evictions, then a copy and a fault record a run of faulted or prefetched pages at most. */
+    Py_ssize_t room = runs + 2 * n + 2 * nextra + 4;
+    int direct = c->tail && c->tail_len - c->filled >= room;
+    records = direct ? c->tail + c->filled : work[W_RECORDS];
+    Py_ssize_t nrec = 0;
+    double t = c->clock[0];
+    Py_ssize_t new_chunks = need;
+    if (nvictims) {   /* GpuMemory._evict_many, then evicted() */
         double wait = costs[C_EVICTION_WAIT];
         if (runs) {
             double *d = space(W_CLOCK, (size_t)runs * 3 * sizeof(double));
@@ -376,15 +372,49 @@ static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t
     }
     counters[M_USED] = used;
     counters[M_TICK] = tick;
-    clock[0] = t;
-    PyObject *bytes = direct ? PyLong_FromSsize_t(nrec)
-                             : PyByteArray_FromStringAndSize((const char *)records, nrec * (Py_ssize_t)sizeof(record_t));
-    if (!bytes) goto done;
-    result = Py_BuildValue("(NnLLn)", bytes, nvictims, (long long)moved_bytes, (long long)nex_moved * PAGE_SIZE,
-                           noted);
+    c->clock[0] = t;
+    *done = (plain_done_t){.records = records, .nrec = nrec, .evictions = nvictims, .noted = noted, .direct = direct,
+                           .copied = moved_bytes, .prefetched = (int64_t)nex_moved * PAGE_SIZE};
+    status = 1;
 done:
     for (Py_ssize_t i = 0; i < nkeys; i++) Py_DECREF(keys[i]);
-    sim_release(v, held, NBUF);
+    return status;
+}
+
+static PyObject *service_plain(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (sim_arity("service_plain", nargs, PLAIN_ARGS) < 0) return NULL;
+    Py_buffer v[NPLAIN], pv[2];
+    int held[NPLAIN], pheld[2];
+    plain_t c;
+    static const sim_arg_t batch_spec[2] = {{PLAIN_PAGES_ARG, 8, 0, 0, "pages"}, {PLAIN_WR_ARG, 1, 0, 0, "wr"}};
+    if (sim_plain_open(args, v, held, &c) < 0) return NULL;
+    PyObject *result = NULL;
+    if (sim_buffers(args, batch_spec, 2, pv, pheld) < 0) { sim_release(v, held, NPLAIN); return NULL; }
+    const int64_t *pages = pv[0].buf;
+    Py_ssize_t n = pv[0].len / 8;
+    if (pv[1].len != n) {
+        PyErr_SetString(PyExc_ValueError, "service_plain(): arrays of inconsistent lengths");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (pages[i] < 0 || pages[i] >= c.table || (i && pages[i] <= pages[i - 1])) {
+            PyErr_SetString(PyExc_ValueError, "service_plain(): pages must be sorted, distinct and in the table");
+            goto done;
+        }
+    }
+    plain_done_t d;
+    int taken = sim_plain_batch(&c, pages, n, pv[1].buf, &d);
+    if (taken < 0) goto done;
+    if (!taken) { result = Py_NewRef(Py_None); goto done; }
+    PyObject *records = d.direct ? PyLong_FromSsize_t(d.nrec)
+                                 : PyByteArray_FromStringAndSize((const char *)d.records,
+                                                                 d.nrec * (Py_ssize_t)sizeof(record_t));
+    if (!records) goto done;
+    result = Py_BuildValue("(NnLLn)", records, d.evictions, (long long)d.copied, (long long)d.prefetched, d.noted);
+done:
+    sim_release(pv, pheld, 2);
+    sim_release(v, held, NPLAIN);
     return result;
 }
 

@@ -1,7 +1,7 @@
 /* The simulator's compiled core: one module holding the functions of its C files (see _simcore.h). */
 #include "_simcore.h"
 
-static PyMethodDef methods[8];
+static PyMethodDef methods[9];
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_simcore", "The simulator's compiled core (see uvm_lab.backends.sim).", -1, methods,
@@ -16,5 +16,6 @@ PyMODINIT_FUNC PyInit__simcore(void) {
     methods[4] = sim_service_method;
     methods[5] = sim_usable_method;
     methods[6] = sim_batch_pages_method;
+    methods[7] = sim_run_plain_method;
     return PyModule_Create(&module);
 }

@@ -1,8 +1,9 @@
 /* The simulator's compiled core: what its C files share.
  *
  * One extension module (_simcore) built from _access.c (which accesses proceed), _prefetch.c (the density
- * prefetcher), _eviction.c (a run of evictions), _records.c (records of copies and faults) and _service.c (a
- * plain fault batch, whole), with _simcore.c registering their functions. Each function has a numpy or Python twin that gives the same pages,
+ * prefetcher), _eviction.c (a run of evictions), _records.c (records of copies and faults), _service.c (a
+ * plain fault batch, whole) and _run.c (a stream's run of plain batches and the hits between them), with
+ * _simcore.c registering their functions. Each function has a numpy or Python twin that gives the same pages,
  * records and clock, to the bit; the tests hold each to its twin.
  */
 #ifndef UVM_LAB_SIMCORE_H
@@ -103,8 +104,52 @@ Py_ssize_t sim_run_records(const int64_t *pages, Py_ssize_t n, uint8_t kind, uin
                            const double *seconds, int value, const int64_t *faulted, Py_ssize_t nfaulted, double *t,
                            record_t *out);
 
+/* _access.c: sort n pages in place, with room for n more in scratch. */
+void sim_sort_pages(int64_t *pages, Py_ssize_t n, int64_t *scratch);
+
+/* _service.c: a plain GPU batch (see service_plain's doc), shared with _run.c's loop of them. service_plain's
+ * arguments but pages and wr (see its doc) are opened by sim_plain_open into these buffers and a plain_t. */
+enum {
+    P_STATE, P_READ_MOSTLY, P_PREFERRED, P_ACCESSED_BY, P_REMOTE, P_CHUNK, P_BLOCK_PAGES, P_ADDRESS, P_ALLOC,
+    P_LAST_USE, P_COSTS, P_HTOD_S, P_EVICT_S, P_CODES, P_COUNTERS, P_CLOCK, P_NOTE_P, P_NOTE_T, P_TAIL, NPLAIN
+};
+enum { PLAIN_ARGS = 26, PLAIN_PAGES_ARG = 10, PLAIN_WR_ARG = 11 };
+typedef struct {
+    uint8_t *state, *remote, *chunk;
+    const uint8_t *read_mostly, *accessed_by;
+    const int8_t *preferred;
+    const int16_t *block_pages;
+    const uint64_t *address, *alloc;
+    int64_t *last_use, *counters;
+    const int64_t *codes;
+    const double *costs, *htod_s, *evict_s;
+    double *clock;
+    int8_t *note_p;          /* NULL: the thrashing detector is off */
+    int64_t *note_t;
+    record_t *tail;          /* NULL: no tail given */
+    Py_ssize_t tail_len, filled, table, nblocks;
+    long processor, threshold;
+    long long lapse;
+    PyObject *order;         /* GpuMemory's FIFO, an OrderedDict */
+} plain_t;
+
+/* What a batch taken by sim_plain_batch made. */
+typedef struct {
+    record_t *records;       /* the tail from filled on (direct), else work space */
+    Py_ssize_t nrec, evictions, noted;
+    int direct;
+    int64_t copied, prefetched;
+} plain_done_t;
+
+/* 0 with every buffer held, or -1 with an exception set and none held. */
+int sim_plain_open(PyObject *const *args, Py_buffer *v, int *held, plain_t *c);
+/* 1: the batch (pages sorted, distinct and in the table; wr one flag a page) was serviced; 0: it is not a plain
+ * batch, and nothing changed; -1: an exception is set. */
+int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const uint8_t *wr, plain_done_t *done);
+
 /* The functions each file gives Python. */
 extern PyMethodDef sim_region_method, sim_victim_runs_method, sim_clock_method, sim_run_records_method,
-    sim_service_method, sim_usable_method, sim_batch_pages_method;
+    sim_service_method, sim_usable_method, sim_batch_pages_method,
+    sim_run_plain_method;
 
 #endif

@@ -122,6 +122,10 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         #: Service a host thread's run of faults through blocks moving to it from the front by
         #: :meth:`_host_run`, all at once; switchable for the same reason as ``fast_sweeps``.
         self.fast_host_runs = True
+        #: Run a GPU stream's plain batches (:meth:`_compiled_plain`'s) and the hits between them in C, by
+        #: :meth:`_plain_run`, instead of this loop batch by batch; it stands for ``_service_plain``, so it runs
+        #: only with that on, and only with the compiled core and one write flag for the whole stream.
+        self.fast_plain_runs = True
         #: Service a GPU batch that is one run of pages in one block by :meth:`_service_run`, with slices and
         #: scalars; switchable for the same reason as ``fast_batches``.
         self.fast_run_batches = True
@@ -215,9 +219,28 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         batch_size = 1 if processor == HOST_ID else self.platform.fault_batch_size
         scalar_wr = not isinstance(wr, np.ndarray)
         counters = self.platform.access_counter_migration and processor != HOST_ID
+        mem = self.memory
+        # The compiled loop of plain batches, tried again after one the Python loop services as plain. It takes
+        # one write flag for all the accesses (write flags all alike give the same results as that flag).
+        plain_runs = self.compiled and self.fast_plain_runs and self.fast_batches and not counters \
+            and processor == mem.device and n > 0
+        if plain_runs and not scalar_wr:
+            plain_runs = len(wr) == n and (bool(wr.all()) or not wr.any())
+        write = bool(wr if scalar_wr else plain_runs and wr[0])
+        try_plain = plain_runs
         pos = 0
         scan = max(in_flight, 1024)      # short after a fault, doubling while everything hits
         while pos < n:
+            if try_plain and mem.policy == "fifo" and not mem.overlap and not self.thrashing.blocks:
+                before = pos
+                pos, scan, again = self._plain_run(pages, pos, write, processor, log, stats, in_flight=in_flight,
+                                                   scan=scan, local=local, remote=remote,
+                                                   bytes_per_access=bytes_per_access, kind=kind, stream=stream)
+                if again:
+                    continue
+                try_plain = pos > before
+                if pos >= n:
+                    break
             end = min(n, pos + scan)
             span = pages[pos:end]
             w = wr if scalar_wr else wr[pos:end]
@@ -292,6 +315,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             lean = self.fast_run_batches and self._service_run(uniq, wpages, processor, log, stats, kind, stream)
             if not lean and self.fast_batches:
                 lean = self._service_plain(uniq, wpages, processor, log, stats, kind, stream)
+                try_plain = try_plain or (lean and plain_runs)
             if not lean:
                 self._service(uniq, wpages, processor, log, stats, kind, stream)
                 sel = bad[bad < cut]

@@ -4,13 +4,14 @@ Each method here does, for one common case, what :class:`~.engine.FaultEngine`'s
 batch: the same records in the same order, the same clock (the same float operations in the same order), the
 same page table, chunks, FIFO order, thrashing state and counters. Each declines (returns 0 or False, having
 changed nothing) where its case does not apply, and each can be switched off on the engine
-(``fast_sweeps``, ``fast_batches``, ``fast_run_batches``, ``fast_half_blocks``, ``fast_host_runs``), which is
-how the tests compare them with the general path.
+(``fast_sweeps``, ``fast_batches``, ``fast_plain_runs``, ``fast_run_batches``, ``fast_half_blocks``,
+``fast_host_runs``), which is how the tests compare them with the general path.
 
 - :meth:`Shortcuts._sweep`: a streaming kernel's run of whole blocks of host-only pages, half a block a batch.
 - :meth:`Shortcuts._upgrades`: a host thread's writes to ReadMostly pages only the host holds.
 - :meth:`Shortcuts._host_run`: a host thread's faults along blocks it takes from the front.
 - :meth:`Shortcuts._service_plain`: a batch with no advice, duplicate, remote mapping or thrashing state.
+- :meth:`Shortcuts._plain_run`: a GPU stream's run of such batches and the hits between them, in C.
 - :meth:`Shortcuts._service_run`: such a GPU batch that is one run of pages in one block.
 - :meth:`Shortcuts._half_blocks`: a GPU stream of such batches, each a half block, with hits between them.
 """
@@ -710,6 +711,49 @@ class Shortcuts:
                         kind: AccessType, stream: int) -> bool:
         """:meth:`_service_plain` for a GPU with FIFO eviction, in C (``_service.c``), or False (having changed
         nothing) where the batch is not one it takes."""
+        args = self._plain_arguments(processor, log, kind, stream)
+        args[10], args[11] = np.ascontiguousarray(pages, dtype=np.int64), np.ascontiguousarray(wr, dtype=bool).view(
+            np.uint8)
+        out = core.service_plain(*args)
+        if out is None:
+            return False
+        records, evictions, copied, prefetched, noted = out
+        self._plain_taken(args, log, noted, records)
+        stats.batches += 1
+        stats.faults += len(pages)
+        stats.evictions += evictions
+        stats.bytes_htod += copied
+        stats.bytes_prefetched += prefetched
+        return True
+
+    def _plain_run(self, pages: np.ndarray, pos: int, write: bool, processor: int, log: EventLog, stats: StreamStats,
+                   *, in_flight: int, scan: int, local: float, remote: float, bytes_per_access: int, kind: AccessType,
+                   stream: int) -> tuple[int, int, bool]:
+        """``_run_chunk``'s loop from ``pos`` on in C (``_run.c``), for as long as every batch is one that
+        :meth:`_compiled_plain` takes and no other shortcut may take it: the same records, clock, state and
+        counters. Returns where the loop goes on, its scan window, and whether it stopped only because a batch's
+        records did not fit the log's tail (they are in the log; the run can go on)."""
+        args = self._plain_arguments(processor, log, kind, stream)
+        args[10], args[11] = pages, write
+        hit = np.array([local, remote, self._remote_read_s, self._remote_written_s])
+        tally = np.zeros(8, dtype=np.int64)
+        pos, scan, records = core.run_plain(*args, self.table.writable, pos, in_flight, self.platform.fault_batch_size,
+                                            scan, _SCAN, hit, bytes_per_access, tally)
+        batches, faults, evictions, copied, prefetched, remote_bytes, written, noted = tally.tolist()
+        self._plain_taken(args, log, noted, written)
+        if records is not None:
+            log.put(records)
+        self._remote_read_s, self._remote_written_s = float(hit[2]), float(hit[3])
+        stats.batches += batches
+        stats.faults += faults
+        stats.evictions += evictions
+        stats.bytes_htod += copied
+        stats.bytes_prefetched += prefetched
+        stats.bytes_remote += remote_bytes
+        return pos, scan, records is not None
+
+    def _plain_arguments(self, processor: int, log: EventLog, kind: AccessType, stream: int) -> list:
+        """``service_plain``'s arguments (``run_plain``'s first ones), the batch's pages and writes left to fill in."""
         t, p, mem, thr = self.table, self.platform, self.memory, self.thrashing
         if self._plain_costs_for is not p:
             self._plain_costs_for = p
@@ -722,35 +766,27 @@ class Shortcuts:
                           MigrationCause.PREFETCH, MigrationCause.EVICTION, AccessType.READ, kind, stream],
                          dtype=np.int64)
         counters = np.array([mem.capacity, mem.used, mem.pinned, mem._tick, mem.evicted_blocks], dtype=np.int64)
-        clock = np.array([log.t])
         notes = thr._touch
         if thr.enabled:
             notes.reserve(t.nblocks)
         tail, filled = log.tail()
-        out = core.service_plain(t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote,
-                                 t.chunk.view(np.uint8), t.block_pages, t.block_address, t.block_alloc, t.last_use,
-                                 np.ascontiguousarray(pages, dtype=np.int64),
-                                 np.ascontiguousarray(wr, dtype=bool).view(np.uint8), self._plain_costs,
-                                 *self._plain_links, codes, counters, clock, processor,
-                                 self.threshold if self.prefetch else -1, mem._order,
-                                 notes.processor if thr.enabled else None, notes.time if thr.enabled else None,
-                                 thr.c.lapse, tail, filled)
-        if out is None:
-            return False
-        records, evictions, copied, prefetched, noted = out
-        notes.noted(noted)
+        return [t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote, t.chunk.view(np.uint8),
+                t.block_pages, t.block_address, t.block_alloc, t.last_use, None, None, self._plain_costs,
+                *self._plain_links, codes, counters, np.array([log.t]), processor,
+                self.threshold if self.prefetch else -1, mem._order, notes.processor if thr.enabled else None,
+                notes.time if thr.enabled else None, thr.c.lapse, tail, filled]
+
+    def _plain_taken(self, args: list, log: EventLog, noted: int, records: int | bytes | bytearray) -> None:
+        """Take back what ``service_plain`` or ``run_plain`` changed outside the page table: the log (records
+        written into its tail, or given as bytes), its clock, the memory's counters and the thrashing notes."""
+        mem, counters, clock = self.memory, args[16], args[17]
+        self.thrashing._touch.noted(noted)
         if isinstance(records, int):
             log.grow(records)
         elif records:   # too many for the tail's room: copied into a new tail, where the next batches go on
             log.put(records)
         log.t = float(clock[0])
         mem.used, mem._tick, mem.evicted_blocks = int(counters[1]), int(counters[3]), int(counters[4])
-        stats.batches += 1
-        stats.faults += len(pages)
-        stats.evictions += evictions
-        stats.bytes_htod += copied
-        stats.bytes_prefetched += prefetched
-        return True
 
     def _service_run(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
                      kind: AccessType, stream: int) -> bool:
