@@ -397,9 +397,9 @@ def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, runs, 
 
 
 def test_batches_that_overflow_the_logs_tail_give_the_same_trace(monkeypatch):
-    """A batch writes its records straight into the log's tail where they surely fit, and hands them back as
+    """A batch writes its records straight into the log's tail where they fit, and hands them back as
     bytes where not: with small tails both happen, and the trace is the numpy code's."""
-    monkeypatch.setattr(EventLog, "TAIL", 1500)
+    monkeypatch.setattr(EventLog, "TAIL", 300)
     ways = {"into the tail": 0, "as bytes": 0}
     grow, put = EventLog.grow, EventLog.put
 

@@ -117,6 +117,7 @@ int sim_plain_open(PyObject *const *args, Py_buffer *v, int *held, plain_t *c) {
         .note_p = held[P_NOTE_P] ? v[P_NOTE_P].buf : NULL, .note_t = held[P_NOTE_T] ? v[P_NOTE_T].buf : NULL,
         .tail = held[P_TAIL] ? v[P_TAIL].buf : NULL, .tail_len = tail_len, .filled = filled, .table = table,
         .nblocks = nblocks, .processor = processor, .threshold = threshold, .lapse = lapse, .order = args[20],
+        .read_mostly_anywhere = 1,
     };
     return 0;
 }
@@ -174,7 +175,7 @@ int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const 
             Py_ssize_t added = sim_block_region(blk, g, (int8_t)processor, lanes_buf, k, block_pages[b], threshold,
                                                 NULL, first, extra + nextra, &empty);
             /* a ReadMostly page among them (looked for page by page only where the block has one) */
-            if (memchr(read_mostly + first, 1, PAGES))
+            if (c->read_mostly_anywhere && memchr(read_mostly + first, 1, PAGES))
                 for (Py_ssize_t i = nextra; i < nextra + added; i++)
                     if (read_mostly[extra[i]]) return 0;
             nextra += added;
@@ -344,7 +345,8 @@ int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const 
     t += service * 1e9;
     /* State: every page here is now on this GPU only. */
     for (Py_ssize_t i = 0; i < n; i++) state[pages[i]] = g;
-    for (Py_ssize_t i = 0; i < nextra; i++) { state[extra[i]] = g; remote[extra[i]] &= (uint8_t)~g; }
+    /* (The Python code also clears their remote mapping by g, which the prefetcher never picks: nothing to do.) */
+    for (Py_ssize_t i = 0; i < nextra; i++) state[extra[i]] = g;
     /* The claims queue at FIFO's tail (GpuMemory.claim), then GpuMemory.migrated_into requeues every block of the
      * batch there, in block order, with one tick: together, the batch's blocks leave the queue and join its
      * tail in block order, each with that tick. */
@@ -362,17 +364,27 @@ int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const 
     Py_ssize_t noted = 0;
     if (note_p) {
         long long now = (long long)t;
-        for (Py_ssize_t i = 0; i < nmigrated; i++) {
+        for (Py_ssize_t i = 0; i < nmigrated;) {   /* block by block: the next block's first page is looked up */
             int64_t b = block_of(migrated[i]);
-            if (i && b == block_of(migrated[i - 1])) continue;
             noted += note_p[b] == NO_LOCATION;
             note_p[b] = (int8_t)processor;
             note_t[b] = now;
+            Py_ssize_t lo = i + 1, hi = nmigrated;
+            while (lo < hi) {
+                Py_ssize_t mid = lo + (hi - lo) / 2;
+                if (block_of(migrated[mid]) == b) lo = mid + 1; else hi = mid;
+            }
+            i = lo;
         }
     }
     counters[M_USED] = used;
     counters[M_TICK] = tick;
     c->clock[0] = t;
+    if (!direct && c->tail && c->tail_len - c->filled >= nrec) {   /* the bound was loose: they fit after all */
+        memcpy(c->tail + c->filled, records, (size_t)nrec * sizeof(record_t));
+        records = c->tail + c->filled;
+        direct = 1;
+    }
     *done = (plain_done_t){.records = records, .nrec = nrec, .evictions = nvictims, .noted = noted, .direct = direct,
                            .copied = moved_bytes, .prefetched = (int64_t)nex_moved * PAGE_SIZE};
     status = 1;

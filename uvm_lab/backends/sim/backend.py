@@ -252,7 +252,7 @@ class SimBackend:
             log.add(EventKind.PREFETCH, dst=dst, address=ptr, nbytes=size, alloc_id=seg.id, stream=stream)
             lo_all, hi_all = seg.base + first, seg.base + last
             t.last_prefetch[lo_all:hi_all] = dst
-            self._thrashing.reset(np.arange(lo_all, hi_all, dtype=np.int64))
+            self._thrashing.reset(lo_all, hi_all)
             d = bit(dst)
             if self.fast_populate and location.is_host and not t.state[lo_all:hi_all].any():
                 self._populate_on_host(log, lo_all, hi_all)

@@ -138,18 +138,20 @@ class ThrashingDetector:
             self.blocks.pop(b, None)
             self._resets.pop(b, None)
 
-    def reset(self, pages: np.ndarray) -> None:
-        """User migrations (cudaMemPrefetchAsync) reset the pages' state."""
-        if not self.blocks or not len(pages):
+    def reset(self, lo: int, hi: int) -> None:
+        """User migrations (cudaMemPrefetchAsync) reset the state of pages ``lo`` to ``hi - 1`` (a range, not an
+        array of its pages: a prefetch of gigabytes would otherwise fill one for nothing, mostly)."""
+        if not self.blocks or hi <= lo:
             return
-        for b in np.unique(pages >> BLOCK_SHIFT).tolist():
-            s = self.blocks.get(b)
-            if s is not None:
-                i = pages[(pages >> BLOCK_SHIFT) == b] & (PAGES_PER_BLOCK - 1)
-                s.count[i] = 0
-                s.thrashing[i] = False
-                s.throttles[i] = 0
-                s.pin_loc[i] = NO_LOCATION
+        first, last = lo >> BLOCK_SHIFT, (hi - 1) >> BLOCK_SHIFT
+        for b in sorted(b for b in self.blocks if first <= b <= last):
+            s = self.blocks[b]
+            base = b * PAGES_PER_BLOCK
+            i = slice(max(lo, base) - base, min(hi, base + PAGES_PER_BLOCK) - base)
+            s.count[i] = 0
+            s.thrashing[i] = False
+            s.throttles[i] = 0
+            s.pin_loc[i] = NO_LOCATION
 
     def on_migration(self, pages: np.ndarray, dest: int, now: int) -> np.ndarray:
         """Note fault- or prefetch-caused migrations of sorted ``pages`` to ``dest``; returns those now thrashing."""
