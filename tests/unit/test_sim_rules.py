@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from uvm_lab.backends.sim import PLATFORMS, SimBackend
+from uvm_lab.backends.sim.model import NO_LOCATION
 from uvm_lab.backends.sim.platform import link_seconds
 from uvm_lab.backends.sim.prefetcher import density_region
 from uvm_lab.backends.sim.thrashing import BlockNotes
@@ -356,6 +357,21 @@ def test_r7_ping_pong_is_detected_throttled_then_pinned_with_remote_mapping():
     # Once pinned the page stops moving: the last round trips migrate nothing.
     r = b.access_stream(a, GPU, "write", in_flight=1)
     assert r.bytes_htod == 0 and r.bytes_remote > 0
+
+
+def test_r7_a_prefetch_resets_the_thrashing_state_of_its_range_only():
+    b, _ = backend()
+    ptr = b.allocate(64 * KiB, MemoryKind.MANAGED)
+    a = np.array([ptr, ptr + 8 * KiB], dtype=np.uint64)    # pages 0 and 2 of the block
+    for _ in range(40):
+        b.access_stream(a, GPU, "write", in_flight=1)
+        b.access_stream(a, HOST, "write")
+    (state,) = b._thrashing.blocks.values()
+    assert state.thrashing[[0, 2]].all() and (state.pin_loc[[0, 2]] != NO_LOCATION).all()
+    b.prefetch(ptr, 8 * KiB, GPU)                           # pages 0 and 1
+    assert not state.thrashing[0] and state.count[0] == 0 and state.throttles[0] == 0
+    assert state.pin_loc[0] == NO_LOCATION
+    assert state.thrashing[2] and state.count[2] > 0 and state.pin_loc[2] != NO_LOCATION
 
 
 def test_r7_off_means_no_detection():
