@@ -120,8 +120,6 @@ static PyObject *run_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
     double *hit = rv[R_HIT].buf;
     int64_t *tally = rv[R_TALLY].buf;
     uint8_t g = (uint8_t)(1 << (c.processor + 1));
-    /* One look over the table spares each batch a look over each of its blocks (nothing here advises pages). */
-    c.read_mostly_anywhere = memchr(c.read_mostly, 1, (size_t)c.table) != NULL;
     Py_ssize_t first_scan = in_flight > 1024 ? in_flight : 1024, filled0 = c.filled;
     int halves = in_flight == batch_size && batch_size == HALF;   /* where a sweep's shortcuts look */
     int error = 0;

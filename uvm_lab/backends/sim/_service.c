@@ -117,7 +117,6 @@ int sim_plain_open(PyObject *const *args, Py_buffer *v, int *held, plain_t *c) {
         .note_p = held[P_NOTE_P] ? v[P_NOTE_P].buf : NULL, .note_t = held[P_NOTE_T] ? v[P_NOTE_T].buf : NULL,
         .tail = held[P_TAIL] ? v[P_TAIL].buf : NULL, .tail_len = tail_len, .filled = filled, .table = table,
         .nblocks = nblocks, .processor = processor, .threshold = threshold, .lapse = lapse, .order = args[20],
-        .read_mostly_anywhere = 1,
     };
     return 0;
 }
@@ -175,7 +174,7 @@ int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const 
             Py_ssize_t added = sim_block_region(blk, g, (int8_t)processor, lanes_buf, k, block_pages[b], threshold,
                                                 NULL, first, extra + nextra, &empty);
             /* a ReadMostly page among them (looked for page by page only where the block has one) */
-            if (c->read_mostly_anywhere && memchr(read_mostly + first, 1, PAGES))
+            if (memchr(read_mostly + first, 1, PAGES))
                 for (Py_ssize_t i = nextra; i < nextra + added; i++)
                     if (read_mostly[extra[i]]) return 0;
             nextra += added;

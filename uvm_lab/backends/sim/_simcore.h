@@ -131,7 +131,6 @@ typedef struct {
     long processor, threshold;
     long long lapse;
     PyObject *order;         /* GpuMemory's FIFO, an OrderedDict */
-    int read_mostly_anywhere;   /* 0 where no page of the table is ReadMostly (known), else 1 */
 } plain_t;
 
 /* What a batch taken by sim_plain_batch made. */
