@@ -51,17 +51,10 @@ static PyObject *usable(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t p = pages[i];
-        uint8_t st = state[p];
-        int here = (st & g) != 0;
-        if (here && (all_write || (wr && wr[i]))) {
-            /* A write to a read-only mapping faults: a duplicate's, or a ReadMostly page's that its holder has
-             * not written since the advice or the last duplication. */
-            if (st != g || (rm[p] && !(writable[p] & g))) here = 0;
-        }
-        int reachable = reach == 1 ? (st & 1) != 0 : reach == 2 ? st > 1 : 0;
-        local[i] = (uint8_t)here;
-        out[i] = (uint8_t)(!here && ((acc[p] | rem[p]) & g) && reachable && !(st & g));
+        int how = sim_proceeds(state, rm, writable, acc, rem, pages[i], all_write || (wr && wr[i]), (uint8_t)g,
+                               (int)reach);
+        local[i] = how == 1;
+        out[i] = how == 2;
     }
     result = Py_NewRef(Py_None);
 done:
@@ -126,12 +119,8 @@ static PyObject *batch_pages(PyObject *self, PyObject *const *args, Py_ssize_t n
     seen = calloc(cap, sizeof(uint64_t));
     if (!seen) { PyErr_NoMemory(); goto done; }
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint64_t key = (uint64_t)faults[i] + 1;
-        size_t h = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
-        while (seen[h] && seen[h] != key) h = (h + 1) & (cap - 1);
-        if (seen[h]) continue;
-        if (count == limit) { stop = i; break; }
-        seen[h] = key;
+        if (!sim_seen_add(seen, cap, faults[i])) continue;
+        if (count == limit) { stop = i; break; }   /* the first page past the batch begins the next */
         out[count++] = faults[i];
     }
     sim_sort_pages(out, count, (int64_t *)seen);   /* through the set's memory */

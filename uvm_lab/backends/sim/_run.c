@@ -34,27 +34,9 @@ static inline void hits(double *clock, double *hit, int64_t *tally, int64_t n_lo
     tally[T_REMOTE_BYTES] += n_remote * bytes_per_access;
 }
 
-/* _access.c's usable for one access by a GPU (which reaches the host's copy): 1 local, 2 remote, 0 a fault. */
-static inline int proceeds(const plain_t *c, const uint8_t *writable, int64_t p, int write, uint8_t g) {
-    uint8_t st = c->state[p];
-    int here = (st & g) != 0;
-    if (here && write && (st != g || (c->read_mostly[p] && !(writable[p] & g)))) here = 0;
-    if (here) return 1;
-    return ((c->accessed_by[p] | c->remote[p]) & g) && (st & 1) ? 2 : 0;
-}
-
-/* An open-addressing set of pages (page + 1; 0 is a free slot), a quarter full at most, for one batch. */
+/* A page set for one batch (see sim_seen_add), kept from call to call. */
 static uint64_t *seen;
 static size_t seen_cap;
-
-static int seen_add(int64_t page) {   /* 1 where the page is new */
-    uint64_t key = (uint64_t)page + 1;
-    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & (seen_cap - 1);
-    while (seen[h] && seen[h] != key) h = (h + 1) & (seen_cap - 1);
-    if (seen[h]) return 0;
-    seen[h] = key;
-    return 1;
-}
 
 PyDoc_STRVAR(run_plain_doc,
 "run_plain(<service_plain's 26 arguments, with pages the stream's and wr one flag for all>, writable, pos,\n"
@@ -122,18 +104,17 @@ static PyObject *run_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
     uint8_t g = (uint8_t)(1 << (c.processor + 1));
     Py_ssize_t first_scan = in_flight > 1024 ? in_flight : 1024, filled0 = c.filled;
     int halves = in_flight == batch_size && batch_size == HALF;   /* where a sweep's shortcuts look */
-    int error = 0;
     while (pos < n) {
-        /* The accesses that proceed, up to the first that cannot. */
+        /* The accesses that proceed, up to the first that cannot (or a page outside the table, which the Python
+         * loop then meets and raises on, with what came before it done). */
         Py_ssize_t end = n - pos < scan ? n : pos + scan, i = pos;
         int64_t n_remote = 0;
         for (; i < end; i++) {
-            if (pages[i] < 0 || pages[i] >= c.table) { error = 1; break; }
-            int how = proceeds(&c, writable, pages[i], write, g);
+            if (pages[i] < 0 || pages[i] >= c.table) break;   /* the Python loop raises there */
+            int how = sim_proceeds(c.state, c.read_mostly, writable, c.accessed_by, c.remote, pages[i], write, g, 1);
             if (!how) break;
             n_remote += how == 2;
         }
-        if (error) break;
         if (i > pos) hits(c.clock, hit, tally, i - pos - n_remote, n_remote, write ? n_remote : 0, bytes_per_access);
         if (i == end) {
             pos = end;
@@ -152,14 +133,14 @@ static PyObject *run_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
         memset(seen, 0, seen_cap * sizeof(uint64_t));
         for (Py_ssize_t j = 0; j < window; j++) {
             int64_t p = pages[pos + j];
-            if (p < 0 || p >= c.table) { error = 1; break; }
-            int how = proceeds(&c, writable, p, write, g);
+            if (p < 0 || p >= c.table) { k = -1; break; }
+            int how = sim_proceeds(c.state, c.read_mostly, writable, c.accessed_by, c.remote, p, write, g, 1);
             if (how) { batch_remote += how == 2; continue; }
-            if (!seen_add(p)) continue;
+            if (!sim_seen_add(seen, seen_cap, p)) continue;
             if (k == batch_size) { cut = j; break; }
             uniq[k++] = p;
         }
-        if (error) break;
+        if (k < 0) break;   /* a page outside the table: the Python loop raises there */
         sim_sort_pages(uniq, k, (int64_t *)seen);   /* through the set's memory, done with */
         /* One run of pages in one block: _service_run's. */
         if (k >= 2 && uniq[k - 1] == uniq[0] + k - 1 && block_of(uniq[0]) == block_of(uniq[k - 1])) break;
@@ -182,10 +163,6 @@ static PyObject *run_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
         hits(c.clock, hit, tally, cut - batch_remote, batch_remote, write ? batch_remote : 0, bytes_per_access);
         pos += cut;
         if (pending) break;   /* the Python loop puts them in a new tail */
-    }
-    if (error) {
-        PyErr_SetString(PyExc_IndexError, "run_plain(): a page lies outside the page table");
-        goto free_done;
     }
     tally[T_RECORDS] += c.filled - filled0;
     result = Py_BuildValue("(nnO)", pos, scan, pending ? pending : Py_None);

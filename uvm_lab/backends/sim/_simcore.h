@@ -32,6 +32,30 @@ static inline int64_t block_of(int64_t page) { return page >> BLOCK_SHIFT; }
 
 _Static_assert(sizeof(record_t) == 62, "EVENT_DTYPE is 62 bytes");
 
+/* How access of page p by the processor with residency bit g proceeds: 1 on a local copy (one it may write, for a
+ * write), 2 through a mapping of a copy it can reach (reach: 1 the host's copy, 2 a GPU's, 0 none), 0 it faults.
+ * A write to a read-only mapping faults: a duplicate's, or a ReadMostly page's that its holder has not written
+ * since the advice or the last duplication. */
+static inline int sim_proceeds(const uint8_t *state, const uint8_t *read_mostly, const uint8_t *writable,
+                               const uint8_t *accessed_by, const uint8_t *remote, int64_t p, int write, uint8_t g,
+                               int reach) {
+    uint8_t st = state[p];
+    if ((st & g) && !(write && (st != g || (read_mostly[p] && !(writable[p] & g))))) return 1;
+    int reachable = reach == 1 ? (st & 1) != 0 : reach == 2 ? st > 1 : 0;
+    return ((accessed_by[p] | remote[p]) & g) && reachable && !(st & g) ? 2 : 0;
+}
+
+/* Add page to an open-addressing set of pages (held as page + 1, 0 a free slot; cap a power of two, kept a
+ * quarter full at most); 1 where it was not there. */
+static inline int sim_seen_add(uint64_t *seen, size_t cap, int64_t page) {
+    uint64_t key = (uint64_t)page + 1;
+    size_t h = (size_t)((key * 0x9E3779B97F4A7C15ULL) >> 32) & (cap - 1);
+    while (seen[h] && seen[h] != key) h = (h + 1) & (cap - 1);
+    if (seen[h]) return 0;
+    seen[h] = key;
+    return 1;
+}
+
 /* The page table's per-page arrays, from a block's first page on. */
 typedef struct {
     const uint8_t *state;

@@ -225,7 +225,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         plain_runs = self.compiled and self.fast_plain_runs and self.fast_batches and not counters \
             and processor == mem.device and n > 0
         if plain_runs and not scalar_wr:
-            plain_runs = len(wr) == n and (bool(wr.all()) or not wr.any())
+            plain_runs = bool(wr.all()) or not wr.any()
         write = bool(wr if scalar_wr else plain_runs and wr[0])
         try_plain = plain_runs
         pos = 0
