@@ -122,6 +122,29 @@ def test_preferred_location_host_maps_the_gpu_remotely_instead_of_migrating():
     assert_map_matches(buf)
 
 
+def test_a_buffer_in_a_freed_buffers_pages_starts_clean():
+    # The page table hands a freed range to the next allocation: none of the old buffer's pages, chunks or
+    # advice may come with it.
+    old = managed(4 * MiB)
+    old.prefetch("host")
+    old.read_mostly = True
+    old.preferred_location = "host"
+    old.accessed_by = ["gpu"]
+    ul.touch(old, on="gpu", mode="read")
+    free_before = ul.get_backend().mem_info(0)[0]
+    old_base = ul.get_backend()._segments[old.ptr].base
+    del old
+    new = managed(4 * MiB)
+    assert ul.get_backend()._segments[new.ptr].base == old_base   # the same pages of the table
+    assert ul.residency(new).summary()["nowhere"] == 1.0
+    assert ul.get_backend().mem_info(0)[0] >= free_before
+    new.prefetch("host")
+    first = ul.touch(new, on="gpu", mode="read")
+    assert first.faults > 0 and first.bytes_htod == 4 * MiB and first.bytes_remote == 0   # migrates: no advice
+    assert ul.residency(new).summary()["gpu"] == 1.0                                  # and is not duplicated
+    assert_map_matches(new)
+
+
 def test_accessed_by_gpu_reads_host_pages_without_faults():
     buf = managed(4 * MiB)
     buf.prefetch("host")

@@ -32,9 +32,10 @@ def _engine(threshold: int):
     return b, b._engine
 
 
-def _batch(rng: np.random.Generator, nblocks: int, table_blocks: int, advice: bool):
+def _batch(rng: np.random.Generator, nblocks: int, table_blocks: int, advice: bool | str):
     """A random batch: blocks of a table, partial blocks among them, residency of every density, faults, and
-    (with ``advice``) preferred locations, remote mappings and AccessedBy here and there."""
+    (with ``advice``) preferred locations, remote mappings and AccessedBy here and there (with ``"some
+    blocks"``, in a random half of the table's blocks only, so that blocks with none sit beside them)."""
     blocks = np.sort(rng.choice(table_blocks, nblocks, replace=False)).astype(np.int64)
     npages = np.where(rng.random(nblocks) < 0.2, rng.integers(1, PAGES, nblocks), PAGES).astype(np.int64)
     n = table_blocks * PAGES
@@ -45,6 +46,9 @@ def _batch(rng: np.random.Generator, nblocks: int, table_blocks: int, advice: bo
         preferred[rng.random(n) < 0.05] = rng.choice([-1, 0, 1])
         remote[rng.random(n) < 0.05] = 2
         accessed_by[rng.random(n) < 0.05] = rng.choice([2, 4, 6])
+        if advice == "some blocks":
+            clean = np.repeat(rng.random(table_blocks) < 0.5, PAGES)
+            preferred[clean], remote[clean], accessed_by[clean] = NO_LOCATION, 0, 0
     rows, lanes = [], []
     for r, (b, k) in enumerate(zip(blocks.tolist(), npages.tolist(), strict=True)):
         held = rng.random(k) < rng.choice([0.0, 0.05, 0.3, 0.6, 0.95])
@@ -64,9 +68,9 @@ def _batch(rng: np.random.Generator, nblocks: int, table_blocks: int, advice: bo
 
 @pytest.mark.parametrize("threshold", [1, 25, 51, 75, 100])
 @pytest.mark.parametrize("thrashing", [False, True])
-@pytest.mark.parametrize("advice", [False, True])
+@pytest.mark.parametrize("advice", [False, True, "some blocks"])
 def test_the_compiled_prefetch_is_the_numpy_one(threshold, thrashing, advice):
-    rng = np.random.default_rng(threshold * 4 + thrashing * 2 + advice)
+    rng = np.random.default_rng(threshold * 6 + thrashing * 3 + [False, True, "some blocks"].index(advice))
     b, engine = _engine(threshold)
     t = b._table
     for _ in range(60):

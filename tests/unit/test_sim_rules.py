@@ -283,6 +283,24 @@ def test_r6_a_migration_into_a_chunk_moves_it_to_the_tail():
     assert _evicted(rec.take()) == [c]
 
 
+@pytest.mark.parametrize("freed", [1, 3])
+def test_r6_freeing_a_buffer_leaves_the_others_chunks_in_fifo_order(freed):
+    # Freeing gives a buffer's chunks back; the chunks of the others keep their turn. (Freeing most of the
+    # queue rebuilds it rather than unlinking chunk by chunk: its order must survive that too.)
+    b, rec = backend("16MiB")
+    keep = [b.allocate(BLOCK_SIZE, MemoryKind.MANAGED) for _ in range(8 - freed)]
+    gone = b.allocate(freed * BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(keep[1], BLOCK_SIZE, GPU)
+    b.prefetch(gone, freed * BLOCK_SIZE, GPU)        # the freed chunks sit between the kept ones
+    for p in [keep[0], *keep[2:]]:
+        b.prefetch(p, BLOCK_SIZE, GPU)
+    b.free(gone)
+    rec.take()
+    new = b.allocate((freed + 2) * BLOCK_SIZE, MemoryKind.MANAGED)
+    b.prefetch(new, (freed + 2) * BLOCK_SIZE, GPU)   # the free chunks first, then FIFO's head twice
+    assert _evicted(rec.take()) == [keep[1], keep[0]]
+
+
 def test_r6_lru_what_if_keeps_the_recently_accessed_chunk():
     b, rec = backend("8MiB", eviction="lru")
     a, c, _d, _e = _fill(b, 4)

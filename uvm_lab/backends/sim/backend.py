@@ -200,8 +200,7 @@ class SimBackend:
             if seg.kind is MemoryKind.DEVICE:
                 self._memory.pinned -= seg.nblocks
             first = seg.base >> BLOCK_SHIFT
-            for b in np.flatnonzero(seg.gpu_blocks).tolist():
-                self._memory.drop(first + b)
+            self._memory.drop_many(np.flatnonzero(seg.gpu_blocks) + first)
             self._thrashing.forget(first, seg.nblocks)
             self._table.release(seg.base, seg.npages)
             del self._segments[ptr]

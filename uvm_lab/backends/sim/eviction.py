@@ -354,6 +354,21 @@ class GpuMemory:
             self.used -= 1
             self._order.pop(b, None)
 
+    def drop_many(self, blocks: np.ndarray) -> None:
+        """:meth:`drop` for each of ``blocks`` (a freed segment's), at once."""
+        held = blocks[self.table.chunk[blocks]]
+        if not len(held):
+            return
+        self.table.chunk[held] = False
+        self.used -= len(held)
+        order = self._order
+        if 4 * len(held) < len(order):
+            for b in held.tolist():
+                order.pop(b, None)
+        else:   # most of the queue goes: keep the rest, in order, rather than unlink each
+            gone = set(held.tolist())
+            self._order = OrderedDict((b, t) for b, t in order.items() if b not in gone)
+
     def release_if_empty(self, blocks: np.ndarray) -> None:
         """Blocks whose pages all left the GPU give their chunks back."""
         table = self.table

@@ -122,7 +122,8 @@ class PageTable:
             self._top += need
             if self._top > self.nblocks:
                 self._alloc_arrays(max(self._top, 2 * self.nblocks, 64))
-        self._reset(first, need)
+        # No reset here: a range is clean already, fresh or reset by release(). Writing it again would touch
+        # every page of every array, which for a new table is most of an allocation's cost.
         blocks = np.arange(need)
         self.block_address[first:first + need] = address + blocks.astype(np.uint64) * BLOCK_SIZE
         self.block_alloc[first:first + need] = alloc_id
@@ -181,7 +182,8 @@ class Segment:
     def __post_init__(self) -> None:
         self.base = self.table.reserve(self.npages, self.address, self.id)
         initial = {MemoryKind.MANAGED: 0, MemoryKind.DEVICE: bit(self.device), MemoryKind.PINNED_HOST: 1}[self.kind]
-        self.table.state[self.base:self.base + self.npages] = initial
+        if initial:   # a reserved range is all 0 already
+            self.table.state[self.base:self.base + self.npages] = initial
 
     @property
     def data(self) -> np.ndarray:

@@ -134,9 +134,14 @@ class ThrashingDetector:
     def forget(self, first_block: int, nblocks: int) -> None:
         """A segment was freed: drop the state of its blocks."""
         self._touch.forget(first_block, nblocks)
-        for b in range(first_block, first_block + nblocks):
-            self.blocks.pop(b, None)
-            self._resets.pop(b, None)
+        last = first_block + nblocks
+        for held in (self.blocks, self._resets):   # walk the smaller side: a freed segment may span 100,000s
+            if len(held) < nblocks:
+                for b in [b for b in held if first_block <= b < last]:
+                    del held[b]
+            else:
+                for b in range(first_block, last):
+                    held.pop(b, None)
 
     def reset(self, lo: int, hi: int) -> None:
         """User migrations (cudaMemPrefetchAsync) reset the state of pages ``lo`` to ``hi - 1`` (a range, not an
