@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -13,20 +9,14 @@ pytest.importorskip("scipy")
 
 from uvm_lab.backends.sim import PLATFORMS
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import benchmark_scripts
+
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def calibrate():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location("sim_calibrate", ROOT / "benchmarks" / "sim_calibrate.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    return benchmark_scripts.load("sim_calibrate")
 
 
 def _cases(*specs):

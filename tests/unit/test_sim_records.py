@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from . import benchmark_scripts
 
 ROOT = Path(__file__).resolve().parents[2]
 SAVED = ROOT / "benchmarks" / "sim_records_h200.json"
@@ -15,14 +15,7 @@ SAVED = ROOT / "benchmarks" / "sim_records_h200.json"
 
 @pytest.fixture(scope="module")
 def sim_records():
-    sys.path.insert(0, str(ROOT / "benchmarks"))   # it imports its sibling sim_vs_gpu.py
-    try:
-        spec = importlib.util.spec_from_file_location("sim_records", ROOT / "benchmarks" / "sim_records.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    return benchmark_scripts.load("sim_records")   # it imports its sibling sim_vs_gpu.py
 
 
 def _saved(*wanted):

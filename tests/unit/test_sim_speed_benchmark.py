@@ -2,23 +2,18 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from uvm_lab import workloads as W
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import benchmark_scripts
 
 
 @pytest.fixture(scope="module")
 def sim_speed():
-    spec = importlib.util.spec_from_file_location("sim_speed", ROOT / "benchmarks" / "sim_speed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("sim_speed")
 
 
 @pytest.fixture(scope="module")

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import benchmark_scripts
+
 MiB = 1 << 20
 
 
 @pytest.fixture(scope="module")
 def sim_vs_gpu():
-    spec = importlib.util.spec_from_file_location("sim_vs_gpu", ROOT / "benchmarks" / "sim_vs_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return benchmark_scripts.load("sim_vs_gpu")
 
 
 def _row(seconds, htod=0):
