@@ -304,14 +304,9 @@ class GpuMemory:
     def evicted(self, victims: np.ndarray, only: np.ndarray | None) -> None:
         """After the copies of a run of evictions: ``only`` (the pages only the victims held; None where they are
         there already) are on the host, and the victims' chunks are given back (:meth:`drop` for each, at once)."""
-        table = self.table
         if only is not None:
-            table.state[only] = 1
-        held = victims[table.chunk[victims]]
-        table.chunk[held] = False
-        self.used -= len(held)
-        for b in held.tolist():
-            self._order.pop(b, None)
+            self.table.state[only] = 1
+        self.drop_many(victims)
         self.evicted_blocks += len(victims)
 
     @staticmethod
@@ -355,7 +350,7 @@ class GpuMemory:
             self._order.pop(b, None)
 
     def drop_many(self, blocks: np.ndarray) -> None:
-        """:meth:`drop` for each of ``blocks`` (a freed segment's), at once."""
+        """:meth:`drop` for each of ``blocks`` (a run of victims, or a freed segment's), at once."""
         held = blocks[self.table.chunk[blocks]]
         if not len(held):
             return
@@ -365,9 +360,11 @@ class GpuMemory:
         if 4 * len(held) < len(order):
             for b in held.tolist():
                 order.pop(b, None)
-        else:   # most of the queue goes: keep the rest, in order, rather than unlink each
-            gone = set(held.tolist())
-            self._order = OrderedDict((b, t) for b, t in order.items() if b not in gone)
+        else:   # most of the queue goes: keep the rest, in order, rather than unlink each (in place: the
+            gone = set(held.tolist())   # fault path holds the queue across an eviction)
+            kept = [(b, t) for b, t in order.items() if b not in gone]
+            order.clear()
+            order.update(kept)
 
     def release_if_empty(self, blocks: np.ndarray) -> None:
         """Blocks whose pages all left the GPU give their chunks back."""
