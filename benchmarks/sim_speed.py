@@ -28,6 +28,7 @@ from uvm_lab.events import EventBus
 from uvm_lab.events.schema import MemoryKind
 from uvm_lab.location import Location
 from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
+from uvm_lab.workloads import Workload
 
 
 def sweep(size: int, ratio: float, passes: int) -> dict[str, float]:
@@ -68,8 +69,8 @@ def workload_speeds(size: int = 1 << 30, ratio: float = 1.5, repeat: int = 1) ->
         wall = walls[0]
         # Records are the run's events: where every access faults, making them bounds the rate.
         records = backend.bus.published
-        # Faults (the GPU's, as the model counts them) cost the simulator far more than hits: with the
-        # simulated seconds (the GPU time the model predicts), they say what a rate in accesses cannot.
+        # A rate in accesses, in context: the faults and records the run made (what costs the simulator most),
+        # and the simulated seconds (the GPU time the model predicts for the run).
         faults = sum(r.faults or 0 for r in results)
         simulated = sum(r.seconds for r in results)
         publishing, replayed = publish_seconds(w, device)
@@ -83,7 +84,7 @@ def workload_speeds(size: int = 1 << 30, ratio: float = 1.5, repeat: int = 1) ->
     return out
 
 
-def publish_seconds(w, device: int) -> tuple[float, int]:
+def publish_seconds(w: Workload, device: int) -> tuple[float, int]:
     """Seconds to publish one run's records to the subscriber a run has (``MigrationCounter``), with no
     simulation: the least time any simulator that publishes those records could take (the best of three);
     and how many records that was."""

@@ -360,8 +360,10 @@ class GpuMemory:
         if 4 * len(held) < len(order):
             for b in held.tolist():
                 order.pop(b, None)
-        else:   # most of the queue goes: keep the rest, in order, rather than unlink each (in place: the
-            gone = set(held.tolist())   # fault path holds the queue across an eviction)
+        else:
+            # Most of the queue goes: keep the rest, in order, rather than unlink each. In place, since the
+            # fault path holds the queue across an eviction.
+            gone = set(held.tolist())
             kept = [(b, t) for b, t in order.items() if b not in gone]
             order.clear()
             order.update(kept)
