@@ -48,7 +48,7 @@ static inline int bits16(uint64_t x) {
 }
 
 /* The set bits of each 16-bit quarter of a word, each in its quarter's low byte: four big pages' counts at
- * once, where a call of bits16 a big page cost a tenth of an oversubscribed gather's prefetcher. */
+ * once (bits16 a big page was about a quarter of the prefetcher's time in an oversubscribed gather). */
 static inline uint64_t quarters(uint64_t x) {
     x = x - ((x >> 1) & 0x5555555555555555ULL);
     x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
