@@ -9,8 +9,14 @@ out="${OUT:-benchmarks/out}"; mkdir -p "$out"
 python3 benchmarks/alloc_pair.py --json "$out/alloc_pair.json"
 python3 benchmarks/prefetch_read.py --json "$out/prefetch_read.json"
 python3 benchmarks/tracing_decode.py
-python3 benchmarks/tracing_overhead.py --repeats 2
+python3 benchmarks/tracing_overhead.py --repeats 3 --modes "watcher,watcher 0.05 s,migrations,faults"
 python3 benchmarks/tracing_loss.py --trials 8
+# CUPTI's silent loss on the 2 GiB fault-driven read, setting by setting (benchmarks/README.md's table):
+for cfg in "--counters faults" "--counters migrations" "--counters transfers" "--counters faults --drain 0.00025" \
+           "--counters faults --buffer-size 1MiB" "--counters faults --buffer-size 64MiB" \
+           "--counters faults --attr ATTR_DEVICE_BUFFER_POOL_LIMIT=1000 --attr ATTR_PER_THREAD_BUFFER=0"; do
+    echo "== $cfg"; python3 benchmarks/tracing_loss.py --size 2GiB --trials 5 --settle 0.2 $cfg
+done
 # The simulator against this GPU (each case timed 5 times in rounds, the median judged; about 2 minutes on an
 # H200 with the two one-minute ReadMostly write cases taken from an earlier run; writes its table into
 # benchmarks/README.md):

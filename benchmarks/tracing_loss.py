@@ -11,8 +11,14 @@ windows where faults and migrations are lost together); the pages ``CuptiCollect
 unrecorded against those the records miss (they should be equal); the most records one drain brought;
 and whether the collector called the trace complete. Needs a GPU and cupti-python.
 
-    python benchmarks/tracing_loss.py [--size 256MiB] [--trials 8] [--settle 0.5] [--counters faults|migrations]
+    python benchmarks/tracing_loss.py [--size 256MiB] [--trials 8] [--settle 0.5]
+                                      [--counters faults|migrations|transfers] [--drain 0.001]
+                                      [--buffer-size 8MiB] [--attr NAME=VALUE ...]
                                       [--decoder auto|raw|objects] [--save trials.npz]
+
+``--attr`` sets one of CUPTI's activity attributes (``cupti.ActivityAttribute``, for example
+``DEVICE_BUFFER_POOL_LIMIT=64``) before the counters are enabled; the first line printed gives every
+attribute's value as CUPTI then reports it.
 """
 
 from __future__ import annotations
@@ -51,7 +57,10 @@ def main() -> None:
     parser.add_argument("--size", default="256MiB")
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--settle", type=float, default=0.5, help="seconds to wait before the second flush")
-    parser.add_argument("--counters", choices=["faults", "migrations"], default="faults")
+    parser.add_argument("--counters", choices=["faults", "migrations", "transfers"], default="faults")
+    parser.add_argument("--buffer-size", default="8MiB", help="bytes per CUPTI activity buffer")
+    parser.add_argument("--attr", action="append", default=[], metavar="NAME=VALUE",
+                        help="a CUPTI activity attribute to set (cupti.ActivityAttribute's name), repeatable")
     parser.add_argument("--drain", type=float, default=0.001)
     parser.add_argument("--decoder", choices=["auto", "raw", "objects"], default="auto",
                         help="how CUPTI's buffers are received (uvm_lab.tracing.CuptiCollector's decoder)")
@@ -63,13 +72,18 @@ def main() -> None:
     from uvm_lab.events import EventKind
     from uvm_lab.tracing import CuptiCollector, host_resident
 
-    backend = ul.use_backend("cuda")
+    backend = ul.use_backend("cuda", watch=False)   # CUPTI's records alone: nothing inferred
     size = ul.parse_size(args.size)
     free, _ = backend.mem_info()
     if size > free // 8:
         raise SystemExit(f"refusing: {ul.format_bytes(size)} is too close to the {ul.format_bytes(free)} free")
-    options = {"gpu_faults": True} if args.counters == "faults" else {"counters": ["htod", "dtoh", "dtod"]}
-    collector = CuptiCollector(required=True, drain_interval=args.drain, decoder=args.decoder, **options).start()
+    options = {"faults": {"gpu_faults": True}, "migrations": {"counters": ["htod", "dtoh", "dtod"]},
+               "transfers": {"counters": ["htod", "dtoh"]}}[args.counters]
+    attributes = {name: int(value) for name, value in (a.split("=", 1) for a in args.attr)}
+    collector = CuptiCollector(required=True, drain_interval=args.drain, decoder=args.decoder,
+                               buffer_size=ul.parse_size(args.buffer_size), attributes=attributes, **options).start()
+    print(json.dumps({"config": {"counters": args.counters, "drain": args.drain, "buffer_size": args.buffer_size,
+                                 "attributes": collector.attribute_values()}}), flush=True)
     pages = size // PAGE
     rows, kept = [], {}
     for trial in range(args.trials):

@@ -12,7 +12,9 @@ for (1.0: nothing lost), ``saturated`` the drains that brought CUPTI's whole que
 
     python benchmarks/tracing_overhead.py [--size 2GiB] [--repeats 3] [--drain 0.001] [--modes ...] [--json out.json]
 
-Modes: ``transfers`` enables only the HtoD and DtoH byte counters; ``migrations`` adds DtoD, thrashing,
+Modes: ``watcher`` runs no CUPTI, only the host watcher (``ul.tracing.watch``, on by default on a GPU) at its
+default interval, ``watcher 0.05 s`` at 20 rounds a second; their rows add the CPU time a round takes per GiB
+watched. ``transfers`` enables only the HtoD and DtoH byte counters; ``migrations`` adds DtoD, thrashing,
 throttling and remote-map; ``faults`` adds GPU and CPU page faults (``faults (objects)``
 receives CUPTI's buffers as cupti-python's objects); ``cupti alone`` enables the same counters as ``faults``
 through cupti-python with nothing of uvm_lab listening, the floor any collector stands on.
@@ -32,6 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 MODES = {
     "off": None,
+    # No CUPTI: the host watcher alone (on by default on a GPU), at its default interval and at 20 per second.
+    "watcher": {"watch": 0.25},
+    "watcher 0.05 s": {"watch": 0.05},
     "transfers": {"counters": ["htod", "dtoh"]},
     "migrations": {"counters": ["htod", "dtoh", "dtod", "thrashing", "throttling", "remote_map"]},
     "faults": {"gpu_faults": True, "cpu_faults": True},
@@ -76,15 +81,16 @@ def child(mode: str, size_text: str, drain: float) -> None:
     from uvm_lab.events import EventKind
     from uvm_lab.tracing import CuptiCollector
 
-    backend = ul.use_backend("cuda")
+    backend = ul.use_backend("cuda", watch=False)
     size = ul.parse_size(size_text)
     free, _ = backend.mem_info()
     if size > free // 4:
         raise SystemExit(f"refusing: {ul.format_bytes(size)} is too close to the {ul.format_bytes(free)} free")
     options = MODES[mode]
     bare = cupti_alone(backend, backend.current_device()) if options == "bare" else None
+    watching = isinstance(options, dict) and "watch" in options
     collector = CuptiCollector(required=True, drain_interval=drain, **options).start() \
-        if isinstance(options, dict) else None
+        if isinstance(options, dict) and not watching else None
     buf = ul.DeviceBuffer(size=size, mr=ul.mr.ManagedMemoryResource())
     t0 = time.perf_counter()
     buf.host_view()[:] = 1
@@ -95,6 +101,10 @@ def child(mode: str, size_text: str, drain: float) -> None:
     htod = [0]
     counting = ul.events.get_bus().subscribe(lambda r: htod.__setitem__(0, htod[0] + int(r["bytes"].sum())),
                                              kinds=[EventKind.HTOD])
+    watcher = ul.tracing.watch(options["watch"]) if watching else None
+    if watcher:
+        watcher.check()   # the host's side is settled before the kernel, as it would be in a session
+        cpu0, rounds0 = watcher.cpu_seconds, watcher.rounds
     t0 = time.perf_counter()
     ul.touch(buf, on="gpu")
     backend.synchronize()
@@ -103,6 +113,14 @@ def child(mode: str, size_text: str, drain: float) -> None:
         collector.flush()
     bare_records = bare() if bare else 0
     delivered = time.perf_counter() - t0
+    if watcher:
+        ul.tracing.unwatch()
+        rounds, cpu = watcher.rounds - rounds0, watcher.cpu_seconds - cpu0
+        watcher.check()   # the map after the kernel, as the next round would leave it (not timed)
+        idle0 = watcher.cpu_seconds
+        for _ in range(5):   # rounds with nothing moving: a session's usual case
+            watcher.check()
+        idle = (watcher.cpu_seconds - idle0) / 5
     residency = ul.residency(buf).summary()
     counting.close()
     status = collector.status() if collector else {}
@@ -113,7 +131,10 @@ def child(mode: str, size_text: str, drain: float) -> None:
                       "records": status.get("records", bare_records), "dropped": status.get("dropped", 0),
                       "receiver": status.get("receiver", ""), "gpu_fraction": residency["gpu"],
                       "htod": htod[0] / size, "saturated": status.get("saturated", 0),
-                      "max_per_drain": status.get("max_per_drain", 0)}))
+                      "max_per_drain": status.get("max_per_drain", 0),
+                      "watch_rounds": rounds if watcher else 0,
+                      "watch_cpu_ms_per_gib_round": (cpu / rounds / (size / 2**30) * 1e3) if watcher and rounds else None,
+                      "watch_idle_cpu_ms_per_gib_round": idle / (size / 2**30) * 1e3 if watcher else None}))
 
 
 def main() -> None:
@@ -144,18 +165,26 @@ def main() -> None:
             runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     base = min(r["delivered_s"] for r in runs["off"]) if runs["off"] else float("nan")
     result = {}
-    print(f"{'mode':<18}{'best ms':>9}{'median':>9}{'vs off':>8}{'kernel ms':>11}{'records':>9}{'dropped':>9}"
+    kernel_off = statistics.median(r["kernel_s"] for r in runs["off"]) if runs["off"] else float("nan")
+    print(f"{'mode':<18}{'best ms':>9}{'median':>9}{'vs off':>8}{'kernel ms':>11}{'median':>8}{'vs off':>8}"
+          f"{'records':>9}{'dropped':>9}"
           f"{'htod':>7}{'saturated':>10}{'max/drain':>10}{'host write ms':>15}  receiver")
     for mode, rs in runs.items():
         if not rs:
             continue
         d = [r["delivered_s"] for r in rs]
         result[mode] = {"best_s": min(d), "median_s": statistics.median(d), "ratio": min(d) / base, "runs": rs}
+        k = [r["kernel_s"] for r in rs]
         print(f"{mode:<18}{min(d) * 1e3:>9.1f}{statistics.median(d) * 1e3:>9.1f}{min(d) / base:>8.3f}"
-              f"{min(r['kernel_s'] for r in rs) * 1e3:>11.1f}{rs[0]['records']:>9}{max(r['dropped'] for r in rs):>9}"
+              f"{min(k) * 1e3:>11.1f}{statistics.median(k) * 1e3:>8.1f}{statistics.median(k) / kernel_off:>8.3f}"
+              f"{rs[0]['records']:>9}{max(r['dropped'] for r in rs):>9}"
               f"{min(r['htod'] for r in rs):>7.3f}{max(r['saturated'] for r in rs):>10}"
               f"{max(r['max_per_drain'] for r in rs):>10}"
-              f"{min(r['host_write_s'] for r in rs) * 1e3:>15.1f}  {rs[0]['receiver']}")
+              f"{min(r['host_write_s'] for r in rs) * 1e3:>15.1f}  {rs[0]['receiver']}"
+              + (f"  watcher: {rs[0]['watch_rounds']} rounds in the kernel, "
+                 f"{statistics.median(r['watch_cpu_ms_per_gib_round'] for r in rs):.2f} CPU ms per GiB a round, "
+                 f"{statistics.median(r['watch_idle_cpu_ms_per_gib_round'] for r in rs):.2f} with nothing moving"
+                 if rs[0].get("watch_cpu_ms_per_gib_round") else ""))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
 

@@ -259,16 +259,26 @@ class DeviceBuffer:
         return True
 
     # -- prefetch and advice ---------------------------------------------------------------------------
-    def prefetch(self, location: int | str | Location = "gpu", stream: object = None) -> None:
+    def prefetch(self, location: int | str | Location = "gpu", stream: object = None, *, offset: int | str = 0,
+                 size: int | str | None = None) -> None:
         """Migrate the buffer's pages to ``location`` (``"gpu"``, ``"gpu:N"``, ``"host"`` or an ordinal).
 
         As ``cudaMemPrefetchAsync``: pages not yet touched are populated there; memory that cannot
-        migrate (device or pinned host memory) is left alone.
+        migrate (device or pinned host memory) is left alone. ``offset`` and ``size`` (bytes, or strings
+        such as ``"2MiB"``) prefetch part of the buffer; the whole of it by default. Asynchronous on
+        ``stream``: synchronize it (or the device) to wait for the pages.
         """
         self._check_open("prefetch")
         loc = self._location(location, "location")
-        if self._size:
-            self._mr.backend.prefetch(self._ptr, self._size, loc, stream=as_stream_handle(stream))
+        start = parse_size(offset, name="offset")
+        length = self._size - start if size is None else parse_size(size, name="size")
+        if start + length > self._size:
+            raise InvalidArgumentError(f"offset {start} + size {length} runs past the end of the buffer "
+                                       f"({self._size} bytes)", value=(offset, size),
+                                       expected=f"a range within 0..{self._size}")
+        handle = as_stream_handle(stream)
+        if length:
+            self._mr.backend.prefetch(self._ptr + start, length, loc, stream=handle)
 
     def advise(self, advice: str | Advice, location: int | str | Location | None = None) -> None:
         """Apply ``cudaMemAdvise``: ``advice`` is a name such as ``"read_mostly"`` or ``"unset_accessed_by"``."""

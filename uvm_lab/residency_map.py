@@ -2,15 +2,24 @@
 
 The tracker never asks a backend where a page is: it replays the event stream with the driver's
 rules, so a map is exactly as true as the events are, on the simulator and on a real GPU alike.
-A page state is a bitmask of the processors holding a copy: :data:`HOST` (1), :data:`GPU` (2),
-both (3, read-duplicated) or none (0, never touched).
+A page state is a bitmask of the processors holding a copy (:mod:`uvm_lab.page_states`): the host (1),
+GPU ``d`` (``1 << (d + 1)``), several of them (a read-duplicated page), none (0, never touched), and
+:data:`UNKNOWN` (0x80) where the map cannot know whether a GPU holds a copy.
 
 Rules applied per record:
 - SEGMENT_ALLOC: managed pages start nowhere, device memory on its GPU, pinned memory on the host.
 - HtoD / DtoH / DtoD: the pages move to ``dst``; into a ReadMostly page that still has its source
   copy they are duplicated instead. An eviction (DtoH, cause EVICTION) leaves only the host copy.
 - INVALIDATE: the copies on ``src`` are dropped.
-- PREFETCH (the request): untouched pages are populated at the destination.
+- PREFETCH: untouched pages are populated at the destination. A prefetch that completed with nothing
+  measuring its migrations (flags ``PREFETCH_IMPLIES_MOVES``: a real GPU, tracing off) places every page
+  at the destination as the driver does (:func:`~uvm_lab.tracing.inference.prefetch_result`), and the
+  process-wide tracker publishes the migrations that implies, cause USER_INFERRED.
+- UNOBSERVED: a GPU (``dst``) worked on the pages unseen: those not on that GPU alone become unknown,
+  keeping their host bit (the host watcher sets it right). A ReadMostly collapse makes every page with
+  several copies unknown, or places it at its preferred location where that held a copy. Host code's
+  access leaves the pages on the host: alone after a write, beside their copies for a ReadMostly read.
+- RESIDENCY: the pages are in state ``value`` (inferred, from the host's page tables).
 - GPU / CPU page fault: untouched pages in the serviced range are populated at the preferred
   location if set, else at the faulting processor (first touch); a write leaves one copy, the writer's.
   A fault with ``bytes`` 0 (CUPTI's: the faulting page, range unknown) on an untouched page services
@@ -39,14 +48,24 @@ import numpy as np
 from .buffer import DeviceBuffer, find_buffer
 from .errors import BufferClosedError, InvalidArgumentError
 from .events.bus import EventBus, get_bus
-from .events.schema import AccessType, Advice, EventKind, MemoryKind, MigrationCause
+from .events.schema import (
+    PREFETCH_IMPLIES_MOVES,
+    AccessType,
+    Advice,
+    EventKind,
+    MemoryKind,
+    MigrationCause,
+    UnobservedCause,
+)
 from .location import HOST_ID
+from .page_states import BOTH, GPU, HOST, NOWHERE, UNKNOWN, bit, bits, categories, gpu_bits, state_name
 from .tracing.density import BLOCK_PAGES, serviced_region
+from .tracing.inference import moves, prefetch_result
 from .units import PAGE_SIZE, format_bytes
 
-__all__ = ["BOTH", "GPU", "HOST", "NOWHERE", "ResidencyMap", "ResidencyTracker", "get_tracker", "residency"]
+__all__ = ["BOTH", "GPU", "HOST", "NOWHERE", "UNKNOWN", "ResidencyMap", "ResidencyTracker", "get_tracker",
+           "residency"]
 
-NOWHERE, HOST, GPU, BOTH = 0, 1, 2, 3
 _NO_PREFERENCE = -2
 _WRITES = (AccessType.WRITE, AccessType.ATOMIC)
 _FAULTS = (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT)
@@ -59,11 +78,11 @@ _BULK[[EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT]] = True
 _BULK_MIN = 16                  # shorter runs go one by one
 _REPLAYED = (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.HTOD, EventKind.DTOH, EventKind.DTOD,
              EventKind.INVALIDATE, EventKind.PREFETCH, EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT,
-             EventKind.ADVICE)
+             EventKind.ADVICE, EventKind.UNOBSERVED, EventKind.RESIDENCY)
+_COPY_COUNT = np.array([bin(v & 0x7F).count("1") for v in range(256)], dtype=np.uint8)
 
 
-def _bit(processor: int) -> int:
-    return 1 if processor == HOST_ID else 1 << (processor + 1)
+_bit = bit
 
 
 @dataclass(frozen=True)
@@ -74,31 +93,69 @@ class ResidencyMap:
     size: int
     states: np.ndarray
     page_size: int = PAGE_SIZE
+    #: One bool per page: ReadMostly (such a page may have several copies); None where not known.
+    read_mostly: np.ndarray | None = None
 
     NOWHERE = NOWHERE
     HOST = HOST
     GPU = GPU
     BOTH = BOTH
+    UNKNOWN = UNKNOWN
 
     def counts(self) -> dict[str, int]:
-        """Pages by where their copies are: ``gpu`` (only), ``host`` (only), ``both``, ``nowhere``."""
-        on_host = (self.states & 1) != 0
-        on_gpu = (self.states & ~np.uint8(1)) != 0
+        """Pages by where their copies are: ``gpu`` (on one or more GPUs only), ``host`` (only), ``both``,
+        ``nowhere``, and ``unknown`` (whether a GPU holds them cannot be known; see :meth:`copies` for the
+        host's side of those). The five add up to the pages of the map."""
+        unknown = (self.states & UNKNOWN) != 0
+        on_host = ((self.states & HOST) != 0) & ~unknown
+        on_gpu = gpu_bits(self.states) != 0
         return {
             "gpu": int((on_gpu & ~on_host).sum()),
             "host": int((on_host & ~on_gpu).sum()),
             "both": int((on_host & on_gpu).sum()),
             "nowhere": int((self.states == 0).sum()),
+            "unknown": int(unknown.sum()),
         }
 
     def summary(self) -> dict[str, float]:
-        """Fractions of pages on the GPU only, the host only, both, and nowhere; they sum to 1."""
+        """Fractions of pages on the GPU only, the host only, both, nowhere, and unknown; they sum to 1."""
         n = max(len(self.states), 1)
         return {k: v / n for k, v in self.counts().items()}
 
+    def copies(self) -> dict[str, int]:
+        """Pages each processor is known to hold a copy of: ``{"host": n, "gpu:0": n, "gpu:1": n, ...}``.
+
+        A read-duplicated page counts once for each holder. Pages whose GPU side is unknown count for the
+        host where it holds them, and for no GPU. Processors holding nothing are left out.
+        """
+        out = {"host": int(((self.states & HOST) != 0).sum())}
+        for d in range(1, 7):
+            n = int(((self.states & np.uint8(1 << d)) != 0).sum())
+            if n:
+                out[f"gpu:{d - 1}"] = n
+        return {k: v for k, v in out.items() if v}
+
+    def runs(self) -> list[tuple[int, int, str]]:
+        """The map as runs of equal state: ``(first page, pages, state name)``, the name as
+        :func:`~uvm_lab.page_states.state_name` gives it (``"gpu:1"``, ``"host+unknown"`` ...)."""
+        states = self.states
+        if not len(states):
+            return []
+        edges = np.flatnonzero(np.diff(states)) + 1
+        starts = np.r_[0, edges]
+        lengths = np.diff(np.r_[starts, len(states)])
+        return [(int(a), int(n), state_name(int(states[a]))) for a, n in zip(starts.tolist(), lengths.tolist(),
+                                                                              strict=True)]
+
+    def categories(self) -> np.ndarray:
+        """Each page's category code, as views draw it (:func:`uvm_lab.page_states.categories`)."""
+        return categories(self.states)
+
     def __repr__(self) -> str:
-        parts = ", ".join(f"{k} {v:.1%}" for k, v in self.summary().items())
-        return f"<ResidencyMap {format_bytes(self.size)} at {self.address:#x}, {len(self.states)} pages: {parts}>"
+        parts = ", ".join(f"{k} {v:.1%}" for k, v in self.summary().items() if v or k != "unknown")
+        held = ", ".join(f"{k} {v}" for k, v in self.copies().items())
+        return (f"<ResidencyMap {format_bytes(self.size)} at {self.address:#x}, {len(self.states)} pages: {parts}"
+                f"{'; copies: ' + held if held else ''}>")
 
 
 class _Segment:
@@ -122,11 +179,18 @@ class _Segment:
 class ResidencyTracker:
     """Keeps the page states of every live segment by replaying the events published on a bus."""
 
-    def __init__(self, bus: EventBus | None = None) -> None:
+    def __init__(self, bus: EventBus | None = None, *, publishes_inferred: bool = False) -> None:
+        if not isinstance(publishes_inferred, bool):
+            raise InvalidArgumentError(f"publishes_inferred must be True or False, got {publishes_inferred!r}",
+                                       value=publishes_inferred, expected="a bool")
+        #: Whether this tracker publishes the migrations a completed, unmeasured prefetch implies. One
+        #: tracker per bus should (the process-wide one does), or they would be counted once per tracker.
+        self.publishes_inferred = publishes_inferred
         self._segments: dict[int, _Segment] = {}
         self._starts: list[int] = []
         self._table: tuple[np.ndarray, np.ndarray, np.ndarray, list[_Segment]] | None = None   # for bulk lookups
         self._lock = threading.Lock()
+        self._inferred: list[np.ndarray] = []   # migrations to publish once a batch is replayed
         self.bus = bus or get_bus()
         self.subscription = self.bus.subscribe(self.apply, kinds=_REPLAYED)
 
@@ -136,20 +200,27 @@ class ResidencyTracker:
     def apply(self, records: np.ndarray) -> None:
         """Replay ``records`` (in order) onto the page states."""
         with self._lock:
-            n = len(records)
-            bulk = _BULK[records["kind"]]
-            if n < _BULK_MIN or not bulk.any():
-                for rec in records.tolist():
+            self._inferred: list[np.ndarray] = []
+            self._replay(records)
+            inferred, self._inferred = self._inferred, []
+        if inferred:   # published outside the lock: this tracker hears them too (they change nothing)
+            self.bus.publish(np.concatenate(inferred))
+
+    def _replay(self, records: np.ndarray) -> None:
+        n = len(records)
+        bulk = _BULK[records["kind"]]
+        if n < _BULK_MIN or not bulk.any():
+            for rec in records.tolist():
+                self._apply_one(*rec)
+            return
+        # Runs of fault and migration records in bulk; everything else one by one.
+        edges = np.flatnonzero(np.diff(bulk.view(np.int8))) + 1
+        for a, b in zip(np.r_[0, edges].tolist(), np.r_[edges, n].tolist(), strict=True):
+            if bulk[a] and b - a >= _BULK_MIN:
+                self._apply_run(records[a:b])
+            else:
+                for rec in records[a:b].tolist():
                     self._apply_one(*rec)
-                return
-            # Runs of fault and migration records in bulk; everything else one by one.
-            edges = np.flatnonzero(np.diff(bulk.view(np.int8))) + 1
-            for a, b in zip(np.r_[0, edges].tolist(), np.r_[edges, n].tolist(), strict=True):
-                if bulk[a] and b - a >= _BULK_MIN:
-                    self._apply_run(records[a:b])
-                else:
-                    for rec in records[a:b].tolist():
-                        self._apply_one(*rec)
 
     def _lookup_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[_Segment]]:
         if self._table is None:
@@ -216,8 +287,7 @@ class ResidencyTracker:
             first = np.maximum(offset // PAGE_SIZE, 0)
             last = np.minimum(-(-(offset + nbytes[mine].astype(np.int64)) // PAGE_SIZE), npages)
             lo[mine], hi[mine] = first, last
-            dst = part["dst"][mine].astype(np.int64)
-            value[mine] = np.where(dst == HOST_ID, 1, np.left_shift(1, np.maximum(dst, 0) + 1)).astype(np.uint8)
+            value[mine] = bits(part["dst"][mine])
             # Faults: a no-op on a page that already holds data, unless copies must collapse.
             f = ~m
             if f.any():
@@ -241,8 +311,8 @@ class ResidencyTracker:
                 _paint(segs[si].state, lo[sel], hi[sel], value[sel])
         return k
 
-    def _apply_one(self, kind: int, flags: int, src: int, dst: int, _start: int, _end: int, address: int,
-                   nbytes: int, _value: int, alloc_id: int, _stream: int) -> None:
+    def _apply_one(self, kind: int, flags: int, src: int, dst: int, start: int, end: int, address: int,
+                   nbytes: int, value: int, alloc_id: int, stream: int) -> None:
         if kind == EventKind.SEGMENT_ALLOC:
             if address not in self._segments:
                 bisect.insort(self._starts, address)
@@ -272,7 +342,29 @@ class ResidencyTracker:
         elif kind == EventKind.INVALIDATE:
             st &= ~np.uint8(_bit(src))
         elif kind == EventKind.PREFETCH:
-            st[st == 0] = _bit(dst)
+            if flags & PREFETCH_IMPLIES_MOVES:
+                old = st.copy()
+                st[:] = prefetch_result(old, seg.read_mostly[sl], dst)
+                if self.publishes_inferred:
+                    self._inferred.append(moves(old, st, address=seg.address + sl.start * PAGE_SIZE,
+                                           cause=MigrationCause.USER_INFERRED, alloc_id=seg.id, start=start,
+                                           end=end, stream=stream))
+            else:
+                st[st == 0] = _bit(dst)
+        elif kind == EventKind.UNOBSERVED:
+            if flags == UnobservedCause.COLLAPSE:
+                several = (_COPY_COUNT[st] >= 2) | (((st & UNKNOWN) != 0) & ((st & HOST) != 0))
+                pref = seg.preferred[sl]
+                pref_bit = bits(pref)
+                kept = several & (pref != _NO_PREFERENCE) & ((st & pref_bit) != 0) & (pref_bit != UNKNOWN)
+                st[:] = np.where(kept, pref_bit, np.where(several, (st & HOST) | UNKNOWN, st))
+            elif flags == UnobservedCause.HOST:   # the host cannot reach GPU memory: it copies or moves pages in
+                duplicate = seg.read_mostly[sl] & (st != 0) & (value != AccessType.WRITE)
+                st[:] = np.where(duplicate, st | HOST, HOST)
+            else:
+                st[st != _bit(dst)] = (st[st != _bit(dst)] & HOST) | UNKNOWN
+        elif kind == EventKind.RESIDENCY:
+            st[:] = value & 0xFF
         elif kind in (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT):
             faulter = dst if kind == EventKind.GPU_PAGE_FAULT else HOST_ID
             pref = seg.preferred[sl]
@@ -280,8 +372,7 @@ class ResidencyTracker:
             # First touch: the preferred location if the faulter can reach it, else the faulter.
             # On x86 the CPU cannot reach GPU memory, so a CPU first touch always lands on the host.
             usable = (pref != _NO_PREFERENCE) & ((pref == HOST_ID) | (faulter != HOST_ID))
-            pref_bits = np.where(pref == HOST_ID, 1, np.left_shift(1, np.maximum(pref, 0) + 1))
-            st[untouched] = np.where(usable, pref_bits, _bit(faulter))[untouched].astype(np.uint8)
+            st[untouched] = np.where(usable, bits(pref), _bit(faulter))[untouched].astype(np.uint8)
             if flags in _WRITES:
                 st[(st & (st - 1)) != 0] = _bit(faulter)
             elif nbytes == 0 and flags == AccessType.UNKNOWN and faulter == HOST_ID and not untouched.any():
@@ -325,7 +416,8 @@ class ResidencyTracker:
             if seg is None or address + size > seg.address + seg.size:
                 raise InvalidArgumentError(f"no live allocation holds the range {address:#x} + {size} bytes",
                                            value=address, expected="the range of a live allocation")
-            return ResidencyMap(address, size, seg.state[seg.pages(address, size)].copy())
+            sl = seg.pages(address, size)
+            return ResidencyMap(address, size, seg.state[sl].copy(), read_mostly=seg.read_mostly[sl].copy())
 
     def segments(self) -> list[dict[str, Any]]:
         with self._lock:
@@ -358,7 +450,7 @@ def get_tracker() -> ResidencyTracker:
     global _tracker
     with _tracker_lock:
         if _tracker is None:
-            _tracker = ResidencyTracker()
+            _tracker = ResidencyTracker(publishes_inferred=True)
         return _tracker
 
 
@@ -374,3 +466,4 @@ def residency(buffer: Any) -> ResidencyMap:
 
 # ``ul.residency.GPU`` and friends, beside ``ul.residency(buf)``.
 residency.NOWHERE, residency.HOST, residency.GPU, residency.BOTH = NOWHERE, HOST, GPU, BOTH  # type: ignore[attr-defined]
+residency.UNKNOWN = UNKNOWN  # type: ignore[attr-defined]

@@ -4,23 +4,47 @@
  * It lists the kernel's live allocations, draws each one's residency map on a canvas (one pixel
  * per page or per cell of pages, scaled up crisp), and offers the controls for the selected
  * allocation. It only renders and sends commands; the kernel's answer is what it shows.
- * Each map carries the page counts it drew in data attributes (`data-gpu-pages` …), so a test
- * can compare the picture with the kernel's own residency.
+ * A residency byte is a category code (`CATEGORY_NAMES`), coloured from `PALETTE`, the
+ * dashboard's colours. Each map carries the pages it drew per category in data attributes
+ * (`data-gpu0-pages`, `data-host-pages`, `data-unknown-pages` …), so a test can compare the
+ * picture with the kernel's own residency.
  */
 
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { ConnectionState, IAllocation, UvmLabModel } from './model';
-import { BOTH, GPU, HOST, Location, NOWHERE, Result } from './protocol';
+import { PALETTE } from './palette';
+import { CATEGORY_NAMES, CategoryName, Location, PageCounts, Result } from './protocol';
 
-/** State number -> the name used in CSS variables, data attributes and the legend. */
-const STATES: ReadonlyArray<{ state: number; key: 'gpu' | 'host' | 'both' | 'nowhere'; label: string }> = [
-  { state: GPU, key: 'gpu', label: 'GPU' },
-  { state: HOST, key: 'host', label: 'Host' },
-  { state: BOTH, key: 'both', label: 'Both (read-duplicated)' },
-  { state: NOWHERE, key: 'nowhere', label: 'Nowhere (not populated)' }
-];
+/** What the legend and the counts call each category. */
+const LABELS: Readonly<Record<CategoryName, string>> = {
+  nowhere: 'Nowhere (not populated)',
+  host: 'Host',
+  both: 'Both (read-duplicated)',
+  unknown: 'Unknown (whether a GPU holds it)',
+  gpus: 'GPUs (several)',
+  'gpu:0': 'GPU 0',
+  'gpu:1': 'GPU 1',
+  'gpu:2': 'GPU 2',
+  'gpu:3': 'GPU 3',
+  'gpu:4': 'GPU 4',
+  'gpu:5': 'GPU 5'
+};
+
+const GPU_CATEGORIES = CATEGORY_NAMES.filter(name => name.startsWith('gpu:'));
+
+/** The order the legend and the counts list categories in: the GPUs, then the host, both, and no known copy. */
+const DISPLAY_ORDER: ReadonlyArray<CategoryName> = [...GPU_CATEGORIES, 'gpus', 'host', 'both', 'unknown', 'nowhere'];
+
+/** Listed on every device, whatever its GPUs. */
+const ALWAYS_SHOWN: ReadonlyArray<CategoryName> = ['host', 'both', 'unknown', 'nowhere'];
+
+/** A code the panel cannot name (a newer kernel's) is drawn as what it is to us: unknown. */
+const UNKNOWN_CODE = CATEGORY_NAMES.indexOf('unknown');
+
+/** Every category's colour as RGBA bytes, by code. */
+const COLOURS = paletteBytes();
 
 export class UvmLabPanel extends Widget {
   constructor(model: UvmLabModel) {
@@ -99,29 +123,25 @@ export class UvmLabPanel extends Widget {
     retry.addEventListener('click', () => void this.model.attach());
     this._notice.append(this._noticeText, retry);
 
-    const legend = div('jp-UvmLab-legend');
-    for (const { key, label } of STATES) {
-      const item = document.createElement('span');
-      item.className = 'jp-UvmLab-legendItem';
-      const swatch = document.createElement('span');
-      swatch.className = `jp-UvmLab-swatch jp-UvmLab-swatch-${key}`;
-      item.append(swatch, document.createTextNode(label));
-      legend.append(item);
-    }
+    this._legend = div('jp-UvmLab-legend');
 
     this._controls = div('jp-UvmLab-controls');
     this._selectedLine = div('jp-UvmLab-selected');
     const row = div('jp-UvmLab-buttons');
-    this._toGpu = button('Prefetch to GPU', 'jp-mod-accept');
-    this._toHost = button('Prefetch to host', 'jp-mod-accept');
+    // Where to prefetch: the host and each GPU of the device (filled in once the kernel says how many).
+    this._destination = document.createElement('select');
+    this._destination.className = 'jp-UvmLab-destination';
+    this._destination.setAttribute('aria-label', 'Prefetch destination');
+    this._destination.title = 'Where a prefetch sends the selected allocation';
+    this._prefetchButton = button('Prefetch', 'jp-mod-accept');
+    this._prefetchButton.title = 'cudaMemPrefetchAsync: move the pages to the chosen place';
     this._readMostly = button('ReadMostly', 'jp-UvmLab-toggle');
     this._readMostly.setAttribute('role', 'switch');
     this._readMostly.setAttribute('aria-checked', 'false');
     this._readMostly.title = 'cudaMemAdviseSetReadMostly: reads duplicate pages instead of moving them';
-    this._toGpu.addEventListener('click', () => this._prefetch('gpu'));
-    this._toHost.addEventListener('click', () => this._prefetch('host'));
+    this._prefetchButton.addEventListener('click', () => this._prefetch(this._destination.value as Location));
     this._readMostly.addEventListener('click', () => this._toggleReadMostly());
-    row.append(this._toGpu, this._toHost, this._readMostly);
+    row.append(this._destination, this._prefetchButton, this._readMostly);
     this._controls.append(this._selectedLine, row);
 
     this._list = document.createElement('ul');
@@ -132,7 +152,7 @@ export class UvmLabPanel extends Widget {
     this._status = div('jp-UvmLab-status');
     this._status.setAttribute('role', 'status');
 
-    this.node.append(header, this._notice, legend, this._controls, this._list, this._empty, this._status);
+    this.node.append(header, this._notice, this._legend, this._controls, this._list, this._empty, this._status);
   }
 
   // --- rendering --------------------------------------------------------------------------------
@@ -146,6 +166,7 @@ export class UvmLabPanel extends Widget {
     }
     this._kernelLine.textContent = parts.join(' · ');
     this.node.dataset.state = model.state;
+    this._renderLegend();
 
     const showNotice = model.state === 'not-loaded' || model.state === 'no-kernel';
     this._notice.hidden = !showNotice;
@@ -167,7 +188,6 @@ export class UvmLabPanel extends Widget {
     if (this._selected === null && allocations.size) {
       this._selected = allocations.keys().next().value ?? null;
     }
-    const palette = this._palette();
     let previous: HTMLElement | null = null;
     for (const [id, allocation] of allocations) {
       let item = this._items.get(id);
@@ -182,8 +202,8 @@ export class UvmLabPanel extends Widget {
         this._list.insertBefore(item, expected);
       }
       previous = item;
-      if (fresh || this._dirtyAll || this._dirty.has(id) || palette.changed) {
-        renderItem(item, allocation, palette.colours);
+      if (fresh || this._dirtyAll || this._dirty.has(id)) {
+        renderItem(item, allocation);
       }
       item.classList.toggle('jp-mod-selected', id === this._selected);
       item.setAttribute('aria-selected', String(id === this._selected));
@@ -203,12 +223,63 @@ export class UvmLabPanel extends Widget {
       ? `Selected: ${selected.info.label} (#${selected.info.id}, ${formatBytes(selected.info.size)})`
       : 'Select an allocation.';
     const managed = !!selected && selected.info.is_managed;
-    this._toGpu.disabled = !usable || !managed;
-    this._toHost.disabled = !usable || !managed;
+    this._renderDestinations();
+    this._destination.disabled = !usable || !managed;
+    this._prefetchButton.disabled = !usable || !managed;
     this._readMostly.disabled = !usable || !managed;
     const on = !!selected && selected.info.advice.read_mostly;
     this._readMostly.setAttribute('aria-checked', String(on));
     this._readMostly.classList.toggle('jp-mod-active', on);
+  }
+
+  /** The legend: each GPU of the device, the other categories, and any category that holds pages. */
+  private _renderLegend(): void {
+    const present = new Set<CategoryName>();
+    for (const { info } of this.model.allocations.values()) {
+      nonZero(info.counts).forEach(name => present.add(name));
+    }
+    const shown = shownCategories(this._deviceCount(), present);
+    const spec = shown.join('|');
+    if (spec === this._legendSpec) {
+      return;
+    }
+    this._legendSpec = spec;
+    this._legend.replaceChildren(
+      ...shown.map(name => {
+        const item = document.createElement('span');
+        item.className = 'jp-UvmLab-legendItem';
+        item.dataset.category = name;
+        const swatch = document.createElement('span');
+        swatch.className = 'jp-UvmLab-swatch';
+        swatch.style.background = PALETTE[name];
+        item.append(swatch, document.createTextNode(LABELS[name]));
+        return item;
+      })
+    );
+  }
+
+  /** The prefetch destinations: one per GPU of the device, then the host; the choice is kept. */
+  private _renderDestinations(): void {
+    const gpus = GPU_CATEGORIES.slice(0, Math.min(this._deviceCount(), GPU_CATEGORIES.length));
+    const locations = [...gpus, 'host'];
+    if (locations.join('|') === [...this._destination.options].map(o => o.value).join('|')) {
+      return;
+    }
+    const chosen = this._destination.value;
+    this._destination.replaceChildren(
+      ...locations.map(location => {
+        const option = document.createElement('option');
+        option.value = location;
+        option.textContent = LABELS[location as CategoryName];
+        return option;
+      })
+    );
+    this._destination.value = locations.includes(chosen) ? chosen : locations[0];
+  }
+
+  private _deviceCount(): number {
+    // Until the kernel says, assume the usual one GPU.
+    return this.model.device?.device_count ?? 1;
   }
 
   private _makeItem(id: number): HTMLLIElement {
@@ -240,7 +311,7 @@ export class UvmLabPanel extends Widget {
   private _prefetch(location: Location): void {
     const selected = this._selectedAllocation();
     if (selected) {
-      const where = location === 'gpu' ? 'the GPU' : 'the host';
+      const where = location === 'host' ? 'the host' : LABELS[location as CategoryName] ?? location;
       void this._run(`Prefetching ${selected.info.label} to ${where}…`, `Prefetched ${selected.info.label} to ${where}.`, () =>
         this.model.prefetch(selected.info.id, location)
       );
@@ -276,26 +347,14 @@ export class UvmLabPanel extends Widget {
     return this._selected === null ? undefined : this.model.allocations.get(this._selected);
   }
 
-  /** The four state colours from the theme, as RGBA; `changed` when the theme moved them. */
-  private _palette(): { colours: Uint8ClampedArray; changed: boolean } {
-    const style = getComputedStyle(this.node);
-    const spec = STATES.map(s => style.getPropertyValue(`--uvm-lab-${s.key}`).trim()).join('|');
-    const changed = spec !== this._paletteSpec;
-    if (changed) {
-      this._paletteSpec = spec;
-      this._colours = new Uint8ClampedArray(4 * 4);
-      STATES.forEach((s, i) => this._colours.set(cssToRgba(spec.split('|')[i]), 4 * s.state));
-    }
-    return { colours: this._colours, changed };
-  }
-
   private _kernelLine!: HTMLElement;
   private _notice!: HTMLElement;
   private _noticeText!: HTMLElement;
+  private _legend!: HTMLElement;
   private _controls!: HTMLElement;
   private _selectedLine!: HTMLElement;
-  private _toGpu!: HTMLButtonElement;
-  private _toHost!: HTMLButtonElement;
+  private _destination!: HTMLSelectElement;
+  private _prefetchButton!: HTMLButtonElement;
   private _readMostly!: HTMLButtonElement;
   private _list!: HTMLUListElement;
   private _empty!: HTMLElement;
@@ -307,12 +366,11 @@ export class UvmLabPanel extends Widget {
   private _busy = false;
   private _lastAction: string | null = null;
   private _shownState: ConnectionState | null = null;
-  private _paletteSpec = '';
-  private _colours = new Uint8ClampedArray(16);
+  private _legendSpec = '';
 }
 
 /** Draw one allocation's entry: its title line, its map, its counts and data attributes. */
-function renderItem(item: HTMLElement, allocation: IAllocation, colours: Uint8ClampedArray): void {
+function renderItem(item: HTMLElement, allocation: IAllocation): void {
   const { info, cells } = allocation;
   const head = item.querySelector('.jp-UvmLab-allocationHead') as HTMLElement;
   const advice: string[] = [];
@@ -338,29 +396,30 @@ function renderItem(item: HTMLElement, allocation: IAllocation, colours: Uint8Cl
   head.append(name, size);
 
   const map = item.querySelector('canvas') as HTMLCanvasElement;
-  const drawn = drawMap(map, cells, info.pages, info.cell_pages, colours);
+  const drawn = drawMap(map, cells, info.pages, info.cell_pages);
   const data = map.dataset;
   data.allocId = String(info.id);
   data.label = info.label;
   data.pages = String(info.pages);
   data.cells = String(cells.length);
   data.cellPages = String(info.cell_pages);
-  data.gpuPages = String(drawn[GPU]);
-  data.hostPages = String(drawn[HOST]);
-  data.bothPages = String(drawn[BOTH]);
-  data.nowherePages = String(drawn[NOWHERE]);
+  // Every category, drawn or not: `data-gpu0-pages`, `data-gpus-pages`, `data-unknown-pages` …
+  CATEGORY_NAMES.forEach((name, code) => (data[`${name.replace(':', '')}Pages`] = String(drawn[code])));
   data.readMostly = String(info.advice.read_mostly);
   data.revision = String(allocation.revision);
   map.setAttribute('role', 'img');
+  const present = nonZero(info.counts);
   map.setAttribute(
     'aria-label',
-    `Residency of ${info.label}: ${STATES.map(s => `${drawn[s.state]} pages ${s.label}`).join(', ')}`
+    `Residency of ${info.label}: ` +
+      (present.map(name => `${drawn[CATEGORY_NAMES.indexOf(name)]} pages ${LABELS[name]}`).join(', ') || 'no pages')
   );
 
+  // The exact share of each category that holds pages (the cells may be coarser than pages).
   const counts = item.querySelector('.jp-UvmLab-counts') as HTMLElement;
   const total = Math.max(info.pages, 1);
-  counts.textContent = STATES.filter(s => info.counts[s.key] > 0)
-    .map(s => `${s.label.split(' ')[0]} ${((100 * info.counts[s.key]) / total).toFixed(1)}%`)
+  counts.textContent = present
+    .map(name => `${LABELS[name].split(' (')[0]} ${((100 * info.counts[name]) / total).toFixed(1)}%`)
     .join(' · ');
   if (info.cell_pages > 1) {
     counts.textContent += ` · 1 pixel = ${info.cell_pages} pages`;
@@ -368,16 +427,11 @@ function renderItem(item: HTMLElement, allocation: IAllocation, colours: Uint8Cl
 }
 
 /**
- * Paint `cells` into `canvas`, one pixel each, row by row, and return how many pages it drew
- * in each state (a cell stands for `cellPages` pages; the last one for what is left).
+ * Paint `cells` (category codes) into `canvas`, one pixel each, row by row, and return how many
+ * pages it drew in each category, by code (a cell stands for `cellPages` pages; the last one for
+ * what is left).
  */
-function drawMap(
-  canvas: HTMLCanvasElement,
-  cells: Uint8Array,
-  pages: number,
-  cellPages: number,
-  colours: Uint8ClampedArray
-): number[] {
+function drawMap(canvas: HTMLCanvasElement, cells: Uint8Array, pages: number, cellPages: number): number[] {
   const n = cells.length;
   // Wide rather than tall: about 8 columns per row, at most 256 pixels across.
   const cols = Math.min(256, Math.max(8, Math.ceil(Math.sqrt(n * 8))));
@@ -386,14 +440,14 @@ function drawMap(
     canvas.width = cols;
     canvas.height = rows;
   }
-  const counts = [0, 0, 0, 0];
+  const counts = new Array<number>(CATEGORY_NAMES.length).fill(0);
   const ctx = canvas.getContext('2d');
   const image = ctx ? ctx.createImageData(cols, rows) : null;
   for (let i = 0; i < n; i++) {
-    const state = cells[i] & 3;
-    counts[state] += i === n - 1 ? pages - cellPages * (n - 1) : cellPages;
+    const code = cells[i] < CATEGORY_NAMES.length ? cells[i] : UNKNOWN_CODE;
+    counts[code] += i === n - 1 ? pages - cellPages * (n - 1) : cellPages;
     if (image) {
-      image.data.set(colours.subarray(4 * state, 4 * state + 4), 4 * i);
+      image.data.set(COLOURS.subarray(4 * code, 4 * code + 4), 4 * i);
     }
   }
   if (ctx && image) {
@@ -402,17 +456,33 @@ function drawMap(
   return counts;
 }
 
-/** Any CSS colour as RGBA bytes, by letting a 1x1 canvas parse it. */
-function cssToRgba(colour: string): number[] {
-  const canvas = document.createElement('canvas');
-  canvas.width = canvas.height = 1;
-  const ctx = canvas.getContext('2d', { willReadFrequently: true });
-  if (!ctx || !colour) {
-    return [128, 128, 128, 255];
+/** The categories that hold pages, in display order. */
+function nonZero(counts: PageCounts): CategoryName[] {
+  return DISPLAY_ORDER.filter(name => counts[name] > 0);
+}
+
+/**
+ * The categories the legend lists for a device of `deviceCount` GPUs: each GPU, "gpus" where there
+ * are two or more, host, both, unknown and nowhere; and any other in `present`. As the dashboard's
+ * `shown_categories`.
+ */
+function shownCategories(deviceCount: number, present: ReadonlySet<CategoryName>): CategoryName[] {
+  const gpus = Math.min(Math.max(deviceCount, 0), GPU_CATEGORIES.length);
+  const wanted = new Set<CategoryName>([...present, ...GPU_CATEGORIES.slice(0, gpus), ...ALWAYS_SHOWN]);
+  if (gpus > 1) {
+    wanted.add('gpus');
   }
-  ctx.fillStyle = colour;
-  ctx.fillRect(0, 0, 1, 1);
-  return Array.from(ctx.getImageData(0, 0, 1, 1).data);
+  return DISPLAY_ORDER.filter(name => wanted.has(name));
+}
+
+/** `PALETTE` as RGBA bytes, four per category code. */
+function paletteBytes(): Uint8ClampedArray {
+  const bytes = new Uint8ClampedArray(4 * CATEGORY_NAMES.length);
+  CATEGORY_NAMES.forEach((name, code) => {
+    const hex = PALETTE[name];
+    bytes.set([1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16)).concat(255), 4 * code);
+  });
+  return bytes;
 }
 
 export function formatBytes(n: number): string {

@@ -6,19 +6,34 @@
  * module's docstring for the full story; in short, the panel sends only `Command`s, the kernel
  * answers each with a `Result`, and pushes `Snapshot`, `Update` and `Removed`. Residency comes
  * as binary buffers, the i-th buffer for `allocations[i]`, one byte per page or per cell of
- * `cell_pages` pages.
+ * `cell_pages` pages: the code of the page's (or most of the cell's pages') category.
  */
 
 export const COMM_TARGET = 'uvm_lab';
-export const PROTOCOL_VERSION = 1;
+export const PROTOCOL_VERSION = 2;
 
-/** Page states, as in `uvm_lab.residency`: bit 1 a copy on the host, bit 2 one on the GPU. */
-export const NOWHERE = 0;
-export const HOST = 1;
-export const GPU = 2;
-export const BOTH = 3;
+/**
+ * The page categories by code, as `uvm_lab.page_states.CATEGORY_NAMES`: a residency byte indexes
+ * this list. The kernel sorts pages into them; the panel never sees a page state's bits.
+ */
+export const CATEGORY_NAMES = [
+  'nowhere',
+  'host',
+  'both',
+  'unknown',
+  'gpus',
+  'gpu:0',
+  'gpu:1',
+  'gpu:2',
+  'gpu:3',
+  'gpu:4',
+  'gpu:5'
+] as const;
 
-export type Location = 'gpu' | 'host';
+export type CategoryName = (typeof CATEGORY_NAMES)[number];
+
+/** "host", "gpu" (the current device) or "gpu:N"; whether GPU N exists, the kernel answers. */
+export type Location = 'host' | 'gpu' | `gpu:${number}`;
 export type AdviceName = 'read_mostly' | 'preferred_location' | 'accessed_by';
 
 // --- front end -> kernel ----------------------------------------------------------------------
@@ -59,11 +74,19 @@ export type AdviceState = {
   accessed_by: string[];
 };
 
+/** Pages per category, every one of `CATEGORY_NAMES` (zero included), exact even when cells are coarser. */
 export type PageCounts = {
-  gpu: number;
+  nowhere: number;
   host: number;
   both: number;
-  nowhere: number;
+  unknown: number;
+  gpus: number;
+  'gpu:0': number;
+  'gpu:1': number;
+  'gpu:2': number;
+  'gpu:3': number;
+  'gpu:4': number;
+  'gpu:5': number;
 };
 
 export type AllocationInfo = {
@@ -80,6 +103,7 @@ export type AllocationInfo = {
 
 export type DeviceInfo = {
   backend: string;
+  device_count: number;
   free: number;
   total: number;
 };

@@ -4,8 +4,8 @@ A JupyterLab server starts on a free localhost port with a token, in a temporary
 notebook written here; Debian's Chromium (never a downloaded one) is driven by Playwright. The test
 opens the panel before the kernel has loaded uvm_lab (the panel says so), runs the notebook's first
 cell (``%load_ext uvm_lab``, allocate, prefetch to the GPU), and checks the map against the kernel:
-what is drawn (the map's ``data-*-pages`` attributes), what a cell prints from ``ul.residency``, and
-what the buttons change.
+what is drawn, per page category (the map's ``data-*-pages`` attributes), what a cell prints from
+``ul.residency``, the legend's colours, and what the controls change.
 """
 
 from __future__ import annotations
@@ -23,6 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from uvm_lab.jupyter.palette import PALETTE
+from uvm_lab.page_states import CATEGORY_NAMES
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -36,7 +39,8 @@ CHROMIUM_ARGS = [
 ]
 REPO = Path(__file__).resolve().parents[2]
 LABEXTENSION = REPO / "uvm_lab" / "labextension"
-SCREENSHOT = REPO / "docs" / "images" / "panel.png"
+# Beside the failure screenshot, never over the README's picture: tests do not write tracked files.
+SCREENSHOT = REPO / "test-artifacts" / "panel.png"
 WAIT_MS = 30_000  # any one thing the page must do
 PAGES = 64 * 1024 * 1024 // 4096  # the "weights" buffer below
 
@@ -53,7 +57,11 @@ print("ready", buf.id)"""
 
 STATE = """\
 import json
-print("STATE", json.dumps({b.label: {**ul.residency(b).counts(), "read_mostly": b.read_mostly} for b in (buf, act)}))"""
+from uvm_lab.page_states import CATEGORY_NAMES
+def pages(b):
+    codes = ul.residency(b).categories()
+    return {name: int((codes == code).sum()) for code, name in enumerate(CATEGORY_NAMES)}
+print("STATE", json.dumps({b.label: {**pages(b), "read_mostly": b.read_mostly} for b in (buf, act)}))"""
 
 READ_ON_GPU = """ul.touch(buf, on="gpu", mode="read"); print("touched")"""
 
@@ -178,15 +186,24 @@ def _run_cell(page, index: int, expect: str) -> str:
     return "\n".join(output.all_inner_texts())
 
 
+NO_PAGES = dict.fromkeys(CATEGORY_NAMES, 0)
+
+
 def _kernel_state(page) -> dict:
-    """What the kernel says, printed by a cell: ``ul.residency(b).counts()`` and ``b.read_mostly`` per buffer."""
+    """What the kernel says, printed by a cell: ``ul.residency(b)``'s pages per category and ``b.read_mostly``,
+    per buffer."""
     text = _run_cell(page, 1, "STATE")
     return json.loads(re.search(r"STATE (\{.*\})", text).group(1))
 
 
 def _drawn(attrs: dict) -> dict:
-    """The page counts a map drew, in ``ResidencyMap.counts()`` form."""
-    return {k: int(attrs[f"{k}Pages"]) for k in ("gpu", "host", "both", "nowhere")}
+    """The pages a map drew per category (``data-gpu0-pages`` ... ``data-unknown-pages``), by category name."""
+    return {name: int(attrs[f"{name.replace(':', '')}Pages"]) for name in CATEGORY_NAMES}
+
+
+def _rgb(colour: str) -> str:
+    """A ``#rrggbb`` colour as the browser's computed style spells it."""
+    return "rgb({}, {}, {})".format(*(int(colour[i:i + 2], 16) for i in (1, 3, 5)))
 
 
 def _wait_for_map(page, label: str, **attrs: str) -> dict:
@@ -219,24 +236,36 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
 
         # Running the cell that loads it attaches the panel (it retries after each execution).
         assert "ready" in _run_cell(page, 0, "ready")
-        drawn = _wait_for_map(page, "weights", **{"gpu-pages": PAGES})
+        drawn = _wait_for_map(page, "weights", **{"gpu0-pages": PAGES})
         assert notice.is_hidden()
         assert drawn["pages"] == drawn["cells"] == str(PAGES) and drawn["cellPages"] == "1"
-        assert (drawn["hostPages"], drawn["bothPages"], drawn["nowherePages"]) == ("0", "0", "0")
+        assert _drawn(drawn) == {**NO_PAGES, "gpu:0": PAGES}
         kernel = _kernel_state(page)
-        assert kernel["weights"] == {"gpu": PAGES, "host": 0, "both": 0, "nowhere": 0, "read_mostly": False}
+        assert kernel["weights"] == {**NO_PAGES, "gpu:0": PAGES, "read_mostly": False}
+        weights_item = panel.locator(".jp-UvmLab-allocation", has=page.locator('[data-label="weights"]'))
+        assert weights_item.locator(".jp-UvmLab-counts").inner_text() == "GPU 0 100.0%"
 
-        # The second allocation's map draws exactly the kernel's mixture of states.
+        # The legend names the device's one GPU and "unknown", each in the palette's colour.
+        legend = panel.locator(".jp-UvmLab-legendItem")
+        assert legend.evaluate_all("els => els.map(e => e.dataset.category)") == [
+            "gpu:0", "host", "both", "unknown", "nowhere"]
+        swatches = legend.evaluate_all("els => els.map(e => getComputedStyle(e.firstChild).backgroundColor)")
+        assert swatches == [_rgb(PALETTE[name]) for name in ("gpu:0", "host", "both", "unknown", "nowhere")]
+
+        # The second allocation's map draws exactly the kernel's mixture of categories.
         mixed = _drawn(_wait_for_map(page, "activations"))
         assert mixed == {k: v for k, v in kernel["activations"].items() if k != "read_mostly"}
-        assert mixed["gpu"] and mixed["host"] and mixed["nowhere"]
+        assert mixed["gpu:0"] and mixed["host"] and mixed["nowhere"]
 
-        # "Prefetch to host" on the selected allocation (the first one) moves it in the kernel ...
+        # Prefetching the selected allocation (the first one) to the host moves it in the kernel ...
         assert panel.locator(".jp-UvmLab-selected").inner_text().startswith("Selected: weights")
-        panel.get_by_role("button", name="Prefetch to host").click()
+        destination = panel.get_by_label("Prefetch destination")
+        assert destination.evaluate("el => [...el.options].map(o => o.value)") == ["gpu:0", "host"]  # one per GPU
+        destination.select_option("host")
+        panel.get_by_role("button", name="Prefetch", exact=True).click()
         drawn = _wait_for_map(page, "weights", **{"host-pages": PAGES})
-        assert drawn["gpuPages"] == "0"
-        on_host = {"gpu": 0, "host": PAGES, "both": 0, "nowhere": 0, "read_mostly": False}
+        assert drawn["gpu0Pages"] == "0"
+        on_host = {**NO_PAGES, "host": PAGES, "read_mostly": False}
         assert _kernel_state(page)["weights"] == on_host
         panel.locator(".jp-UvmLab-status").filter(has_text="Prefetched weights to the host").wait_for(timeout=WAIT_MS)
 
@@ -251,10 +280,10 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
         # A cell that reads it on the GPU now duplicates the pages; the map follows on its own.
         _run_cell(page, 2, "touched")
         drawn = _wait_for_map(page, "weights", **{"both-pages": PAGES})
-        assert _kernel_state(page)["weights"] == {"gpu": 0, "host": 0, "both": PAGES, "nowhere": 0, "read_mostly": True}
-        assert _drawn(drawn) == {"gpu": 0, "host": 0, "both": PAGES, "nowhere": 0}
+        assert _kernel_state(page)["weights"] == {**NO_PAGES, "both": PAGES, "read_mostly": True}
+        assert _drawn(drawn) == {**NO_PAGES, "both": PAGES}
 
-        # The picture for the docs: the sidebar widened, beside the notebook that drove it.
+        # A picture for the docs: the sidebar widened, beside the notebook that drove it.
         handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first
         box = handle.bounding_box()
         if box:
@@ -295,7 +324,7 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
         notice.filter(has_text="%load_ext uvm_lab").wait_for(state="visible", timeout=WAIT_MS)
         assert page.locator(".jp-UvmLab-map").count() == 0
         _run_cell(page, 0, "ready")
-        drawn = _wait_for_map(page, "weights", **{"gpu-pages": PAGES})
+        drawn = _wait_for_map(page, "weights", **{"gpu0-pages": PAGES})
         assert drawn["readMostly"] == "false"
         assert errors == []
     except Exception:

@@ -28,8 +28,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def cuda(sim_backend):
-    """The real GPU as the current backend (after the conftest's simulated one)."""
-    backend = ul.use_backend("cuda")
+    """The real GPU as the current backend (after the conftest's simulated one), with no host watcher
+    publishing on its own thread: tests that want it start it, or run its rounds themselves."""
+    backend = ul.use_backend("cuda", watch=False)
     yield backend
     for buf in ul.live_buffers():
         if buf.mr.backend is backend:

@@ -144,7 +144,9 @@ def test_the_issue_walkthrough_on_the_gpu(cuda):
     with ul.record() as trace:
         ul.touch(a, on="host", mode="write")
     assert host_resident(a.ptr, a.size).all()
-    assert len(trace) == 0 or set(trace.to_pandas().kind) <= {"htod", "dtoh", "cpu_page_fault", "gpu_page_fault"}
+    # Tracing is off: the backend says what it knows (host code wrote every page: only the host holds them).
+    assert set(trace.to_pandas().kind) == {"unobserved"}
+    assert ul.residency(a).counts()["host"] == a.size // 4096
 
 
 def test_cuda_async_memory_resource_on_the_gpu(cuda):

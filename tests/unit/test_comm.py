@@ -14,8 +14,12 @@ import uvm_lab as ul
 from uvm_lab.jupyter import comm as lab_comm
 from uvm_lab.jupyter.comm import PanelSession, register_comm_target
 from uvm_lab.jupyter.protocol import CELL_LIMIT
+from uvm_lab.page_states import CATEGORY_NAMES, categories
 
 PAGE = 4096
+# Category codes on the wire (page_states.CATEGORY_NAMES), spelled out.
+NOWHERE, HOST, BOTH, UNKNOWN, GPUS, GPU0, GPU1 = 0, 1, 2, 3, 4, 5, 6
+NO_PAGES = dict.fromkeys(CATEGORY_NAMES, 0)
 
 
 class RecordingComm:
@@ -72,10 +76,15 @@ def session(device):
     s.close()
 
 
-def folded(buf):
-    """What the panel should draw for ``buf``: ul.residency's states, one byte per page."""
-    states = ul.residency(buf).states
-    return ((states & 1) + 2 * ((states & ~np.uint8(1)) != 0)).astype(np.uint8).tobytes()
+def drawn(buf):
+    """What the panel should draw for ``buf``: the category of each page of ul.residency, one byte per page."""
+    return categories(ul.residency(buf).states).tobytes()
+
+
+def exact_counts(buf):
+    """``ul.residency(buf)``'s pages per category, every category."""
+    codes = ul.residency(buf).categories()
+    return {name: int((codes == code).sum()) for code, name in enumerate(CATEGORY_NAMES)}
 
 
 def allocation(message, buf):
@@ -94,19 +103,20 @@ def test_hello_sends_a_snapshot_with_binary_residency_matching_ul_residency(sess
     (snapshot, buffers), (result, _) = session.comm.messages
     assert result == {"type": "result", "seq": 1, "command": "hello", "ok": True, "error": None}
     assert snapshot["type"] == "snapshot"
-    assert snapshot["version"] == 1 and snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
-    assert snapshot["device"] == {"backend": "sim", "free": device.mem_info()[0], "total": 1 << 30}
+    assert snapshot["version"] == 2 and snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
+    assert snapshot["device"] == {"backend": "sim", "device_count": 1, "free": device.mem_info()[0], "total": 1 << 30}
     assert [x["id"] for x in snapshot["allocations"]] == [a.id, b.id]
     assert len(buffers) == 2
     for buf in (a, b):
         info, cells = allocation((snapshot, buffers), buf)
-        assert cells == folded(buf)
-        assert info["counts"] == ul.residency(buf).counts()
+        assert cells == drawn(buf)
+        assert info["counts"] == exact_counts(buf)
         assert info["pages"] == info["cells"] == buf.size // PAGE and info["cell_pages"] == 1
         assert info["label"] == buf.label and info["size"] == buf.size and info["is_managed"] is True
         assert info["advice"] == {"read_mostly": False, "preferred_location": None, "accessed_by": []}
-    assert allocation((snapshot, buffers), a)[0]["counts"]["gpu"] == 2048
-    assert allocation((snapshot, buffers), b)[0]["counts"]["host"] == 512
+    assert allocation((snapshot, buffers), a)[0]["counts"] == {**NO_PAGES, "gpu:0": 2048}
+    assert allocation((snapshot, buffers), b)[0]["counts"] == {**NO_PAGES, "host": 512}
+    assert allocation((snapshot, buffers), a)[1] == bytes([GPU0]) * 2048
 
 
 def test_residency_never_travels_as_a_json_list(session, device):
@@ -123,7 +133,7 @@ def test_residency_never_travels_as_a_json_list(session, device):
         return []
 
     assert max(lists(snapshot)) < 256  # no page array hides in the JSON: 256 pages went as bytes
-    assert buffers == [folded(buf)] == [bytes([2]) * 256]
+    assert buffers == [drawn(buf)] == [bytes([GPU0]) * 256]
 
 
 def test_prefetch_changes_the_buffer_and_the_update_follows_before_the_result(session, device):
@@ -137,14 +147,50 @@ def test_prefetch_changes_the_buffer_and_the_update_follows_before_the_result(se
     (update, buffers), (sent_result, _) = session.comm.messages
     assert sent_result is result
     assert update["type"] == "update" and [a["id"] for a in update["allocations"]] == [buf.id]
-    assert buffers[0] == folded(buf) == bytes([2]) * 1024
+    assert buffers[0] == drawn(buf) == bytes([GPU0]) * 1024
 
     session.comm.clear()
     session.handle({"type": "prefetch", "seq": 3, "id": buf.id, "location": "host"})
     assert ul.residency(buf).counts()["host"] == 1024
     update, buffers = session.comm.of_type("update")[0]
-    assert buffers[0] == folded(buf) == bytes([1]) * 1024
-    assert update["allocations"][0]["counts"] == {"gpu": 0, "host": 1024, "both": 0, "nowhere": 0}
+    assert buffers[0] == drawn(buf) == bytes([HOST]) * 1024
+    assert update["allocations"][0]["counts"] == {**NO_PAGES, "host": 1024}
+
+
+def test_prefetch_to_a_named_gpu(session, device):
+    buf = ul.DeviceBuffer(size="1MiB", label="x")
+    buf.prefetch("host")
+    session.handle({"type": "hello", "seq": 1})
+    session.comm.clear()
+    result = session.handle({"type": "prefetch", "seq": 2, "id": buf.id, "location": "gpu:0"})
+    assert result["ok"] is True
+    assert ul.residency(buf).copies() == {"gpu:0": 256}
+    update, buffers = session.comm.of_type("update")[0]
+    assert buffers == [bytes([GPU0]) * 256]
+    assert update["allocations"][0]["counts"] == {**NO_PAGES, "gpu:0": 256}
+
+
+def test_every_category_travels_apart_with_exact_counts(session, device, monkeypatch):
+    """Pages on gpu:0, gpu:1, the host, both, unknown and nowhere: each its own code, each counted.
+
+    The simulator has one GPU and never loses track of a page, so the map is made here and handed to the
+    session as the kernel's residency."""
+    buf = ul.DeviceBuffer(size="40KiB", label="mixed")  # ten pages
+    #                  nowhere host gpu:0 gpu:1 host+gpu:0 host+gpu:1 unknown host+unknown gpu:0+gpu:1 gpu:1
+    states = np.array([0, 1, 2, 4, 3, 5, 0x80, 0x81, 6, 4], dtype=np.uint8)
+    real = lab_comm.describe_buffer
+
+    def describe(b):
+        plain = real(b)
+        return {**plain, "states": states} if b.id == buf.id else plain
+
+    monkeypatch.setattr(lab_comm, "describe_buffer", describe)
+    session.handle({"type": "hello", "seq": 1})
+    info, cells = allocation(session.comm.of_type("snapshot")[0], buf)
+    assert cells == bytes([NOWHERE, HOST, GPU0, GPU1, BOTH, BOTH, UNKNOWN, UNKNOWN, GPUS, GPU1])
+    assert info["counts"] == {**NO_PAGES, "nowhere": 1, "host": 1, "gpu:0": 1, "gpu:1": 2, "both": 2,
+                              "unknown": 2, "gpus": 1}
+    assert info["pages"] == info["cells"] == 10 and info["cell_pages"] == 1
 
 
 def test_advice_commands_go_through_the_buffer_properties(session, device):
@@ -190,6 +236,10 @@ def test_advice_commands_go_through_the_buffer_properties(session, device):
         ({"type": "set_advice", "seq": 5, "id": "ID", "advice": "preferred_location", "value": "gpu:3"},
          "InvalidLocationError", "gpu:3"),
         ({"type": "prefetch", "seq": 5, "id": "ID", "location": "nowhere"}, "ProtocolError", "nowhere"),
+        # A well-formed GPU the simulated device does not have: the backend's typed answer.
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:1"}, "InvalidLocationError", "'gpu:1'"),
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:x"}, "ProtocolError", "'gpu:x'"),
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:-1"}, "ProtocolError", "'gpu:-1'"),
     ],
 )
 def test_errors_come_back_as_results_and_the_comm_lives_on(session, device, command, error_type, mentions):
@@ -234,7 +284,7 @@ def test_updates_carry_only_what_changed(session, device):
     assert session.flush() is True
     (update, buffers), = session.comm.messages
     assert [x["id"] for x in update["allocations"]] == [b.id]  # not a, untouched
-    assert buffers == [folded(b)]
+    assert buffers == [drawn(b)]
     assert a.id in session._sent
     session.comm.clear()
     b.prefetch("gpu")  # already there: events, but the same pages
@@ -256,7 +306,7 @@ def test_pause_stops_updates_and_resume_sends_a_snapshot(session, device):
     assert session.comm.of_type("update") == []
     session.handle({"type": "pause", "seq": 3, "paused": False})
     (_, buffers), = session.comm.of_type("snapshot")
-    assert buffers == [folded(buf)]
+    assert buffers == [drawn(buf)]
     assert session.flush() is False  # the snapshot covered what changed while paused
 
 
@@ -266,8 +316,8 @@ def test_huge_allocations_are_sent_in_cells_with_exact_counts(session, device):
     session.handle({"type": "hello", "seq": 1})
     info, cells = allocation(session.comm.of_type("snapshot")[0], buf)
     assert info["pages"] == 24576 and info["cell_pages"] == 2 and info["cells"] == len(cells) == 12288
-    assert info["counts"] == ul.residency(buf).counts()
-    assert cells == bytes([2]) * 5120 + bytes([0]) * 7168
+    assert info["counts"] == exact_counts(buf) == {**NO_PAGES, "gpu:0": 10240, "nowhere": 14336}
+    assert cells == bytes([GPU0]) * 5120 + bytes([NOWHERE]) * 7168
 
 
 def test_zero_size_buffers_are_not_listed(session, device):
@@ -305,7 +355,7 @@ def test_a_failed_update_is_sent_by_the_next_flush_without_new_events(session, d
     assert session.comm.of_type("update") == [] and calls == [buf.id]
     assert session.flush() is True          # nothing moved since: what the failed flush took goes now
     (_, buffers), = session.comm.of_type("update")
-    assert buffers == [folded(buf)] == [bytes([2]) * 512]
+    assert buffers == [drawn(buf)] == [bytes([GPU0]) * 512]
     assert session.flush() is False         # and it is noted as sent
 
 
@@ -337,7 +387,7 @@ def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
         while time.monotonic() < deadline and not comm.of_type("update"):
             time.sleep(0.01)
         (_, buffers), = comm.of_type("update")
-        assert buffers == [folded(buf)] == [bytes([2]) * 512]
+        assert buffers == [drawn(buf)] == [bytes([GPU0]) * 512]
     finally:
         session.close()
     session._thread.join(timeout=5)
@@ -360,7 +410,7 @@ def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
             updates = comm.of_type("update")
-            if updates and updates[-1][1] == [folded(buf)]:
+            if updates and updates[-1][1] == [drawn(buf)]:
                 break
             time.sleep(0.01)
         # Updates go on until the last one lands, which on a loaded machine can be well after the cell: the
@@ -368,7 +418,7 @@ def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
         elapsed = time.monotonic() - start
         updates = comm.of_type("update")
         assert updates, "no update came while the cell ran"
-        assert updates[-1][1] == [folded(buf)] == [bytes([2]) * 2048]
+        assert updates[-1][1] == [drawn(buf)] == [bytes([GPU0]) * 2048]
         # Coalesced and throttled: far fewer updates than migrations, at most ~1 per interval.
         assert len(updates) <= elapsed / interval + 3
         assert len(updates) < 41
@@ -444,7 +494,7 @@ def test_commands_from_several_threads_at_once(device):
         snapshot, buffers = comm.of_type("snapshot")[0]
         for buf in bufs:
             info, cells = allocation((snapshot, buffers), buf)
-            assert cells == folded(buf)
+            assert cells == drawn(buf)
             assert info["advice"]["read_mostly"] is False  # each worker's last command (i = 14) turned it off
     finally:
         session.close()

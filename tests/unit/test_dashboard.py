@@ -13,12 +13,20 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("bokeh")
 pytest.importorskip("jupyter_bokeh")
 
+from bokeh.models import HoverTool
+
 import uvm_lab as ul
+from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.jupyter.dashboard import Dashboard, collect_snapshot
 from uvm_lab.jupyter.dashboard.base import update_source
-from uvm_lab.jupyter.dashboard.collect import EventTotals, bin_states
+from uvm_lab.jupyter.dashboard.collect import EventTotals, bin_states, category_pages, shown_categories
+from uvm_lab.jupyter.dashboard.residency import ResidencyMap, ResidencyOverview
+from uvm_lab.jupyter.palette import PALETTE
+from uvm_lab.page_states import CATEGORY_NAMES
 
-NOWHERE, HOST, GPU, BOTH = 0, 1, 2, 3
+# Category codes (page_states.CATEGORY_NAMES), as the maps colour them.
+NOWHERE, HOST, BOTH, UNKNOWN, GPUS, GPU0, GPU1 = 0, 1, 2, 3, 4, 5, 6
+NO_PAGES = dict.fromkeys(CATEGORY_NAMES, 0)
 
 
 def wait_for(predicate, timeout=5.0):
@@ -45,8 +53,22 @@ def dash(sim):
 
 
 def grid_counts(component):
+    """Pages per category over every cell a residency view draws."""
     data = component.source.data
-    return {s: int(np.sum(data[s])) for s in ("gpu", "host", "both", "nowhere")}
+    return {name: int(np.sum(data[name])) for name in CATEGORY_NAMES}
+
+
+def legend_labels(component):
+    return [item.label.value for item in component.legend.legend.items]
+
+
+def two_gpu_snapshot(sim, states):
+    """A snapshot as a two-GPU device with one allocation holding ``states`` would give (the simulator has one)."""
+    buf = ul.DeviceBuffer(size=len(states) * 4096, label="mixed")
+    snap = collect_snapshot()
+    alloc = next(a for a in snap["allocations"] if a["id"] == buf.id)
+    alloc.update(states=states, category_pages=category_pages(states))
+    return {**snap, "device_count": 2, "allocations": [alloc]}, buf
 
 
 # -- collectors: plain data that agrees with the public API ---------------------------------------
@@ -68,9 +90,12 @@ def test_snapshot_matches_residency_and_mem_info(sim):
         assert got["label"] == buf.label and got["size"] == buf.size and got["is_managed"]
         assert np.array_equal(got["states"], res.states)
         assert got["summary"] == pytest.approx(res.summary())
+        assert sum(got["category_pages"].values()) == len(res.states)
         assert got["advice"] == {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
     assert by_id[a.id]["summary"]["gpu"] == 1.0
     assert by_id[b.id]["summary"]["host"] == 1.0
+    assert by_id[a.id]["category_pages"] == {**NO_PAGES, "gpu:0": 2048}
+    assert by_id[b.id]["category_pages"] == {**NO_PAGES, "host": 512}
 
 
 def test_snapshot_is_a_copy(sim):
@@ -81,15 +106,45 @@ def test_snapshot_is_a_copy(sim):
     assert np.array_equal(next(x for x in snap["allocations"] if x["id"] == a.id)["states"], states)
 
 
-def test_bin_states_counts_every_page_once():
-    states = np.array([HOST] * 5 + [GPU] * 3 + [BOTH] * 2 + [NOWHERE] * 1 + [4], dtype=np.uint8)  # 4: gpu:1
+def test_bin_states_counts_every_page_once_by_category():
+    # host x5, gpu:0 x3, both x2, nowhere, gpu:1, unknown x2, host+unknown, gpu:0+gpu:1
+    states = np.array([1] * 5 + [2] * 3 + [3] * 2 + [0, 4, 0x80, 0x80, 0x81, 6], dtype=np.uint8)
     bins = bin_states(states, 4)
-    assert list(bins["first"]) == [0, 3, 6, 9] and list(bins["last"]) == [2, 5, 8, 11]
-    assert bins["host"].sum() == 5 and bins["gpu"].sum() == 4 and bins["both"].sum() == 2
-    assert bins["nowhere"].sum() == 1
-    assert list(bins["state"][:3]) == [HOST, HOST, GPU]        # the majority of each bin
-    assert bins["state"][3] in (NOWHERE, GPU, BOTH)              # a three-way tie: one of them
+    assert list(bins["first"]) == [0, 4, 8, 12] and list(bins["last"]) == [3, 7, 11, 15]
+    assert {name: int(bins[name].sum()) for name in CATEGORY_NAMES} == {
+        **NO_PAGES, "host": 5, "gpu:0": 3, "both": 2, "nowhere": 1, "gpu:1": 1, "unknown": 3, "gpus": 1}
+    assert bins["gpu:1"].tolist() == [0, 0, 1, 0] and bins["unknown"].tolist() == [0, 0, 0, 3]
+    # the majority of each bin: host x4 | host, gpu:0 x3 | both x2, nowhere, gpu:1 | unknown x3, gpus
+    assert bins["category"].tolist() == [HOST, GPU0, BOTH, UNKNOWN]
     assert all(len(v) == 0 for v in bin_states(np.zeros(0, np.uint8), 8).values())
+
+
+def test_bin_states_page_by_page_keeps_every_category():
+    states = np.array([0, 1, 2, 4, 3, 0x80, 0x81, 6], dtype=np.uint8)
+    bins = bin_states(states, 100)
+    assert bins["category"].tolist() == [NOWHERE, HOST, GPU0, GPU1, BOTH, UNKNOWN, UNKNOWN, GPUS]
+    assert list(bins["first"]) == list(bins["last"]) == list(range(8))
+
+
+def test_bin_states_refuses_bad_input():
+    with pytest.raises(InvalidArgumentError, match="n_bins"):
+        bin_states(np.zeros(4, np.uint8), 0)
+    with pytest.raises(InvalidArgumentError, match="1-D"):
+        bin_states(np.zeros((2, 2), np.uint8), 4)
+    with pytest.raises(InvalidArgumentError, match=r"0\.\.255"):
+        bin_states(np.array([300]), 4)
+
+
+def test_shown_categories_name_each_gpu_of_the_device_and_unknown():
+    assert shown_categories(1) == ("gpu:0", "host", "both", "unknown", "nowhere")
+    assert shown_categories(2) == ("gpu:0", "gpu:1", "gpus", "host", "both", "unknown", "nowhere")
+    assert shown_categories(0) == ("host", "both", "unknown", "nowhere")
+    # a category holding pages is listed even where the device would not have it
+    assert shown_categories(1, {"gpu:3"}) == ("gpu:0", "gpu:3", "host", "both", "unknown", "nowhere")
+    with pytest.raises(InvalidArgumentError, match="'gpu'"):
+        shown_categories(1, {"gpu"})
+    with pytest.raises(InvalidArgumentError, match="device_count"):
+        shown_categories(-1)
 
 
 def test_event_totals_add_up_to_the_trace_summary(sim):
@@ -132,11 +187,11 @@ def test_residency_map_agrees_with_ul_residency(sim, dash):
     a.prefetch("gpu")
     dash.refresh()
     dash.select(a.id)
-    counts = ul.residency(a).counts()
-    assert grid_counts(dash.residency) == counts
     pages = len(ul.residency(a).states)
+    assert ul.residency(a).counts()["gpu"] == pages
+    assert grid_counts(dash.residency) == {**NO_PAGES, "gpu:0": pages}
     assert dash.residency.source.data["last"][-1] == pages - 1
-    assert set(dash.residency.source.data["state"]) == {GPU}
+    assert set(dash.residency.source.data["category"]) == {GPU0}
 
 
 def test_large_allocation_is_binned_into_a_bounded_grid(sim, dash):
@@ -146,7 +201,7 @@ def test_large_allocation_is_binned_into_a_bounded_grid(sim, dash):
     n = len(dash.residency.source.data["x"])
     assert 0 < n <= dash.residency.columns * dash.residency.max_rows
     assert dash.residency.pages_per_cell == -(-(512 << 20) // 4096 // n)
-    assert grid_counts(dash.residency) == ul.residency(a).counts()
+    assert grid_counts(dash.residency) == {**NO_PAGES, "nowhere": (512 << 20) // 4096}
 
 
 def test_prefetch_buttons_move_the_buffer_and_the_map_follows(sim, dash):
@@ -154,17 +209,21 @@ def test_prefetch_buttons_move_the_buffer_and_the_map_follows(sim, dash):
     dash.refresh()
     dash.select(a.id)
 
-    dash.prefetch.to_host.click()
+    assert list(dash.prefetch.buttons) == ["gpu:0", "host"]   # one per GPU of the device, and the host
+    dash.prefetch.buttons["host"].click()
     assert ul.residency(a).summary()["host"] == 1.0
-    assert set(dash.residency.source.data["state"]) == {HOST}
+    assert set(dash.residency.source.data["category"]) == {HOST}
     assert dash.prefetch.source.data["host"][0] == 1.0
     assert "error" not in dash.prefetch.message.value.lower()
+    assert "pages now: host 100%" in dash.prefetch.where.value
 
     htod_before = dash.totals.snapshot()["bytes_htod"]
-    dash.prefetch.to_gpu.click()
-    assert ul.residency(a).summary()["gpu"] == 1.0
-    assert set(dash.residency.source.data["state"]) == {GPU}
-    assert grid_counts(dash.residency) == ul.residency(a).counts()
+    dash.prefetch.buttons["gpu:0"].click()
+    assert ul.residency(a).copies() == {"gpu:0": 2048}
+    assert set(dash.residency.source.data["category"]) == {GPU0}
+    assert grid_counts(dash.residency) == {**NO_PAGES, "gpu:0": 2048}
+    assert dash.prefetch.source.data["gpu:0"][0] == 1.0
+    assert "pages now: gpu:0 100%" in dash.prefetch.where.value
     # the statistics count the 8 MiB that just moved (on top of the session's earlier migrations)
     htod = dash.totals.snapshot()["bytes_htod"]
     assert htod - htod_before == 8 << 20
@@ -213,22 +272,24 @@ def test_advice_set_in_code_shows_in_the_widgets(sim, dash):
     assert a.read_mostly is True and a.preferred_location == "host"
 
 
-def test_errors_are_shown_in_the_widget_not_raised(sim, dash):
-    a = ul.DeviceBuffer(size="4MiB", label="doomed")
-    dash.refresh()
-    dash.select(a.id)
-    a_id = a.id
-    a.close()                               # freed behind the dashboard's back, before it refreshed
-    dash.prefetch.to_gpu.click()            # must not raise
-    msg = dash.prefetch.message.value
-    assert "prefetch to gpu failed" in msg and str(a_id) in msg
-    assert dash.allocations.selected != a_id  # and the list has moved on
+def test_errors_are_shown_in_the_widget_not_raised(sim):
+    # A long interval: no refresh of its own may come between the free and the click.
+    with Dashboard(interval=60) as dash:
+        a = ul.DeviceBuffer(size="4MiB", label="doomed")
+        dash.refresh()
+        dash.select(a.id)
+        a_id = a.id
+        a.close()                               # freed behind the dashboard's back, before it refreshed
+        dash.prefetch.buttons["gpu:0"].click()  # must not raise
+        msg = dash.prefetch.message.value
+        assert "prefetch to gpu:0 failed" in msg and str(a_id) in msg
+        assert dash.allocations.selected != a_id  # and the list has moved on
 
 
 def test_no_selection_disables_the_controls(sim, dash):
     dash.select(None)
     assert dash.advice.read_mostly.disabled and dash.advice.preferred.disabled
-    dash.prefetch.to_gpu.click()
+    dash.prefetch.buttons["gpu:0"].click()
     assert "select an allocation" in dash.prefetch.message.value
 
 
@@ -259,7 +320,7 @@ def test_events_from_another_thread_refresh_the_dashboard(sim, dash):
     worker = threading.Thread(target=a.prefetch, args=("host",))
     worker.start()
     worker.join(5)
-    assert wait_for(lambda: set(dash.residency.source.data["state"]) == {HOST})
+    assert wait_for(lambda: set(dash.residency.source.data["category"]) == {HOST})
 
 
 def test_bursts_of_events_are_coalesced(sim):
@@ -300,10 +361,70 @@ def test_odd_allocations_render(sim, dash):
     assert dash.residency.figure.title.text == "empty: 0 B, no pages"
     assert len(dash.residency.source.data["x"]) == 0
     dash.select(device.id)
-    assert set(dash.residency.source.data["state"]) == {GPU}
-    assert dash.advice.read_mostly.disabled and dash.prefetch.to_gpu.disabled   # device memory takes no advice
+    assert set(dash.residency.source.data["category"]) == {GPU0}
+    assert dash.advice.read_mostly.disabled and dash.prefetch.buttons["gpu:0"].disabled   # device memory: no advice
     assert "does not migrate" in dash.prefetch.where.value
     dash.select(odd.id)
     assert len(dash.residency.source.data["x"]) == 2                             # 5000 bytes: two pages
-    assert set(dash.residency.source.data["state"]) == {NOWHERE}
+    assert set(dash.residency.source.data["category"]) == {NOWHERE}
     assert not dash.advice.read_mostly.disabled
+
+
+# -- GPUs by name, and unknown ----------------------------------------------------------------------
+
+def test_the_maps_colour_each_category_from_the_one_palette(sim, dash):
+    for view in (dash.residency, dash.overview):
+        cells = next(r for r in view.figure.renderers if r.data_source is view.source)
+        assert cells.glyph.fill_color.field == "category"
+        mapper = cells.glyph.fill_color.transform
+        assert list(mapper.palette) == [PALETTE[name] for name in CATEGORY_NAMES]
+        assert (mapper.low, mapper.high) == (-0.5, len(CATEGORY_NAMES) - 0.5)   # code i -> palette[i]
+        # a one-GPU device: its GPU, the host, both, unknown, nowhere
+        assert legend_labels(view) == ["gpu:0", "host", "both", "unknown", "nowhere"]
+        swatch = {item.label.value: item.renderers[0].data_source.data["fill_color"][item.index]
+                  for item in view.legend.legend.items}
+        assert swatch == {name: PALETTE[name] for name in swatch}
+
+
+def test_two_gpus_and_unknown_are_drawn_apart(sim):
+    # nowhere, host, gpu:0 x3, gpu:1 x2, host+gpu:1, unknown x2, host+unknown, gpu:0+gpu:1
+    states = np.array([0, 1, 2, 2, 2, 4, 4, 5, 0x80, 0x80, 0x81, 6], dtype=np.uint8)
+    snap, buf = two_gpu_snapshot(sim, states)
+    grid = ResidencyMap()
+    grid.selected = buf.id
+    grid.update(snap)
+    assert grid.source.data["category"].tolist() == [NOWHERE, HOST, GPU0, GPU0, GPU0, GPU1, GPU1, BOTH, UNKNOWN,
+                                                     UNKNOWN, UNKNOWN, GPUS]
+    assert grid_counts(grid) == {**NO_PAGES, "nowhere": 1, "host": 1, "gpu:0": 3, "gpu:1": 2, "both": 1,
+                                 "unknown": 3, "gpus": 1}
+    assert legend_labels(grid) == ["gpu:0", "gpu:1", "gpus", "host", "both", "unknown", "nowhere"]
+    tooltip = grid.figure.select_one(HoverTool).tooltips[-1][1]
+    assert "gpu:0 @{gpu:0}" in tooltip and "gpu:1 @{gpu:1}" in tooltip and "unknown @{unknown}" in tooltip
+
+    overview = ResidencyOverview(bins=4)   # three pages a strip cell
+    overview.update(snap)
+    # nowhere host gpu:0 | gpu:0 gpu:0 gpu:1 | gpu:1 both unknown | unknown unknown gpus: ties to the lower code
+    assert overview.source.data["category"].tolist() == [NOWHERE, GPU0, BOTH, UNKNOWN]
+    assert legend_labels(overview) == legend_labels(grid)
+
+
+def test_a_category_that_holds_pages_is_in_the_legend_even_off_the_device(sim):
+    snap, buf = two_gpu_snapshot(sim, np.array([8, 8, 0], dtype=np.uint8))   # gpu:2, on a "two-GPU" device
+    grid = ResidencyMap()
+    grid.selected = buf.id
+    grid.update(snap)
+    assert grid.source.data["category"].tolist() == [CATEGORY_NAMES.index("gpu:2")] * 2 + [NOWHERE]
+    assert "gpu:2" in legend_labels(grid)
+
+
+def test_prefetch_controls_offer_each_gpu(sim):
+    from uvm_lab.jupyter.dashboard.controls import PrefetchControls
+
+    controls = PrefetchControls(device_count=2)
+    assert list(controls.buttons) == ["gpu:0", "gpu:1", "host"]
+    snap, buf = two_gpu_snapshot(sim, np.array([2, 4, 4, 0x80], dtype=np.uint8))
+    controls.selected = buf.id
+    controls.update(snap)
+    assert controls.where.value == "pages now: gpu:0 25%, gpu:1 50%, unknown 25%"
+    controls.buttons["gpu:1"].click()     # the simulator has one GPU: the error is shown, not raised
+    assert "prefetch to gpu:1 failed" in controls.message.value and "InvalidLocationError" in controls.message.value

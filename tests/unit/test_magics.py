@@ -79,6 +79,38 @@ def test_status_lists_backend_memory_and_allocations(shell, sim, capsys):
     line = next(x for x in out.splitlines() if "weights" in x)
     assert "100.0%" in line                        # all of it on the host
     assert "published" in out and "dropped" in out
+    # a column per GPU of the (one-GPU) device, and one for pages whose place cannot be known
+    assert table_column(out, "weights") == {"gpu:0": "0.0%", "host": "100.0%", "both": "0.0%", "unknown": "0.0%",
+                                            "nowhere": "0.0%"}
+
+
+def table_column(out, label):
+    """The residency columns of ``label``'s row of the status table, by header (columns as the dashes mark them)."""
+    lines = out.splitlines()
+    header = next(i for i, x in enumerate(lines) if x.split()[:2] == ["id", "label"])
+    spans = [m.span() for m in re.finditer(r"-+", lines[header + 1])]
+    cells = [[line[a:b].strip() for a, b in spans] for line in (lines[header], *lines[header + 2:])]
+    names, row = cells[0], next(c for c in cells[1:] if c[1] == label)
+    first, last = names.index("kind") + 1, names.index("advice")
+    return dict(zip(names[first:last], row[first:last], strict=True))
+
+
+def test_status_has_a_column_for_each_gpu_and_for_unknown(sim):
+    """On a two-GPU device, pages on gpu:0 and gpu:1 are told apart, and unknown from nowhere."""
+    import numpy as np
+
+    from uvm_lab.jupyter.dashboard.collect import category_pages, collect_snapshot
+    from uvm_lab.jupyter.dashboard.text import format_status
+
+    buf = ul.DeviceBuffer(size="40KiB", label="mixed")   # ten pages
+    # gpu:0 x2, gpu:1 x3, host+gpu:1, unknown, host+unknown, nowhere, gpu:0+gpu:1
+    states = np.array([2, 2, 4, 4, 4, 5, 0x80, 0x81, 0, 6], dtype=np.uint8)
+    snapshot = collect_snapshot()
+    alloc = next(a for a in snapshot["allocations"] if a["id"] == buf.id)
+    alloc.update(states=states, category_pages=category_pages(states))
+    out = format_status({**snapshot, "device_count": 2, "allocations": [alloc]})
+    assert table_column(out, "mixed") == {"gpu:0": "20.0%", "gpu:1": "30.0%", "gpus": "10.0%", "host": "0.0%",
+                                          "both": "10.0%", "unknown": "20.0%", "nowhere": "10.0%"}
 
 
 def test_status_shows_advice(shell, capsys):

@@ -23,12 +23,14 @@ MiB = 1 << 20
 # timer thread a few seconds to pick up the events of the last cell.
 PROBE = """
 import json, time
+from uvm_lab.page_states import CATEGORY_NAMES
+_gpu0 = CATEGORY_NAMES.index("gpu:0")
 _d = get_ipython().magics_manager.registry["UvmMagics"].dashboard
 _deadline = time.monotonic() + 10
-while time.monotonic() < _deadline and set(_d.residency.source.data["state"]) != {2}:
+while time.monotonic() < _deadline and set(_d.residency.source.data["category"]) != {_gpu0}:
     time.sleep(0.05)
 print(json.dumps({"live": _d.live, "selected": _d.allocations.selected, "a": a.id,
-                  "states": sorted(int(s) for s in set(_d.residency.source.data["state"])),
+                  "categories": sorted(CATEGORY_NAMES[int(s)] for s in set(_d.residency.source.data["category"])),
                   "refreshes": _d.refreshes}))
 """
 
@@ -101,7 +103,7 @@ def test_steps_1_to_3_backend_resource_and_a_prefetched_buffer(welcome):
     chain = stdout(welcome["resource"])
     assert chain.index("PrefetchResourceAdaptor") < chain.index("PoolMemoryResource") < chain.index(
         "ManagedMemoryResource")
-    assert summary(welcome["buffer"]) == {"gpu": 1.0, "host": 0.0, "both": 0.0, "nowhere": 0.0}
+    assert summary(welcome["buffer"]) == {"gpu": 1.0, "host": 0.0, "both": 0.0, "nowhere": 0.0, "unknown": 0.0}
     assert "512 MiB of device memory in use" in stdout(welcome["memory"])
 
 
@@ -159,4 +161,4 @@ def test_status_and_dashboard(welcome):
     assert "application/vnd.jupyter.widget-view+json" in kinds
     probe = json.loads(stdout(welcome["test-probe"]))
     assert probe["live"] and probe["selected"] == probe["a"]
-    assert probe["states"] == [2]      # "a write collapses the copies: the map turns green"
+    assert probe["categories"] == ["gpu:0"]      # "a write collapses the copies: the map turns green"

@@ -1,5 +1,6 @@
-"""The comm protocol: every command validated, every malformed one refused without effect, and the
-TypeScript twin (extension/src/protocol.ts) kept in step with the TypedDicts."""
+"""The comm protocol: every command validated, every malformed one refused without effect, residency
+packed as category codes with exact counts, and the TypeScript twins (extension/src/protocol.ts,
+extension/src/palette.ts) kept in step with the TypedDicts and the palette."""
 
 from __future__ import annotations
 
@@ -11,17 +12,24 @@ import numpy as np
 import pytest
 
 import uvm_lab as ul
-from uvm_lab.errors import ProtocolError
+from uvm_lab.errors import InvalidArgumentError, ProtocolError
 from uvm_lab.jupyter import protocol
 from uvm_lab.jupyter.comm import PanelSession
+from uvm_lab.jupyter.palette import PALETTE
 from uvm_lab.jupyter.protocol import CELL_LIMIT, pack_states, parse_command
+from uvm_lab.page_states import CATEGORY_NAMES
 
-PROTOCOL_TS = Path(__file__).resolve().parents[2] / "extension" / "src" / "protocol.ts"
+REPO = Path(__file__).resolve().parents[2]
+PROTOCOL_TS = REPO / "extension" / "src" / "protocol.ts"
+PALETTE_TS = REPO / "extension" / "src" / "palette.ts"
 
 VALID = [
     ({"type": "hello", "seq": 0}, {"type": "hello", "seq": 0}),
     ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu"}, None),
     ({"type": "prefetch", "seq": 2, "id": 7, "location": "host"}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:0"}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:1"}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:999"}, None),  # whether it exists: the backend's call
     ({"type": "set_advice", "seq": 3, "id": 7, "advice": "read_mostly", "value": True}, None),
     ({"type": "set_advice", "seq": 3, "id": 7, "advice": "read_mostly", "value": False}, None),
     ({"type": "set_advice", "seq": 4, "id": 7, "advice": "preferred_location", "value": "gpu:0"}, None),
@@ -77,9 +85,18 @@ MALFORMED = [
     ({"type": "prefetch", "seq": 1, "id": None, "location": "gpu"}, "got None"),
     ({"type": "prefetch", "seq": 1, "id": False, "location": "gpu"}, "got False"),
     ({"type": "prefetch", "seq": 1, "id": [7], "location": "gpu"}, "got [7]"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "tpu"}, 'must be one of "gpu", "host", got \'tpu\''),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "tpu"},
+     'prefetch location must be "host", "gpu" or "gpu:N", got \'tpu\''),
     ({"type": "prefetch", "seq": 1, "id": 7, "location": "GPU"}, "got 'GPU'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:0"}, "got 'gpu:0'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:x"}, "prefetch location must be"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:x"}, "got 'gpu:x'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:-1"}, "got 'gpu:-1'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:"}, "got 'gpu:'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1 "}, "got 'gpu:1 '"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1\n"}, "got 'gpu:1\\n'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1000"}, "got 'gpu:1000'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "nowhere"}, "got 'nowhere'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": None}, "got None"),
     ({"type": "prefetch", "seq": 1, "id": 7, "location": 0}, "got 0"),
     ({"type": "prefetch", "seq": 1, "id": 7, "location": ["gpu"]}, "got ['gpu']"),
     ({"type": "set_advice", "seq": 1, "id": 7, "advice": "evict", "value": True}, "advice must be one of"),
@@ -177,55 +194,98 @@ def test_a_valid_twin_of_a_malformed_message_does_act(buffer):
 
 # --- residency encoding -------------------------------------------------------------------------
 
+# Category codes, spelled out: what the bytes on the wire mean (page_states.CATEGORY_NAMES).
+NOWHERE, HOST, BOTH, UNKNOWN, GPUS, GPU0, GPU1, GPU5 = 0, 1, 2, 3, 4, 5, 6, 10
 
-def test_small_maps_travel_page_by_page():
-    states = np.array([0, 1, 2, 3, 2, 2], dtype=np.uint8)
+NO_PAGES = dict.fromkeys(CATEGORY_NAMES, 0)
+
+
+def test_small_maps_travel_page_by_page_as_category_codes():
+    # nowhere, host, gpu:0, gpu:1, host+gpu:0, unknown, host+unknown, gpu:0+gpu:1, host+gpu:1, gpu:5
+    states = np.array([0, 1, 2, 4, 3, 0x80, 0x81, 6, 5, 0x40], dtype=np.uint8)
     cell_pages, cells, counts = pack_states(states)
     assert cell_pages == 1
-    assert cells.tobytes() == states.tobytes()
-    assert counts == {"nowhere": 1, "host": 1, "gpu": 3, "both": 1}
+    assert cells.dtype == np.uint8
+    assert cells.tolist() == [NOWHERE, HOST, GPU0, GPU1, BOTH, UNKNOWN, UNKNOWN, GPUS, BOTH, GPU5]
+    assert counts == {**NO_PAGES, "nowhere": 1, "host": 1, "gpu:0": 1, "gpu:1": 1, "both": 2, "unknown": 2,
+                      "gpus": 1, "gpu:5": 1}
+    assert list(counts) == list(CATEGORY_NAMES)  # every category, in code order, zero included
 
 
-def test_pages_on_any_gpu_count_as_gpu():
-    # Bit d+1 is device d: 4 is gpu:1 only, 5 host and gpu:1, 6 gpu:0 and gpu:1.
-    _, cells, counts = pack_states(np.array([4, 5, 6], dtype=np.uint8))
-    assert cells.tolist() == [2, 3, 2]
-    assert counts == {"nowhere": 0, "host": 0, "gpu": 2, "both": 1}
+def test_gpu_0_and_gpu_1_are_different_categories():
+    _, cells, counts = pack_states(np.array([2] * 3 + [4] * 5, dtype=np.uint8))
+    assert cells.tolist() == [GPU0] * 3 + [GPU1] * 5
+    assert (counts["gpu:0"], counts["gpu:1"], counts["gpus"]) == (3, 5, 0)
+
+
+def test_unknown_is_its_own_category_whatever_the_host_bit():
+    _, cells, counts = pack_states(np.array([0x80, 0x81, 0, 0], dtype=np.uint8))
+    assert cells.tolist() == [UNKNOWN, UNKNOWN, NOWHERE, NOWHERE]
+    assert counts == {**NO_PAGES, "unknown": 2, "nowhere": 2}
 
 
 def test_large_maps_are_downsampled_by_majority_with_exact_counts():
-    n = 2 * CELL_LIMIT + 5  # three pages per cell, the last cell short
-    states = np.zeros(n, dtype=np.uint8)
-    states[: n // 2] = 2
-    states[n // 2 :: 7] = 1
+    # Cells of three pages; each region's cells hold the same three pages, their majority given.
+    regions = [  # (page states of one cell, cells, the category most of them are in)
+        ([4, 4, 1], 2500, GPU1),          # gpu:1 beats the host
+        ([2, 2, 0x80], 2500, GPU0),       # gpu:0 beats unknown
+        ([0x80, 0x81, 0], 2500, UNKNOWN),  # unknown beats nowhere, with or without the host bit
+        ([1, 3, 5], 1500, BOTH),          # both (host+gpu:0, host+gpu:1) beats the host
+        ([6, 6, 2], 1000, GPUS),          # several GPUs beat one
+    ]
+    states = np.concatenate([np.tile(np.array(cell, np.uint8), n) for cell, n, _ in regions])
+    states = np.concatenate([states, np.zeros(2 * CELL_LIMIT + 5 - len(states), np.uint8)])
+    n = len(states)
     cell_pages, cells, counts = pack_states(states)
     assert cell_pages == 3
-    assert len(cells) == -(-n // 3) <= CELL_LIMIT
-    assert counts == {"gpu": n // 2, "host": len(states[n // 2 :: 7]), "both": 0, "nowhere": int((states == 0).sum())}
-    assert set(cells[: (n // 2) // 3].tolist()) == {2}
-    assert set(cells[-100:].tolist()) == {0}  # one host page in seven never wins a cell of three
+    assert len(cells) == -(-n // 3) <= CELL_LIMIT   # the last cell is short
+    expected = np.concatenate([np.full(k, code) for _, k, code in regions] + [np.full(len(cells) - 10000, NOWHERE)])
+    assert cells.tolist() == expected.tolist()
+    assert counts == {**NO_PAGES, "gpu:1": 5000, "host": 2500 + 1500, "gpu:0": 5000 + 1000, "unknown": 2500 + 5000,
+                      "nowhere": 2500 + n - 30000, "both": 3000, "gpus": 2000}
+    assert sum(counts.values()) == n
 
 
-def test_ties_go_to_the_lower_state():
-    states = np.array([2, 1] * CELL_LIMIT, dtype=np.uint8)  # every cell: one gpu page, one host page
-    cell_pages, cells, _ = pack_states(states)
+def test_ties_go_to_the_lower_code():
+    cell_pages, cells, _ = pack_states(np.array([2, 1] * CELL_LIMIT, dtype=np.uint8))  # gpu:0 and host
     assert cell_pages == 2
-    assert set(cells.tolist()) == {1}
+    assert set(cells.tolist()) == {HOST}
+    _, cells, _ = pack_states(np.array([4, 2] * CELL_LIMIT, dtype=np.uint8))  # gpu:1 and gpu:0
+    assert set(cells.tolist()) == {GPU0}
 
 
 def test_empty_map():
-    assert pack_states(np.zeros(0, dtype=np.uint8))[0:2][0] == 1
-    assert len(pack_states(np.zeros(0, dtype=np.uint8))[1]) == 0
+    cell_pages, cells, counts = pack_states(np.zeros(0, dtype=np.uint8))
+    assert cell_pages == 1 and len(cells) == 0
+    assert counts == NO_PAGES
 
 
-# --- the TypeScript twin ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("states", "limit", "mentions"),
+    [
+        (np.zeros((2, 2), np.uint8), CELL_LIMIT, "1-D"),
+        (np.array([1, -1]), CELL_LIMIT, "bytes (0..255)"),
+        (np.array([1, 256]), CELL_LIMIT, "bytes (0..255)"),
+        (np.array([0.5, 1.0]), CELL_LIMIT, "float64"),
+        (np.zeros(4, np.uint8), 0, "limit must be a whole number"),
+        (np.zeros(4, np.uint8), 2.5, "got 2.5"),
+        (np.zeros(4, np.uint8), True, "got True"),
+    ],
+)
+def test_pack_states_refuses_what_is_not_a_page_state_array(states, limit, mentions):
+    with pytest.raises(InvalidArgumentError) as info:
+        pack_states(states, limit)
+    assert mentions in str(info.value)
+
+
+# --- the TypeScript twins ------------------------------------------------------------------------
 
 
 def _ts_types() -> dict[str, set[str]]:
     source = PROTOCOL_TS.read_text()
     types = {}
     for name, body in re.findall(r"export type (\w+) = \{(.*?)\n\};", source, flags=re.S):
-        types[name] = set(re.findall(r"^\s+(\w+)\??:", body, flags=re.M))
+        types[name] = set(re.findall(r"^\s+'?([\w:]+)'?\??:", body, flags=re.M))
     return types
 
 
@@ -243,16 +303,96 @@ def test_every_message_has_a_same_named_twin_with_the_same_fields():
     assert ts == py
 
 
+def test_page_counts_name_every_category():
+    assert list(typing.get_type_hints(protocol.PageCounts)) == list(CATEGORY_NAMES)
+    assert "device_count" in typing.get_type_hints(protocol.DeviceInfo)
+
+
+def _ts_list(source: str, name: str) -> list[str]:
+    body = re.search(rf"export const {name} = \[(.*?)\] as const;", source, flags=re.S).group(1)
+    return re.findall(r"'([^']*)'", body)
+
+
 def test_constants_and_literals_match_the_twin():
     source = PROTOCOL_TS.read_text()
     assert f"export const COMM_TARGET = '{protocol.COMM_TARGET}';" in source
+    assert protocol.PROTOCOL_VERSION == 2
     assert f"export const PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION};" in source
-    for name, value in (("NOWHERE", ul.residency.NOWHERE), ("HOST", ul.residency.HOST), ("GPU", ul.residency.GPU),
-                        ("BOTH", ul.residency.BOTH)):
-        assert f"export const {name} = {value};" in source
-    assert "export type Location = 'gpu' | 'host';" in source
-    assert tuple(protocol.LOCATIONS) == ("gpu", "host")
+    assert _ts_list(source, "CATEGORY_NAMES") == list(CATEGORY_NAMES) == list(protocol.CATEGORY_NAMES)
+    assert "export type Location = 'host' | 'gpu' | `gpu:${number}`;" in source
     advice = " | ".join(f"'{a}'" for a in protocol.ADVICE_NAMES)
     assert f"export type AdviceName = {advice};" in source
     commands = " | ".join(name.title().replace("_", "") for name in protocol.COMMANDS)
     assert f"export type Command = {commands};" in source
+
+
+# --- the palette ----------------------------------------------------------------------------------
+
+
+def _ts_palette() -> dict[str, str]:
+    source = PALETTE_TS.read_text()
+    body = re.search(r"export const PALETTE: [^=]+= \{(.*?)\n\};", source, flags=re.S).group(1)
+    entries = [line.strip() for line in body.splitlines() if line.strip()]
+    pairs = [re.fullmatch(r"'?([\w:]+)'?: '(#[0-9a-f]{6})',?", line) for line in entries]
+    assert all(pairs), f"palette.ts has an entry this test cannot read: {entries}"
+    return {m.group(1): m.group(2) for m in pairs}
+
+
+def test_the_palette_colours_every_category_once_and_its_twin_agrees():
+    assert list(PALETTE) == list(CATEGORY_NAMES)
+    assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in PALETTE.values())
+    assert len(set(PALETTE.values())) == len(PALETTE)     # no two categories look alike
+    assert _ts_palette() == dict(PALETTE)
+    with pytest.raises(TypeError):
+        PALETTE["host"] = "#ff0000"  # type: ignore[index]  # read-only: one palette for every view
+
+
+def test_the_palette_is_written_once_per_language():
+    """No view spells a category colour itself: they all read PALETTE (palette.py, palette.ts)."""
+    colours = set(PALETTE.values())
+    sources = [*(REPO / "uvm_lab" / "jupyter").rglob("*.py"), *(REPO / "extension" / "src").glob("*.ts"),
+               *(REPO / "extension" / "style").glob("*.css")]
+    spelled = {str(path.relative_to(REPO)): sorted(colours & {c.lower() for c in
+                                                              re.findall(r"#[0-9a-fA-F]{6}\b", path.read_text())})
+               for path in sources if path.name not in ("palette.py", "palette.ts")}
+    assert {"panel.ts", "residency.py", "base.css"} <= {path.name for path in sources}   # the views were read
+    assert {path: found for path, found in spelled.items() if found} == {}
+
+
+def _relative_luminance(colour: str) -> float:
+    rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    return float(linear @ [0.2126, 0.7152, 0.0722])
+
+
+def test_unknown_is_drawn_well_apart_from_nowhere():
+    nowhere, unknown = _relative_luminance(PALETTE["nowhere"]), _relative_luminance(PALETTE["unknown"])
+    assert nowhere > unknown
+    assert (nowhere + 0.05) / (unknown + 0.05) >= 3      # WCAG's contrast for graphics, whatever the hue vision
+    assert nowhere == max(_relative_luminance(c) for c in PALETTE.values())   # "no data" is the lightest
+
+
+# Machado, Oliveira and Fernandes (2009), severity 1: linear RGB as a dichromat sees it.
+_DICHROMACY = {
+    "protanopia": [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]],
+    "deuteranopia": [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]],
+    "tritanopia": [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602], [0.004733, 0.691367, 0.303900]],
+}
+
+
+def _lab(linear_rgb: np.ndarray) -> np.ndarray:
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ np.clip(
+        linear_rgb, 0, 1) / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+@pytest.mark.parametrize("vision", ["trichromacy", *_DICHROMACY])
+def test_every_two_categories_stay_apart_for_colour_blind_eyes(vision):
+    matrix = np.array(_DICHROMACY.get(vision, np.eye(3)))
+    seen = {}
+    for name, colour in PALETTE.items():
+        rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255
+        seen[name] = _lab(matrix @ np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4))
+    closest = min((float(np.linalg.norm(seen[a] - seen[b])), a, b) for a in seen for b in seen if a < b)
+    assert closest[0] >= 15, f"{closest[1]} and {closest[2]} look alike under {vision} (CIE76 {closest[0]:.1f})"

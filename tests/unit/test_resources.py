@@ -103,7 +103,8 @@ def test_pool_walkthrough_from_the_issue():
         ul.touch(a, on="host", mode="write")
     df = trace.to_pandas()
     assert {"dtoh", "cpu_page_fault"} <= set(df.kind) and df[df.kind == "dtoh"].bytes.sum() == 512 * MiB
-    assert ul.residency(a).summary() == {"gpu": 0.0, "host": 1.0, "both": 0.0, "nowhere": 0.0}
+    assert ul.residency(a).summary() == {"gpu": 0.0, "host": 1.0, "both": 0.0, "nowhere": 0.0,
+                                         "unknown": 0.0}
 
 
 @pytest.mark.parametrize("ptr", [[1, 2], "0x7f00", None, 1.5])

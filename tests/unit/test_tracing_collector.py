@@ -290,3 +290,30 @@ def test_check_host_needs_a_started_collector(fake, bus):
 
     with pytest.raises(InvalidStateError, match="never started"):
         CuptiCollector(bus=bus).check_host(tracker=ResidencyTracker(bus))
+
+
+def test_the_host_watcher_counts_what_cupti_lost_in_the_collectors_status(fake):
+    """While CUPTI runs, a watcher round that finds pages moved with no record counts them as CUPTI's loss."""
+    from uvm_lab.residency_map import ResidencyTracker
+    from uvm_lab.tracing import HostWatcher
+
+    base, pages = 0x7F0000000000, 8
+    bus = EventBus()
+    tracker = ResidencyTracker(bus)
+    bus.publish(make_events(1, kind=EventKind.SEGMENT_ALLOC, flags=MemoryKind.MANAGED, address=base,
+                            bytes=pages * 4096, value=pages * 4096, alloc_id=5))
+    host = np.zeros(pages, dtype=bool)
+    host[:3] = True                               # the host touched three pages; no CPU fault record came
+    watcher = HostWatcher(tracker=tracker, gpus=1, read_host=lambda address, size: host.copy(), now=lambda: 1)
+    try:
+        with CuptiCollector(bus=bus, device=0) as cupti:
+            assert cupti.status()["complete"]
+            assert watcher.check().first_touch == 3
+            status = cupti.status()
+            assert status["unrecorded"] == 3 and not status["complete"] and "no record" in status["warning"]
+            watcher.check()
+            assert cupti.status()["unrecorded"] == 3          # repaired: counted once
+        with pytest.raises(InvalidArgumentError):
+            cupti.account("3 pages")
+    finally:
+        tracker.close()

@@ -8,7 +8,15 @@ cudaMemLocation)``.
 
 The backend publishes allocator, prefetch and advice events. Faults and migrations happen in the
 driver; they reach the event stream through CUPTI's unified-memory counters (``uvm_lab.tracing``),
-so without that source ``touch`` reports its time but no fault or byte counts.
+so without that source ``touch`` reports its time but no fault or byte counts. What the backend knows
+without them it publishes, so that maps stay true with tracing off:
+
+- a prefetch is published once it completes (an event recorded behind it on its stream, polled off the
+  caller's thread and whenever the bus is read), as PREFETCH with ``PREFETCH_IMPLIES_MOVES`` where nothing
+  measures its migrations: the residency tracker then places its pages and publishes the moves;
+- a kernel or copy over managed pages that no fault record describes is UNOBSERVED: those pages' GPU
+  side becomes unknown until the host watcher (``uvm_lab.tracing.watcher``) settles it;
+- unsetting ReadMostly collapses duplicated pages where the driver chooses: UNOBSERVED too.
 """
 
 from __future__ import annotations
@@ -18,13 +26,22 @@ import ctypes
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..errors import BackendError, CudaError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError
 from ..events.bus import EventBus, get_bus, new_alloc_id
-from ..events.schema import NO_PROCESSOR, Advice, EventKind, MemoryKind, record_of
+from ..events.schema import (
+    NO_PROCESSOR,
+    PREFETCH_IMPLIES_MOVES,
+    AccessType,
+    Advice,
+    EventKind,
+    MemoryKind,
+    UnobservedCause,
+    record_of,
+)
 from ..location import HOST_ID, Location
 from ..units import PAGE_SIZE, format_bytes, parse_size
 from .base import AccessMode, AccessResult, Capabilities, RangeAdvice
@@ -100,6 +117,27 @@ extern "C" __global__ void uvm_lab_touch(unsigned long long address, unsigned lo
 _MODES = {"read": 0, "write": 1, "atomic": 2}
 
 
+class _Prefetch(NamedTuple):
+    """A prefetch issued and not yet seen complete."""
+
+    event: Any      # recorded on its stream right behind it
+    device: int     # the event's (the stream's) device
+    ptr: int
+    size: int
+    dst: int
+    seg_id: int
+    start: int      # when it was issued, on the backend's clock
+    stream: int
+    flags: int      # PREFETCH_IMPLIES_MOVES where nothing measures its migrations
+
+
+def _measured(what: str, device: int) -> bool:
+    """Whether a running CUPTI collector records ``what`` ("transfers" or "kernels") on ``device``."""
+    from ..tracing.cupti import measures
+
+    return measures(what, device)
+
+
 def _capabilities_of(device: int) -> Capabilities:
     attr = cudart.cudaDeviceAttr
 
@@ -167,6 +205,11 @@ class CudaBackend:
         self._contexts = {device}            # devices whose primary context this backend has made
         self._pools: dict[int, Any] = {}     # handle -> cudaMemPool_t, for pools this backend created
         self._side_stream: int | None = None  # where copies into managed memory prefetch ahead of themselves
+        self._prefetches: list[_Prefetch] = []   # issued, not yet seen complete, in issue order
+        self._idle_events: list[tuple[int, Any]] = []   # (device, event) to record behind the next prefetch
+        self._prefetch_lock = threading.Lock()
+        self._prefetch_wake = threading.Event()
+        self._poller: threading.Thread | None = None
         self._capabilities = [_capabilities_of(d) for d in range(count)]
         #: What the current device can do (``capabilities_of(d)`` for another).
         self.capabilities = self._capabilities[device]
@@ -214,7 +257,11 @@ class CudaBackend:
     now_ns = staticmethod(time.perf_counter_ns)
 
     def synchronize(self) -> None:
-        check(cudart.cudaDeviceSynchronize())
+        """``cudaDeviceSynchronize`` on every device this backend has used; completed prefetches are then published."""
+        for device in sorted(self._contexts):
+            with self._on(device):
+                check(cudart.cudaDeviceSynchronize())
+        self.poll_prefetches()
 
     # -- streams ---------------------------------------------------------------------------------------
     def create_stream(self) -> int:
@@ -226,6 +273,7 @@ class CudaBackend:
 
     def synchronize_stream(self, handle: int) -> None:
         check(cudart.cudaStreamSynchronize(handle))
+        self.poll_prefetches()
 
     def mem_info(self, device: int | None = None) -> tuple[int, int]:
         with self._on(self._device if device is None else device):
@@ -380,16 +428,107 @@ class CudaBackend:
 
     # -- prefetch and advice -------------------------------------------------------------------------------
     def prefetch(self, ptr: int, size: int, location: Location, *, stream: int = 0) -> None:
+        """``cudaMemPrefetchAsync`` to the host or any GPU, whatever the current device; published once complete.
+
+        A prefetch to GPU ``d`` runs with ``d`` current (its context made if need be), on ``stream``, or on
+        ``d``'s default stream when ``stream`` is 0. The caller is never synchronized: the PREFETCH record
+        follows when the work completes (:meth:`poll_prefetches`).
+        """
         _, _, kind, seg_id = self._find(ptr, size)
         self._check_location(location)
         if kind is not MemoryKind.MANAGED:
             return   # RMM's behaviour: memory that cannot migrate is left alone
-        self._require("concurrent_managed_access", "cudaMemPrefetchAsync",
-                      self._device if location.is_host else location.id)
+        device = self._device if location.is_host else location.id
+        self._require("concurrent_managed_access", "cudaMemPrefetchAsync", device)
+        flags = 0 if _measured("transfers", device) else PREFETCH_IMPLIES_MOVES
+        issuer = self._stream_device(stream) if stream else device
         start = self.now_ns()
-        check(cudart.cudaMemPrefetchAsync(ptr, size, _location(location), 0, stream))
-        self.bus.publish(record_of(EventKind.PREFETCH, dst=location.id, address=ptr, nbytes=size, alloc_id=seg_id,
-                                   start=start, end=self.now_ns(), stream=stream))
+        with self._on(device), self._on(issuer):   # the target's context must exist, and the stream's be current
+            check(cudart.cudaMemPrefetchAsync(ptr, size, _location(location), 0, stream))
+            event = self._event(issuer)
+            check(cudart.cudaEventRecord(event, stream))
+        with self._prefetch_lock:
+            self._prefetches.append(_Prefetch(event, issuer, ptr, size, location.id, seg_id, start, stream, flags))
+        self._watch_prefetches()
+
+    def poll_prefetches(self) -> None:
+        """Publish every prefetch that has completed, in the order they were issued (never blocks on the GPU)."""
+        if not self._prefetches:
+            return
+        # The bus's lock before this backend's, always: a reader holding the bus's lock polls through its flush hook.
+        with self.bus.locked(), self._prefetch_lock:
+            if not self._prefetches:
+                return
+            done, waiting = [], []
+            for p in self._prefetches:
+                (done if not waiting and self._completed(p.event) else waiting).append(p)
+            self._prefetches = waiting
+            self._idle_events.extend((p.device, p.event) for p in done)
+            if not done:
+                return
+            now = self.now_ns()
+            records = [record_of(EventKind.PREFETCH, flags=p.flags, dst=p.dst, address=p.ptr, nbytes=p.size,
+                                 alloc_id=p.seg_id, start=p.start, end=now, stream=p.stream) for p in done]
+            # Published under the locks, so two pollers cannot publish two prefetches out of order.
+            self.bus.publish(np.concatenate(records))
+
+    def pending_prefetches(self) -> int:
+        """Prefetches issued and not yet seen complete."""
+        with self._prefetch_lock:
+            return len(self._prefetches)
+
+    def _completed(self, event: Any) -> bool:
+        (err,) = cudart.cudaEventQuery(event)
+        if err == cudart.cudaError_t.cudaErrorNotReady:
+            return False
+        check((err,))   # any other error is the device's, and is raised
+        return True
+
+    def _stream_device(self, stream: int) -> int:
+        """The device a stream belongs to (``cudaStreamGetDevice``, CUDA 12.8 on; else the current device)."""
+        get = getattr(cudart, "cudaStreamGetDevice", None)
+        return int(check(get(stream))) if get is not None else int(check(cudart.cudaGetDevice()))
+
+    def _event(self, device: int) -> Any:
+        """An event for ``device`` (current), from those completed prefetches gave back, or a new one."""
+        with self._prefetch_lock:
+            for i, (d, event) in enumerate(self._idle_events):
+                if d == device:
+                    del self._idle_events[i]
+                    return event
+        return check(cudart.cudaEventCreateWithFlags(cudart.cudaEventDisableTiming))
+
+    def _watch_prefetches(self) -> None:
+        """Make sure something polls: a thread while prefetches are pending, and every read of the bus."""
+        with self._prefetch_lock:
+            if self._poller is None:
+                self.bus.add_flush_hook(self.poll_prefetches)
+                self._poller = threading.Thread(target=self._poll_periodically, name="uvm_lab-prefetch-poll",
+                                                daemon=True)
+                self._poller.start()
+        self._prefetch_wake.set()
+
+    def _poll_periodically(self) -> None:
+        while True:
+            self._prefetch_wake.wait()
+            self._prefetch_wake.clear()
+            while self.pending_prefetches():
+                time.sleep(0.001)
+                try:
+                    self.poll_prefetches()
+                except Exception:   # the poller must not die silently mid-run
+                    import logging
+
+                    logging.getLogger("uvm_lab.backends").exception("polling prefetches failed")
+                    break
+
+    def _unobserved(self, ptr: int, size: int, cause: UnobservedCause, device: int, seg_id: int,
+                    mode: int = 0) -> None:
+        """Pages that GPU ``device`` worked on where no record shows what moved (see the module docstring)."""
+        self.bus.flush()   # CUPTI's records of the same work, if any, come first
+        now = self.now_ns()
+        self.bus.publish(record_of(EventKind.UNOBSERVED, flags=cause, dst=device, address=ptr, nbytes=size,
+                                   value=mode, alloc_id=seg_id, start=now, end=now))
 
     def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
         advice = Advice(advice)
@@ -409,6 +548,8 @@ class CudaBackend:
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.ADVICE, flags=advice, dst=location.id if needs and location else
                                    NO_PROCESSOR, address=ptr, nbytes=size, alloc_id=seg_id, start=now, end=now))
+        if advice is Advice.UNSET_READ_MOSTLY:   # duplicates collapse to one copy, where the driver chooses
+            self._unobserved(ptr, size, UnobservedCause.COLLAPSE, NO_PROCESSOR, seg_id)
 
     def range_advice(self, ptr: int, size: int) -> RangeAdvice:
         _, _, kind, _ = self._find(ptr, size)
@@ -436,7 +577,7 @@ class CudaBackend:
         if mode not in _MODES:
             raise InvalidArgumentError(f"mode must be one of {sorted(_MODES)}, got {mode!r}", value=mode,
                                        expected=", ".join(_MODES))
-        _, _, kind, _ = self._find(ptr, size)
+        _, _, kind, seg_id = self._find(ptr, size)
         self._check_location(processor)
         if processor.is_host:
             if kind is MemoryKind.DEVICE:
@@ -445,11 +586,19 @@ class CudaBackend:
             self.synchronize()   # without concurrent access the host may touch managed memory only when idle
             start = time.perf_counter()
             self._host_touch(ptr, size, mode)
-            return AccessResult(time.perf_counter() - start, None, None, None, None)
+            seconds = time.perf_counter() - start
+            if kind is MemoryKind.MANAGED and not _measured("host", self._device):
+                self._unobserved(ptr, size, UnobservedCause.HOST, HOST_ID, seg_id,
+                                 mode=AccessType.READ if mode == "read" else AccessType.WRITE)
+            return AccessResult(seconds, None, None, None, None)
         start = time.perf_counter()
         with self._on(processor.id):
             self._gpu_touch(ptr, size, mode, stream)
-        return AccessResult(time.perf_counter() - start, None, None, None, None)
+        seconds = time.perf_counter() - start
+        if kind is MemoryKind.MANAGED and not _measured("kernels", processor.id):
+            self._unobserved(ptr, size, UnobservedCause.KERNEL, processor.id, seg_id,
+                             mode={"read": AccessType.READ, "write": AccessType.WRITE}.get(mode, AccessType.ATOMIC))
+        return AccessResult(seconds, None, None, None, None)
 
     def host_view(self, ptr: int, size: int) -> np.ndarray:
         """A NumPy ``uint8`` view of host-accessible memory (managed or pinned), no copy."""
@@ -464,13 +613,18 @@ class CudaBackend:
             return
         if kind is MemoryKind.MANAGED and data.size >= 2 * COPY_CHUNK and self._lands_on_device(ptr, data.size):
             start = self.now_ns()
+            flags = 0 if _measured("transfers", self._device) else PREFETCH_IMPLIES_MOVES
             self._pipelined_write(ptr, data, stream)
-            self.bus.publish(record_of(EventKind.PREFETCH, dst=self._device, address=ptr, nbytes=data.size,
-                                       alloc_id=seg_id, start=start, end=self.now_ns(), stream=self._side_stream or 0))
+            check(cudart.cudaStreamSynchronize(stream))
+            self.bus.publish(record_of(EventKind.PREFETCH, flags=flags, dst=self._device, address=ptr,
+                                       nbytes=data.size, alloc_id=seg_id, start=start, end=self.now_ns(),
+                                       stream=self._side_stream or 0))
         else:
             check(cudart.cudaMemcpyAsync(ptr, data.ctypes.data, data.size, cudart.cudaMemcpyKind.cudaMemcpyDefault,
                                          stream))
-        check(cudart.cudaStreamSynchronize(stream))
+            check(cudart.cudaStreamSynchronize(stream))
+        if kind is MemoryKind.MANAGED and not _measured("kernels", self._device):
+            self._unobserved(ptr, data.size, UnobservedCause.COPY, self._device, seg_id, mode=AccessType.WRITE)
 
     def _lands_on_device(self, ptr: int, size: int) -> bool:
         """Whether a copy into managed memory should bring it to the GPU (not when the host is preferred)."""
@@ -503,11 +657,13 @@ class CudaBackend:
                 check(cudart.cudaEventDestroy(event))   # released by the driver once the stream passes it
 
     def read(self, ptr: int, out: np.ndarray, *, stream: int = 0) -> None:
-        self._find(ptr, out.size)
+        _, _, kind, seg_id = self._find(ptr, out.size)
         if out.size:
             check(cudart.cudaMemcpyAsync(out.ctypes.data, ptr, out.size, cudart.cudaMemcpyKind.cudaMemcpyDefault,
                                          stream))
             check(cudart.cudaStreamSynchronize(stream))
+            if kind is MemoryKind.MANAGED and not _measured("kernels", self._device):
+                self._unobserved(ptr, out.size, UnobservedCause.COPY, self._device, seg_id, mode=AccessType.READ)
 
     def _host_touch(self, ptr: int, size: int, mode: AccessMode) -> None:
         # One access per 4 KiB page, as a host loop over the buffer: enough to fault every page in.

@@ -3,18 +3,24 @@
 from .bus import EventBus, Subscription, get_bus, new_alloc_id
 from .schema import (
     EVENT_DTYPE,
+    INFERRED_BIT,
+    PREFETCH_IMPLIES_MOVES,
     AccessType,
     Advice,
     EventKind,
     MemoryKind,
     MigrationCause,
     RemoteMapCause,
+    UnobservedCause,
+    is_inferred,
     make_events,
     record_of,
 )
 
 __all__ = [
     "EVENT_DTYPE",
+    "INFERRED_BIT",
+    "PREFETCH_IMPLIES_MOVES",
     "AccessType",
     "Advice",
     "EventBus",
@@ -23,7 +29,9 @@ __all__ = [
     "MigrationCause",
     "RemoteMapCause",
     "Subscription",
+    "UnobservedCause",
     "get_bus",
+    "is_inferred",
     "make_events",
     "new_alloc_id",
     "record_of",

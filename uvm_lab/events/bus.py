@@ -13,6 +13,10 @@ The bus keeps the most recent records as history, so a view that attaches late (
 timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
 detached and logged, never allowed to break the producer (a page fault must not fail because a plot did).
 
+A subscriber may publish too (the residency tracker publishes the migrations a completed prefetch
+implies): its records are delivered right after the batch being delivered, to every subscriber, so all
+of them see the same order.
+
 Producers that hold records elsewhere (CUPTI keeps them in its own buffers until drained) register a
 flush hook (:meth:`EventBus.add_flush_hook`): :meth:`EventBus.flush`, which every reader calls, runs
 the hooks first, so reading a map or a trace sees what the hardware has already reported.
@@ -20,13 +24,14 @@ the hooks first, so reading a map or a trace sees what the hardware has already 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import struct
 import sys
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -119,6 +124,7 @@ class EventBus:
         self._flush_interval = flush_interval
         self._flusher: threading.Thread | None = None
         self._delivering = False   # a subscriber detached while records are being delivered must not recurse
+        self._follow: list[np.ndarray] = []   # published by a subscriber mid-delivery: delivered right after
         # History is kept as the published arrays themselves (appending is O(1) on the hot path);
         # the oldest are trimmed once more than ``capacity`` records are held.
         self._history: deque[np.ndarray] = deque()
@@ -230,8 +236,22 @@ class EventBus:
         if not len(records) or sys.is_finalizing():
             return
         with self._lock:
+            if self._delivering:   # a subscriber publishing (the lock is this thread's): after this batch
+                self._follow.append(records)
+                return
             self._flush_locked()
             self._deliver(records)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold off every other thread's publishing while the block runs (this thread may publish).
+
+        For a reader that publishes what follows from what it read, with nothing published in between:
+        the host watcher reads a map, compares it with the host's page tables and publishes the difference.
+        Keep the block short: producers on other threads wait for it.
+        """
+        with self._lock:
+            yield
 
     def _flush_locked(self) -> None:
         queue = self._queue
@@ -241,17 +261,22 @@ class EventBus:
             self._deliver(_from_allocator_records(packed))
 
     def _deliver(self, records: np.ndarray) -> None:
-        self._append(records)
-        self._delivering = True
-        try:
-            for sub in self._subscribers:
-                try:
-                    sub.deliver(records)
-                except Exception:
-                    self.unsubscribe(sub)
-                    log.exception("event subscriber %r raised and has been detached", sub.callback)
-        finally:
-            self._delivering = False
+        batches = [records]
+        while batches:
+            batch = batches.pop(0)
+            self._append(batch)
+            self._delivering = True
+            try:
+                for sub in self._subscribers:
+                    try:
+                        sub.deliver(batch)
+                    except Exception:
+                        self.unsubscribe(sub)
+                        log.exception("event subscriber %r raised and has been detached", sub.callback)
+            finally:
+                self._delivering = False
+            batches.extend(self._follow)
+            self._follow.clear()
 
     def _start_flusher(self) -> None:
         with self._lock:

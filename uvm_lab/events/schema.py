@@ -26,12 +26,16 @@ import numpy as np
 
 __all__ = [
     "EVENT_DTYPE",
+    "INFERRED_BIT",
+    "PREFETCH_IMPLIES_MOVES",
     "AccessType",
     "Advice",
     "EventKind",
     "MemoryKind",
     "MigrationCause",
     "RemoteMapCause",
+    "UnobservedCause",
+    "is_inferred",
     "make_events",
     "record_of",
 ]
@@ -72,6 +76,9 @@ class EventKind(IntEnum):
     ADVICE = 23          #: memory advice was set; flags = Advice, dst = location (or -2 when none applies)
     # Driver events that CUPTI's counters do not carry (the UVM driver's own vocabulary).
     INVALIDATE = 24      #: copies on ``src`` dropped without a transfer (read-duplicate collapse, eviction of a copy)
+    # What uvm_lab knows without a record of the driver's (a real GPU with tracing off).
+    UNOBSERVED = 25      #: pages changed where nothing recorded it; flags = UnobservedCause, dst = the GPU at work
+    RESIDENCY = 26       #: the pages' state, as inferred: value = the page state (uvm_lab.page_states)
 
     @property
     def is_migration(self) -> bool:
@@ -87,9 +94,35 @@ class MigrationCause(IntEnum):
     PREFETCH = 3         #: the driver's own speculative prefetch
     EVICTION = 4         #: to make room on a full GPU
     ACCESS_COUNTERS = 5  #: access-counter driven migration
+    #: Not CUPTI's: a completed ``cudaMemPrefetchAsync`` whose migrations nothing measured; the backend
+    #: publishes what it implies (USER, with the :data:`INFERRED_BIT`).
+    USER_INFERRED = 0x81
     #: Not CUPTI's: no record of this migration arrived; the host's page tables show it happened
-    #: (:func:`uvm_lab.tracing.reconcile`).
+    #: (:func:`uvm_lab.tracing.reconcile`), for a reason they cannot tell.
     INFERRED = 255
+
+
+#: Set in the ``flags`` of a migration that was inferred rather than measured (:func:`is_inferred`).
+INFERRED_BIT = 0x80
+
+
+def is_inferred(flags: int | np.ndarray) -> bool | np.ndarray:
+    """Whether a migration's ``flags`` (its cause) mark it inferred rather than reported by the driver."""
+    return (np.asarray(flags) & INFERRED_BIT) != 0 if isinstance(flags, np.ndarray) else bool(flags & INFERRED_BIT)
+
+
+class UnobservedCause(IntEnum):
+    """Why pages changed where no record shows it (the ``flags`` of an UNOBSERVED record)."""
+
+    KERNEL = 1     #: a kernel on GPU ``dst`` accessed them (faults are not traced)
+    COPY = 2       #: a copy on GPU ``dst``'s engines read or wrote them
+    COLLAPSE = 3   #: ReadMostly was unset: the driver keeps one copy of each duplicated page, where it chooses
+    HOST = 4       #: host code read (``value`` READ) or wrote (WRITE) them: they are on the host, a write's alone
+
+
+#: A PREFETCH record's ``flags``: the prefetch completed and nothing measures its migrations, so the
+#: map places every page at ``dst`` and the migrations it implies are published (cause USER_INFERRED).
+PREFETCH_IMPLIES_MOVES = 1
 
 
 class AccessType(IntEnum):

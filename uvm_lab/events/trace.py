@@ -12,7 +12,17 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from .bus import EventBus, get_bus
-from .schema import EVENT_DTYPE, AccessType, Advice, EventKind, MemoryKind, MigrationCause, RemoteMapCause
+from .schema import (
+    EVENT_DTYPE,
+    AccessType,
+    Advice,
+    EventKind,
+    MemoryKind,
+    MigrationCause,
+    RemoteMapCause,
+    UnobservedCause,
+    is_inferred,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -20,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Trace", "record"]
 
 _FAULTS = (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT)
+_MIGRATIONS = [int(EventKind.HTOD), int(EventKind.DTOH), int(EventKind.DTOD)]
 
 
 def _decode_flags(kind: int, flags: int) -> tuple[str, str]:
@@ -36,6 +47,10 @@ def _decode_flags(kind: int, flags: int) -> tuple[str, str]:
             return "", Advice(flags).name.lower()
         if k in (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE):
             return "", MemoryKind(flags).name.lower()
+        if k is EventKind.UNOBSERVED:
+            return UnobservedCause(flags).name.lower(), ""
+        if k is EventKind.PREFETCH:
+            return ("user_inferred" if flags else "user"), ""
     except ValueError:
         pass
     return "", str(flags) if flags else ""
@@ -99,7 +114,8 @@ class Trace:
         })
 
     def summary(self) -> dict[str, Any]:
-        """Counts per kind, bytes migrated each way, faults taken, and the time the trace spans."""
+        """Counts per kind, bytes migrated each way (and of those, the inferred ones), faults taken, and the
+        time the trace spans."""
         ev = self.events
         kinds = ev["kind"]
         counts = {EventKind(int(k)).name.lower(): int(n) for k, n in zip(*np.unique(kinds, return_counts=True),
@@ -111,6 +127,9 @@ class Trace:
             "counts": counts,
             "bytes_htod": int(ev["bytes"][kinds == EventKind.HTOD].sum()),
             "bytes_dtoh": int(ev["bytes"][kinds == EventKind.DTOH].sum()),
+            "bytes_dtod": int(ev["bytes"][kinds == EventKind.DTOD].sum()),
+            # Of the three, the bytes no driver record reported: a completed prefetch's, or the host's page tables'.
+            "bytes_inferred": int(ev["bytes"][np.isin(kinds, _MIGRATIONS) & is_inferred(ev["flags"])].sum()),
             "gpu_faults": int(faults["value"][faults["kind"] == EventKind.GPU_PAGE_FAULT].sum()),
             "cpu_faults": int(faults["value"][faults["kind"] == EventKind.CPU_PAGE_FAULT].sum()),
             "seconds": span / 1e9,

@@ -312,7 +312,8 @@ def _touches(buf: ul.DeviceBuffer, ranges: list[tuple[int, int]]) -> bool:
 def _device_info() -> DeviceInfo:
     backend = ul.get_backend()
     free, total = backend.mem_info()
-    return DeviceInfo(backend=str(backend.name), free=int(free), total=int(total))
+    return DeviceInfo(backend=str(backend.name), device_count=int(backend.device_count()), free=int(free),
+                      total=int(total))
 
 
 # -- the comm target -------------------------------------------------------------------------------------

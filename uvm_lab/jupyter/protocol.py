@@ -9,7 +9,7 @@ a message carries is ever evaluated::
 
     front end -> kernel (commands)
         hello       {seq}                      send a full snapshot
-        prefetch    {seq, id, location}        location: "gpu" | "host"
+        prefetch    {seq, id, location}        location: "host" | "gpu" | "gpu:N"
         set_advice  {seq, id, advice, value}   read_mostly: bool
                                                preferred_location: "host" | "gpu" | "gpu:N" | null
                                                accessed_by: a list of those locations ([] unsets)
@@ -21,31 +21,38 @@ a message carries is ever evaluated::
         removed     {ids}
         result      {seq, command, ok, error}  one per command; error: {type, message} or null
 
+A location is checked for its shape only: whether GPU N exists is the backend's question, and its
+answer (a typed error) comes back in the ``result``. ``device.device_count`` says how many GPUs there are.
+
 Residency never travels as a JSON list. The i-th binary buffer of a ``snapshot`` or ``update``
-holds the page states of ``allocations[i]``: one byte per 4 KiB page (0 nowhere, 1 host, 2 gpu,
-3 both, as in :mod:`uvm_lab.residency`). An allocation of more than ``CELL_LIMIT`` pages is sent
-as ``cells`` bytes, each standing for ``cell_pages`` consecutive pages (the last cell may hold
-fewer) and holding the state most of those pages are in; ``counts`` always gives the exact number
-of pages in each state, so nothing is lost to the downsampling but the picture's resolution.
+holds the residency of ``allocations[i]``: one byte per 4 KiB page, the code of the page's category
+(:func:`uvm_lab.page_states.categories`, named by ``CATEGORY_NAMES``: 0 nowhere, 1 host, 2 both,
+3 unknown, 4 gpus, 5 + d GPU d alone). The panel never sees a page state's bits, so it names and
+colours a page exactly as the dashboard does. An allocation of more than ``CELL_LIMIT`` pages is
+sent as ``cells`` bytes, each standing for ``cell_pages`` consecutive pages (the last cell may hold
+fewer) and holding the category most of those pages are in; ``counts`` always gives the exact number
+of pages in every category (zero included), so nothing is lost to the downsampling but the
+picture's resolution.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, TypedDict, cast
 
 import numpy as np
 
-from ..errors import ProtocolError
+from ..errors import InvalidArgumentError, ProtocolError
+from ..page_states import CATEGORY_NAMES
 from .dashboard.collect import bin_states
 
 __all__ = [
     "ADVICE_NAMES",
+    "CATEGORY_NAMES",
     "CELL_LIMIT",
     "COMMANDS",
     "COMM_TARGET",
-    "LOCATIONS",
     "PROTOCOL_VERSION",
     "AdviceState",
     "AllocationInfo",
@@ -66,19 +73,19 @@ __all__ = [
 ]
 
 COMM_TARGET: Final = "uvm_lab"
-PROTOCOL_VERSION: Final = 1
+# 2: cells carry category codes (one per GPU, "unknown"); counts are per category; device_count.
+PROTOCOL_VERSION: Final = 2
 
 #: Above this many pages an allocation's map is sent downsampled, in cells of several pages.
 CELL_LIMIT: Final = 16384
 
-#: Where a prefetch from the panel may send an allocation.
-LOCATIONS: Final = ("gpu", "host")
 ADVICE_NAMES: Final = ("read_mostly", "preferred_location", "accessed_by")
 
 # JavaScript numbers are exact only up to 2**53; ids and sequence numbers stay below.
 _MAX_INT = 2**53 - 1
-# "host", "gpu" or "gpu:N"; whether device N exists is the backend's question, not the protocol's.
-_ADVICE_LOCATION = re.compile(r"(?:host|gpu(?::[0-9]{1,3})?)\Z")
+# "host", "gpu" or "gpu:N", for prefetch and advice alike; whether device N exists is the backend's
+# question, not the protocol's.
+_LOCATION = re.compile(r"(?:host|gpu(?::[0-9]{1,3})?)\Z")
 _MAX_ACCESSED_BY = 64
 
 
@@ -94,7 +101,7 @@ class Prefetch(TypedDict):
     type: Literal["prefetch"]
     seq: int
     id: int
-    location: Literal["gpu", "host"]
+    location: str  # "host" | "gpu" | "gpu:N"
 
 
 class SetAdvice(TypedDict):
@@ -123,11 +130,12 @@ class AdviceState(TypedDict):
     accessed_by: list[str]
 
 
-class PageCounts(TypedDict):
-    gpu: int
-    host: int
-    both: int
-    nowhere: int
+# Pages per category, every name of CATEGORY_NAMES (zero included). Spelled out, as its twin is; a
+# test checks the keys against CATEGORY_NAMES. Functional syntax: "gpu:0" is not an identifier.
+PageCounts = TypedDict("PageCounts", {
+    "nowhere": int, "host": int, "both": int, "unknown": int, "gpus": int,
+    "gpu:0": int, "gpu:1": int, "gpu:2": int, "gpu:3": int, "gpu:4": int, "gpu:5": int,
+})
 
 
 class AllocationInfo(TypedDict):
@@ -144,6 +152,7 @@ class AllocationInfo(TypedDict):
 
 class DeviceInfo(TypedDict):
     backend: str
+    device_count: int
     free: int
     total: int
 
@@ -219,11 +228,8 @@ def parse_command(data: object) -> Command:
         return Pause(type="pause", seq=seq, paused=_boolean(data, "paused"))
     alloc_id = _integer(data, "id", low=1)
     if kind == "prefetch":
-        location = data["location"]
-        if location not in LOCATIONS or not isinstance(location, str):
-            raise ProtocolError(f"prefetch location must be one of {_choices(LOCATIONS)}, got {location!r}",
-                                command=data)
-        return Prefetch(type="prefetch", seq=seq, id=alloc_id, location=location)  # type: ignore[typeddict-item]
+        location = _location(data["location"], data, "prefetch location")
+        return Prefetch(type="prefetch", seq=seq, id=alloc_id, location=location)
     advice = data["advice"]
     if advice not in ADVICE_NAMES or not isinstance(advice, str):
         raise ProtocolError(f"advice must be one of {_choices(ADVICE_NAMES)}, got {advice!r}", command=data)
@@ -238,19 +244,19 @@ def _advice_value(data: Mapping[str, Any], advice: str) -> bool | str | list[str
     if advice == "preferred_location":
         if value is None:
             return None
-        return _advice_location(value, data, "preferred_location value")
+        return _location(value, data, "preferred_location value")
     if not isinstance(value, list):
         raise ProtocolError(f"accessed_by value must be a list of locations, got {value!r}", command=data)
     if len(value) > _MAX_ACCESSED_BY:
         raise ProtocolError(f"accessed_by takes at most {_MAX_ACCESSED_BY} locations, got {len(value)}", command=data)
-    locations = [_advice_location(v, data, "accessed_by location") for v in value]
+    locations = [_location(v, data, "accessed_by location") for v in value]
     if len(set(locations)) != len(locations):
         raise ProtocolError(f"accessed_by locations must be distinct, got {value!r}", command=data)
     return locations
 
 
-def _advice_location(value: object, data: Mapping[str, Any], what: str) -> str:
-    if not isinstance(value, str) or not _ADVICE_LOCATION.match(value):
+def _location(value: object, data: Mapping[str, Any], what: str) -> str:
+    if not isinstance(value, str) or not _LOCATION.match(value):
         raise ProtocolError(f'{what} must be "host", "gpu" or "gpu:N", got {value!r}', command=data)
     return value
 
@@ -284,16 +290,15 @@ def _choices(options: tuple[str, ...]) -> str:
 def pack_states(states: np.ndarray, limit: int = CELL_LIMIT) -> tuple[int, np.ndarray, PageCounts]:
     """The bytes that carry a page-state array, and its exact counts: ``(cell_pages, cells, counts)``.
 
-    Up to ``limit`` pages, one byte per page (``cell_pages`` 1). Beyond, each byte stands for
-    ``cell_pages`` consecutive pages and holds the state most of them are in (the dashboard's
-    binning, ties to the lower state number); the last cell may stand for fewer pages. A page
-    on any GPU counts as "gpu", so the bytes are always 0 to 3.
+    Each byte is a category code (:func:`uvm_lab.page_states.categories`). Up to ``limit`` pages, one
+    byte per page (``cell_pages`` 1). Beyond, each byte stands for ``cell_pages`` consecutive pages and
+    holds the category most of them are in (the dashboard's binning, ties to the lower code); the last
+    cell may stand for fewer pages. ``counts`` has every category, by name, with its exact pages.
     """
-    states = np.asarray(states, dtype=np.uint8)
-    if not len(states):
-        return 1, np.zeros(0, dtype=np.uint8), PageCounts(gpu=0, host=0, both=0, nowhere=0)
+    if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
+        raise InvalidArgumentError(f"limit must be a whole number of cells >= 1, got {limit!r}", value=limit,
+                                   expected="a whole number >= 1")
     bins = bin_states(states, limit)
-    cell_pages = int(bins["last"][0] - bins["first"][0] + 1)
-    gpu, host, both, nowhere = (int(bins[name].sum()) for name in ("gpu", "host", "both", "nowhere"))
-    counts = PageCounts(gpu=gpu, host=host, both=both, nowhere=nowhere)
-    return cell_pages, np.ascontiguousarray(bins["state"], dtype=np.uint8), counts
+    counts = cast(PageCounts, {name: int(bins[name].sum()) for name in CATEGORY_NAMES})
+    cell_pages = int(bins["last"][0] - bins["first"][0] + 1) if len(bins["first"]) else 1
+    return cell_pages, bins["category"], counts

@@ -6,32 +6,42 @@
 - :class:`AllocationIndex` / :func:`attribute` say which allocation each record belongs to.
 - :func:`host_resident` / :func:`oracle_agreement`: the host's page tables as an exact check of a map;
   :func:`reconcile` (and :meth:`CuptiCollector.check_host`): what lost records missed, as events.
+- :func:`watch` / :class:`HostWatcher`: the host's page tables read at a low rate, keeping maps true with
+  tracing off (on by default on a real GPU); :mod:`~uvm_lab.tracing.inference`: what a completed prefetch implies.
 - :func:`to_chrome_trace` / :func:`to_rmm_csv`: a trace for Perfetto, or for RMM's tools.
 """
 
 from .attribution import AllocationIndex, attribute, cause_names
-from .cupti import CuptiCollector, TracingUnavailableWarning, cupti_status
+from .cupti import CuptiCollector, TracingUnavailableWarning, cupti_status, measures
 from .decode import CUPTI_UM_COUNTER3_DTYPE, decode_buffer, decode_records, encode_records
 from .export import to_chrome_trace, to_rmm_csv
 from .pagemap import OracleAgreement, host_resident, oracle_agreement
-from .reconcile import Reconciliation, reconcile
+from .reconcile import Reconciliation, host_truth, reconcile
+from .watcher import DEFAULT_INTERVAL, HostWatcher, check_host, get_watcher, unwatch, watch
 
 __all__ = [
     "CUPTI_UM_COUNTER3_DTYPE",
     "AllocationIndex",
     "CuptiCollector",
+    "HostWatcher",
     "OracleAgreement",
     "Reconciliation",
     "TracingUnavailableWarning",
     "attribute",
+    "check_host",
     "cause_names",
     "cupti_status",
     "decode_buffer",
     "decode_records",
+    "get_watcher",
     "encode_records",
     "host_resident",
+    "host_truth",
+    "measures",
     "oracle_agreement",
     "reconcile",
     "to_chrome_trace",
     "to_rmm_csv",
+    "unwatch",
+    "watch",
 ]

@@ -192,6 +192,7 @@ _CAUSES = {
     3: "driver prefetch",
     4: "eviction",
     5: "access counters",
+    0x81: "user prefetch (inferred)",
     255: "inferred",
 }
 _ACCESS = {1: "read", 2: "write", 3: "atomic", 4: "prefetch"}

@@ -61,10 +61,10 @@ from .decode import (
     clock_offset,
     decode_records,
 )
-from .pagemap import host_resident
-from .reconcile import Reconciliation, reconcile
+from .reconcile import Reconciliation
 
-__all__ = ["CUPTI_UM_QUEUE_RECORDS", "CuptiCollector", "TracingUnavailableWarning", "cupti_status"]
+__all__ = ["CUPTI_UM_QUEUE_RECORDS", "CuptiCollector", "TracingUnavailableWarning", "cupti_status", "measures",
+           "running_collector"]
 
 log = logging.getLogger("uvm_lab.tracing")
 
@@ -153,6 +153,31 @@ def cupti_status() -> dict[str, Any]:
     """
     module, reason = _load_cupti()
     return {"installed": module is not None, "reason": reason, "active": _active is not None}
+
+
+#: The counters without which a backend's work on a device is not measured, by what the work is: a
+#: prefetch's migrations, or a kernel's (whose first touches on the GPU only GPU faults record).
+_MEASURING = {"transfers": {"htod", "dtoh"}, "kernels": {"htod", "dtoh", "gpu_faults"},
+              "host": {"htod", "dtoh", "cpu_faults"}}
+
+
+def running_collector() -> CuptiCollector | None:
+    """The collector running in this process, if any (CUPTI takes one at a time)."""
+    collector = _active
+    return collector if collector is not None and collector.running else None
+
+
+def measures(what: str, device: int) -> bool:
+    """Whether a running collector records ``what`` (``"transfers"``, ``"kernels"`` or ``"host"`` work) on ``device``.
+
+    Where it does not, the CUDA backend publishes what it can infer instead (``uvm_lab.backends.cuda``).
+    """
+    if what not in _MEASURING:
+        raise InvalidArgumentError(f"what must be one of {sorted(_MEASURING)}, got {what!r}", value=what,
+                                   expected=", ".join(_MEASURING))
+    collector = _active
+    return (collector is not None and collector.running and collector._device == device
+            and _MEASURING[what] <= set(collector.counters))
 
 
 # -- one set of CUPTI callbacks per process, routed to the running collector --------------------------
@@ -319,6 +344,10 @@ class CuptiCollector:
         How buffers are received: ``"auto"`` (raw buffers where possible), ``"raw"`` or ``"objects"``;
         see the module docstring. CUPTI takes one set of callbacks per process, so the first
         collector's choice holds for every later one.
+    attributes
+        CUPTI activity attributes to set before the counters are enabled, by the name of
+        ``cupti.ActivityAttribute`` (``{"DEVICE_BUFFER_POOL_LIMIT": 64}``); integer values. Names are
+        checked when the collector starts. :meth:`attribute_values` reads them back.
     required
         Raise :class:`~uvm_lab.errors.BackendError` where CUPTI cannot be used, rather than warning
         once (:class:`TracingUnavailableWarning`) and staying inert.
@@ -335,7 +364,7 @@ class CuptiCollector:
     def __init__(self, *, bus: EventBus | None = None, gpu_faults: bool = False, cpu_faults: bool = True,
                  counters: Any = None, device: int | None = None, flush_interval: float = 0.1,
                  drain_interval: float = 0.001, buffer_size: int = 8 << 20, decoder: str = "auto",
-                 required: bool = False) -> None:
+                 attributes: dict[str, int] | None = None, required: bool = False) -> None:
         if bus is not None and not isinstance(bus, EventBus):
             raise InvalidArgumentError(f"bus must be an EventBus, got {type(bus).__name__}", value=bus,
                                        expected="uvm_lab.events.EventBus")
@@ -372,6 +401,11 @@ class CuptiCollector:
             raise InvalidArgumentError(f"buffer_size must be a multiple of 8 bytes, 64 KiB..1 GiB, got {buffer_size!r}",
                                        value=buffer_size, expected="an int number of bytes, a multiple of 8, "
                                                                    "65536..1073741824")
+        if attributes is not None and (not isinstance(attributes, dict) or not all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in attributes.items())):
+            raise InvalidArgumentError(f"attributes must map attribute names to non-negative ints, got {attributes!r}",
+                                       value=attributes, expected='{"DEVICE_BUFFER_POOL_LIMIT": 64, ...}')
         if decoder not in ("auto", "raw", "objects"):
             raise InvalidArgumentError(f"decoder must be 'auto', 'raw' or 'objects', got {decoder!r}",
                                        value=decoder, expected="'auto', 'raw' or 'objects'")
@@ -382,6 +416,7 @@ class CuptiCollector:
         self.drain_interval = float(drain_interval)
         self.buffer_size = buffer_size
         self.decoder = decoder
+        self.attributes = dict(attributes or {})
         self.required = required
         self.reason = ""                 #: why the collector is inert ("" while it works)
         self.receiver = ""               #: how buffers arrive: "raw" or "objects"
@@ -438,6 +473,13 @@ class CuptiCollector:
         except Exception as exc:
             return self._unavailable(_reason_of(exc))
         _raw_buffers.size = self.buffer_size
+        try:
+            for name, value in self.attributes.items():
+                _set_attribute(cupti, name, value)
+        except InvalidArgumentError:
+            raise
+        except Exception as exc:
+            return self._unavailable(_reason_of(exc))
         config = np.zeros(len(self.counters), dtype=_CONFIG_DTYPE)
         config["scope"] = _SCOPE_PROCESS_SINGLE_DEVICE
         config["kind"] = [int(_COUNTERS[c]) for c in self.counters]
@@ -564,27 +606,40 @@ class CuptiCollector:
                                        value=tracker, expected="a ResidencyTracker")
         if self._device is None:
             raise InvalidStateError("the collector was never started: there are no records to check")
+        from ..backends import get_backend
+        from .watcher import check_host
+
         self.flush()
-        now = _now_ns()
-        found = Reconciliation()
-        for seg in tracker.segments():
-            if seg["kind"] != "managed" or not seg["size"]:
-                continue
-            states = tracker.map(seg["address"], seg["size"]).states
-            host = host_resident(seg["address"], seg["size"])[:len(states)]
-            found = found + reconcile(states, host, address=seg["address"], device=self._device,
-                                      alloc_id=seg["id"], now=now)
+        backend = get_backend()
+        gpus = 1 if backend.is_simulated else int(backend.device_count())
+        found = check_host(tracker, gpus=gpus, bus=self.bus, now=_now_ns, repair=repair)
+        self.account(found)
+        return found
+
+    def account(self, found: Reconciliation) -> int:
+        """Count, among the pages the host's page tables showed moved with no record, those the enabled
+        counters should have recorded (records CUPTI lost): HtoD and DtoH moves, the host's first touches, and
+        with GPU faults on, host copies a GPU write dropped. They make :meth:`status` call the record
+        incomplete. The host watcher reports each of its rounds here while a collector runs. Returns them."""
+        if not isinstance(found, Reconciliation):
+            raise InvalidArgumentError(f"found must be a Reconciliation, got {type(found).__name__}", value=found,
+                                       expected="what reconcile() or check_host() returned")
         traced = set(self.counters)
         missed = (found.htod * ("htod" in traced) + found.dtoh * ("dtoh" in traced)
                   + found.first_touch * ("cpu_faults" in traced) + found.host_copy_dropped * ("gpu_faults" in traced))
         if missed:
-            self.unrecorded += missed
+            with self._lock:
+                self.unrecorded += missed
             log.warning("%d pages changed place on the host with no CUPTI record: records were lost (%r)",
                         missed, found)
-        if repair and len(found.events):
-            self.bus.publish(found.events)
-            self.bus.flush()
-        return found
+        return missed
+
+    def attribute_values(self) -> dict[str, int | None]:
+        """Every CUPTI activity attribute CUPTI reports, by name (None where it would not say)."""
+        cupti, _ = _load_cupti()
+        if cupti is None or not hasattr(cupti, "ActivityAttribute"):
+            return {}
+        return {a.name: _get_attribute(cupti, a.name) for a in cupti.ActivityAttribute}
 
     def status(self) -> dict[str, Any]:
         """What the collector is doing, for a panel or a log line."""
@@ -746,6 +801,40 @@ class CuptiCollector:
             self._since_drain += len(records)
             self.unattributed += int((events["alloc_id"] == 0).sum())
         self.bus.publish(events)
+
+
+def _attribute_id(cupti: Any, name: str) -> int:
+    members = getattr(cupti, "ActivityAttribute", None)
+    if members is None or name not in members.__members__:
+        known = sorted(members.__members__) if members is not None else []
+        raise InvalidArgumentError(f"unknown CUPTI activity attribute {name!r}", value=name,
+                                   expected=", ".join(known) or "a cupti.ActivityAttribute name")
+    return int(members[name])
+
+
+def _set_attribute(cupti: Any, name: str, value: int) -> None:
+    """``cuptiActivitySetAttribute``: attributes are ``size_t`` values, except a few ``uint8_t`` switches."""
+    attr = _attribute_id(cupti, name)
+    lib = _find_libcupti(cupti)
+    if lib is None:
+        raise BackendError("libcupti could not be found to set activity attributes")
+    for ctype in (ctypes.c_size_t, ctypes.c_uint8):
+        box, size = ctype(value), ctypes.c_size_t(ctypes.sizeof(ctype))
+        status = lib.cuptiActivitySetAttribute(attr, ctypes.byref(size), ctypes.byref(box))
+        if status == 0:
+            return
+    raise BackendError(f"CUPTI refused activity attribute {name}={value} (CUPTI status {status})")
+
+
+def _get_attribute(cupti: Any, name: str) -> int | None:
+    lib = _find_libcupti(cupti)
+    if lib is None:
+        return None
+    for ctype in (ctypes.c_size_t, ctypes.c_uint8):
+        box, size = ctype(0), ctypes.c_size_t(ctypes.sizeof(ctype))
+        if lib.cuptiActivityGetAttribute(_attribute_id(cupti, name), ctypes.byref(size), ctypes.byref(box)) == 0:
+            return int(box.value)
+    return None
 
 
 def _now_ns() -> int:

@@ -9,6 +9,7 @@ import ipywidgets as widgets
 import numpy as np
 from bokeh.models import ColumnDataSource
 
+from uvm_lab.page_states import CATEGORY_NAMES
 from uvm_lab.units import format_bytes
 
 from .base import DashboardComponent, update_source
@@ -28,7 +29,8 @@ class AllocationList(DashboardComponent):
     ``on_select(alloc_id | None, by_user)`` hears every change of selection; ``by_user`` is False when
     the list changed it (the selected allocation was freed, or the first one appeared).
 
-    ``source`` holds one row per allocation (id, label, size, residency fractions).
+    ``source`` holds one row per allocation: id, label, size, and the fraction of its pages in each
+    category (a column per name of :data:`~uvm_lab.page_states.CATEGORY_NAMES`).
     """
 
     def __init__(self, on_select: Callable[[int | None, bool], None] | None = None) -> None:
@@ -53,8 +55,9 @@ class AllocationList(DashboardComponent):
             "id": np.array([a["id"] for a in allocs], dtype=np.int64),
             "label": [a["label"] for a in allocs],
             "size": np.array([a["size"] for a in allocs], dtype=np.int64),
-            **{s: np.array([a["summary"][s] for a in allocs], dtype=np.float64)
-               for s in ("gpu", "host", "both", "nowhere")},
+            **{name: np.array([a["category_pages"][name] / max(len(a["states"]), 1) for a in allocs],
+                              dtype=np.float64)
+               for name in CATEGORY_NAMES},
         }
 
     def update(self, snapshot: Mapping[str, Any]) -> None:

@@ -15,27 +15,30 @@ snapshot's shape::
       "allocations": [                                              # ul.live_buffers(), oldest first
         {"id", "label", "size", "address", "is_managed", "page_size",
          "states": uint8 array (one entry per page, ul.residency's encoding),
-         "summary": {"gpu": f, "host": f, "both": f, "nowhere": f},
+         "summary": {"gpu": f, "host": f, "both": f, "nowhere": f, "unknown": f},   # ResidencyMap.summary()
+         "category_pages": {"nowhere": n, "host": n, ..., "gpu:5": n},  # pages per category, every one
          "advice": {"read_mostly": bool, "preferred_location": str | None, "accessed_by": (str, ...)} | None},
       ],
     }
+
+Views never decode a page state's bits: they draw and count its category
+(:func:`uvm_lab.page_states.categories`, named by :data:`~uvm_lab.page_states.CATEGORY_NAMES`).
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 import uvm_lab as ul
-from uvm_lab.errors import BufferClosedError
+from uvm_lab.errors import BufferClosedError, InvalidArgumentError
 from uvm_lab.events import get_bus
+from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories
 
-__all__ = ["STATE_NAMES", "EventTotals", "bin_states", "collect_snapshot", "describe_buffer"]
-
-#: ``ul.residency`` page states, by value: 0 nowhere, 1 host, 2 gpu, 3 both.
-STATE_NAMES = ("nowhere", "host", "gpu", "both")
+__all__ = ["EventTotals", "bin_states", "category_pages", "collect_snapshot", "describe_buffer", "shown_categories"]
 
 class EventTotals:
     """Running totals of ``Trace.summary()`` over every batch the bus delivers: events, counts per kind,
@@ -86,6 +89,7 @@ def describe_buffer(buf: Any) -> dict[str, Any]:
         "page_size": int(res.page_size),
         "states": np.array(res.states, dtype=np.uint8, copy=True),
         "summary": {k: float(v) for k, v in res.summary().items()},
+        "category_pages": category_pages(res.states),
         "advice": advice,
     }
 
@@ -116,30 +120,84 @@ def collect_snapshot(totals: EventTotals | None = None) -> dict[str, Any]:
     }
 
 
-def bin_states(states: np.ndarray, n_bins: int) -> dict[str, np.ndarray]:
-    """Group pages into at most ``n_bins`` equal runs; per bin: page range, pages per state, dominant state.
+def category_pages(states: np.ndarray) -> dict[str, int]:
+    """Pages in each category (:data:`~uvm_lab.page_states.CATEGORY_NAMES`, every one, in order) of ``states``."""
+    codes = categories(_page_states(states))
+    return dict(zip(CATEGORY_NAMES, np.bincount(codes, minlength=len(CATEGORY_NAMES)).tolist(), strict=True))
 
-    ``states`` is ``ResidencyMap.states``; the result's states are 0 nowhere, 1 host, 2 gpu, 3 both.
 
-    Returns columns ``first``, ``last`` (page indices, inclusive), ``nowhere``, ``host``, ``gpu``,
-    ``both`` (page counts) and ``state`` (the state most of the bin's pages are in).
+def shown_categories(device_count: int, present: Iterable[str] = ()) -> tuple[str, ...]:
+    """The categories a view lists for a device of ``device_count`` GPUs, in the order views list them.
+
+    Each GPU of the device, "gpus" where there are two or more, then host, both, unknown and nowhere; and
+    any other category named in ``present`` (one that holds pages, say), in its place.
     """
-    n = len(states)
+    if isinstance(device_count, bool) or not isinstance(device_count, (int, np.integer)) or device_count < 0:
+        raise InvalidArgumentError(f"device_count must be a whole number >= 0, got {device_count!r}",
+                                   value=device_count, expected="a whole number >= 0")
+    present = set(present)
+    if strangers := present - set(CATEGORY_NAMES):
+        raise InvalidArgumentError(f"no page category is named {', '.join(map(repr, sorted(strangers)))}; the "
+                                   f"categories are {', '.join(CATEGORY_NAMES)}", value=sorted(strangers),
+                                   expected="names from uvm_lab.page_states.CATEGORY_NAMES")
+    gpus = min(int(device_count), MAX_GPUS)
+    wanted = {*(f"gpu:{d}" for d in range(gpus)), *(("gpus",) if gpus > 1 else ()), "host", "both", "unknown",
+              "nowhere", *present}
+    return tuple(name for name in _DISPLAY_ORDER if name in wanted)
+
+
+# GPUs first, one by one and then together; then the host, both, and the two that hold no known copy.
+_DISPLAY_ORDER = (*(f"gpu:{d}" for d in range(MAX_GPUS)), "gpus", "host", "both", "unknown", "nowhere")
+
+
+def bin_states(states: np.ndarray, n_bins: int) -> dict[str, np.ndarray]:
+    """Group pages into at most ``n_bins`` equal runs; per bin: page range, pages per category, majority category.
+
+    ``states`` is ``ResidencyMap.states``. Returns columns ``first``, ``last`` (page indices, inclusive),
+    one per name of :data:`~uvm_lab.page_states.CATEGORY_NAMES` (the bin's pages in that category) and
+    ``category`` (the code of the category most of the bin's pages are in; ties go to the lower code).
+    Every bin but the last holds the same number of pages.
+    """
+    states = _page_states(states)
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise InvalidArgumentError(f"n_bins must be a whole number >= 1, got {n_bins!r}", value=n_bins,
+                                   expected="a whole number >= 1")
+    n, k = len(states), len(CATEGORY_NAMES)
     if n == 0:
         empty = np.zeros(0, dtype=np.int64)
-        return {"first": empty, "last": empty, **{s: empty for s in STATE_NAMES}, "state": np.zeros(0, np.uint8)}
-    per_bin = -(-n // max(1, n_bins))          # ceil: every bin but the last holds per_bin pages
+        return {"first": empty, "last": empty, **{c: empty for c in CATEGORY_NAMES},
+                "category": np.zeros(0, np.uint8)}
+    codes = categories(states)
+    per_bin = -(-n // int(n_bins))          # ceil: every bin but the last holds per_bin pages
     starts = np.arange(0, n, per_bin)
-    # ul.residency's states are processor bitmasks (bit 0 the host, bit d+1 device d): fold every
-    # GPU bit into "gpu", so a page on gpu:1 counts as gpu, not as an unknown state.
-    category = (states & 1) + 2 * ((states & ~np.uint8(1)) != 0)
-    onehot = np.zeros((n, 4), dtype=np.int64)
-    onehot[np.arange(n), category] = 1
-    counts = np.add.reduceat(onehot, starts, axis=0)
-    out = {
+    counts = np.zeros((len(starts), k), dtype=np.int64)
+    if per_bin == 1:
+        counts[np.arange(n), codes] = 1
+        majority = codes
+    else:
+        # One pass per category present (a map mostly holds two or three), over the full bins as rows.
+        full = n // per_bin
+        rows = codes[: full * per_bin].reshape(full, per_bin)
+        for code in np.flatnonzero(np.bincount(codes, minlength=k)).tolist():
+            counts[:full, code] = np.count_nonzero(rows == code, axis=1)
+        if full < len(starts):
+            counts[full] = np.bincount(codes[full * per_bin:], minlength=k)
+        majority = counts.argmax(axis=1).astype(np.uint8)
+    return {
         "first": starts.astype(np.int64),
         "last": np.minimum(starts + per_bin, n).astype(np.int64) - 1,
-        **{name: counts[:, i] for i, name in enumerate(STATE_NAMES)},
-        "state": counts.argmax(axis=1).astype(np.uint8),
+        **{name: counts[:, i] for i, name in enumerate(CATEGORY_NAMES)},
+        "category": np.ascontiguousarray(majority, dtype=np.uint8),
     }
-    return out
+
+
+def _page_states(states: Any) -> np.ndarray:
+    """``states`` as a 1-D uint8 array, or InvalidArgumentError: page states are bytes, one per page."""
+    array = np.asarray(states)
+    if array.ndim == 1 and not len(array):
+        return np.zeros(0, dtype=np.uint8)
+    if array.ndim != 1 or not (array.dtype == np.uint8 or (array.dtype.kind in "iu" and
+                                                           int(array.min()) >= 0 and int(array.max()) <= 255)):
+        raise InvalidArgumentError("page states must be a 1-D array of bytes (0..255), one per page; got "
+                                   f"{array.ndim}-D {array.dtype}", value=states, expected="a 1-D uint8 array")
+    return array.astype(np.uint8, copy=False)

@@ -1,4 +1,4 @@
-"""Controls: prefetch buttons and memory advice for the selected allocation.
+"""Controls: prefetch buttons (one per GPU, and the host) and memory advice for the selected allocation.
 
 They call only what a user's code calls: ``DeviceBuffer.prefetch`` and the advice properties
 (``read_mostly``, ``preferred_location``, ``accessed_by``), on the buffer ``ul.find_buffer(id)``
@@ -18,8 +18,10 @@ import numpy as np
 from bokeh.models import ColumnDataSource
 
 import uvm_lab as ul
+from uvm_lab.page_states import CATEGORY_NAMES
 
 from .base import DashboardComponent, update_source
+from .collect import shown_categories
 
 __all__ = ["AdviceControls", "PrefetchControls"]
 
@@ -65,39 +67,49 @@ class _BufferAction(DashboardComponent):
 
 
 class PrefetchControls(_BufferAction):
-    """Two buttons, "to GPU" and "to host" (``buffer.prefetch("gpu" | "host")``), and where the pages are now."""
+    """One button per place to send the pages, each GPU of the device and the host
+    (``buffer.prefetch("gpu:N" | "host")``), and where the pages are now, per category."""
 
-    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+    def __init__(self, on_change: Callable[[], None] | None = None, *, device_count: int = 1) -> None:
         super().__init__(on_change)
-        self.source = ColumnDataSource(data={"id": [], "gpu": [], "host": [], "both": [], "nowhere": []})
-        button = widgets.Layout(width="132px")
-        self.to_gpu = widgets.Button(description="to GPU", icon="arrow-right", tooltip="buffer.prefetch('gpu')",
-                                     layout=button)
-        self.to_host = widgets.Button(description="to host", icon="arrow-left", tooltip="buffer.prefetch('host')",
-                                      layout=button)
-        self.to_gpu.on_click(lambda _: self._run("prefetch to gpu", lambda b: b.prefetch("gpu")))
-        self.to_host.on_click(lambda _: self._run("prefetch to host", lambda b: b.prefetch("host")))
+        self.source = ColumnDataSource(data=self._columns(None))
+        #: The buttons by location: "gpu:0", ..., "host".
+        self.buttons: dict[str, widgets.Button] = {}
+        for location in [f"gpu:{d}" for d in range(device_count)] + ["host"]:
+            button = widgets.Button(description=f"to {location}",
+                                    icon="arrow-left" if location == "host" else "arrow-right",
+                                    tooltip=f"buffer.prefetch({location!r})", layout=widgets.Layout(width="auto"))
+            button.on_click(lambda _, where=location: self._run(f"prefetch to {where}", lambda b: b.prefetch(where)))
+            self.buttons[location] = button
         self.where = widgets.HTML(value="")
-        self.root = widgets.VBox([widgets.HBox([self.to_gpu, self.to_host]), self.where, self.message])
+        row = widgets.HBox(list(self.buttons.values()), layout=widgets.Layout(flex_flow="row wrap"))
+        self.root = widgets.VBox([row, self.where, self.message])
+
+    @staticmethod
+    def _columns(alloc: Mapping[str, Any] | None) -> dict[str, Any]:
+        if alloc is None:
+            return {"id": [], **{name: [] for name in CATEGORY_NAMES}}
+        pages = max(len(alloc["states"]), 1)
+        return {"id": np.array([alloc["id"]], dtype=np.int64),
+                **{name: np.array([n / pages]) for name, n in alloc["category_pages"].items()}}
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         alloc = self._find(snapshot, self.selected)
-        if alloc is None:
-            data: dict[str, Any] = {"id": [], "gpu": [], "host": [], "both": [], "nowhere": []}
-        else:
-            data = {"id": np.array([alloc["id"]], dtype=np.int64),
-                    **{k: np.array([alloc["summary"][k]]) for k in ("gpu", "host", "both", "nowhere")}}
-        if not update_source(self.source, data) and self.where.value:
+        if not update_source(self.source, self._columns(alloc)) and self.where.value:
             return
         disabled = alloc is None or not alloc["is_managed"]
-        self.to_gpu.disabled = self.to_host.disabled = disabled
+        for button in self.buttons.values():
+            button.disabled = disabled
         if alloc is None:
             self.where.value = "no allocation selected"
-        else:
-            parts = [f"{k} {100 * alloc['summary'][k]:.0f}%" for k in ("gpu", "host", "both", "nowhere")
-                     if alloc["summary"][k] > 0]
-            note = "" if alloc["is_managed"] else " (device memory: it does not migrate)"
-            self.where.value = html.escape("pages now: " + (", ".join(parts) or "none") + note)
+            return
+        pages = alloc["category_pages"]
+        total = max(len(alloc["states"]), 1)
+        present = {name for name, n in pages.items() if n}
+        parts = [f"{name} {100 * pages[name] / total:.0f}%"
+                 for name in shown_categories(snapshot["device_count"], present) if pages[name]]
+        note = "" if alloc["is_managed"] else " (device memory: it does not migrate)"
+        self.where.value = html.escape("pages now: " + (", ".join(parts) or "none") + note)
 
 
 class AdviceControls(_BufferAction):

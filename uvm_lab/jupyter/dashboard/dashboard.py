@@ -68,7 +68,7 @@ class Dashboard:
         self.residency = ResidencyMap()
         self.overview = ResidencyOverview()
         self.statistics = Statistics()
-        self.prefetch = PrefetchControls(on_change=self.refresh)
+        self.prefetch = PrefetchControls(on_change=self.refresh, device_count=backend.device_count())
         self.advice = AdviceControls(on_change=self.refresh, device_count=backend.device_count())
         self.components: tuple[DashboardComponent, ...] = (
             self.allocations, self.residency, self.overview, self.statistics, self.prefetch, self.advice)

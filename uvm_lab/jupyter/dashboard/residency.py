@@ -1,8 +1,10 @@
 """Residency maps: where each page of an allocation lives, as coloured cells (bokeh).
 
 :class:`ResidencyMap` draws the selected allocation as a grid, one cell per page or, for large
-allocations, per run of pages (coloured by the state most of its pages are in; the hover gives the
-exact counts). :class:`ResidencyOverview` draws every live allocation as one horizontal strip.
+allocations, per run of pages (coloured by the category most of its pages are in; the hover gives the
+exact pages per category). :class:`ResidencyOverview` draws every live allocation as one horizontal
+strip. Colours come from :data:`uvm_lab.jupyter.palette.PALETTE`, as in the lab panel; the legend and
+the hover list each GPU of the device, "unknown", and any other category that holds pages.
 All columns are numpy arrays, so bokeh ships them to the browser as binary buffers.
 """
 
@@ -17,22 +19,61 @@ from bokeh.models import ColumnDataSource, FixedTicker, HoverTool, LinearColorMa
 from bokeh.models.annotations import Legend, LegendItem
 from bokeh.plotting import figure
 
+from uvm_lab.page_states import CATEGORY_NAMES
 from uvm_lab.units import format_bytes
 
+from ..palette import PALETTE
 from .base import BokehView, DashboardComponent, update_source
-from .collect import STATE_NAMES, bin_states
+from .collect import bin_states, shown_categories
 
-__all__ = ["STATE_COLORS", "ResidencyMap", "ResidencyOverview"]
-
-#: One colour per page state, in ``bin_states`` order (nowhere, host, gpu, both).
-STATE_COLORS = ("#d9d9d9", "#4c78a8", "#54a24b", "#b279a2")
-
-_COUNT_TOOLTIP = "gpu @gpu · host @host · both @both · nowhere @nowhere"
+__all__ = ["ResidencyMap", "ResidencyOverview"]
 
 
 def _color_mapper() -> LinearColorMapper:
-    # low/high at the half-steps map each integer state to exactly one palette entry.
-    return LinearColorMapper(palette=list(STATE_COLORS), low=-0.5, high=len(STATE_COLORS) - 0.5)
+    # low/high at the half-steps map each category code to exactly one palette entry.
+    return LinearColorMapper(palette=[PALETTE[name] for name in CATEGORY_NAMES], low=-0.5,
+                             high=len(CATEGORY_NAMES) - 0.5)
+
+
+def _count_tooltip(shown: tuple[str, ...]) -> str:
+    # Braces: a column name such as "gpu:0" is not a bare identifier to bokeh.
+    return " · ".join(f"{name} @{{{name}}}" for name in shown)
+
+
+class _Legend:
+    """A legend over a figure, listing the categories a snapshot's device can show (and any that hold pages).
+
+    Every category has its entry from the start; :meth:`show` picks which the legend lists. The entries
+    share one renderer of NaN points, one per category in code order, each entry showing its own point's
+    glyph: nothing is drawn in the plot, but the legend has a glyph to show (an empty renderer has none).
+    One renderer rather than one per category: every model in the document slows each change to it.
+    """
+
+    def __init__(self, fig: Any, hover: HoverTool, head: list[tuple[str, str]]) -> None:
+        n = len(CATEGORY_NAMES)
+        swatches = fig.scatter(x=[math.nan] * n, y=[math.nan] * n, marker="square", size=11,
+                               color=[PALETTE[name] for name in CATEGORY_NAMES])
+        self.items = {name: LegendItem(label=name, renderers=[swatches], index=code)  # type: ignore[list-item]
+                      for code, name in enumerate(CATEGORY_NAMES)}
+        self.legend = Legend(items=[], orientation="horizontal", location="top_left", border_line_alpha=0,
+                             background_fill_alpha=0, margin=0, padding=2,  # type: ignore[arg-type]  # bokeh's stubs
+                             spacing=12)
+        fig.add_layout(self.legend, "above")
+        self.hover, self.head = hover, head
+        self.shown: tuple[str, ...] = ()
+        self.show(shown_categories(1))
+
+    def show(self, shown: tuple[str, ...]) -> None:
+        if shown == self.shown:
+            return   # every assignment is a document patch
+        self.shown = shown
+        self.legend.items = [self.items[name] for name in shown]
+        self.hover.tooltips = [*self.head, ("", _count_tooltip(shown))]
+
+    def follow(self, snapshot: Mapping[str, Any], allocations: list[Mapping[str, Any]]) -> None:
+        """List the snapshot's device's categories, and any of ``allocations``' that hold pages."""
+        present = {name for a in allocations for name, n in a["category_pages"].items() if n}
+        self.show(shown_categories(snapshot["device_count"], present))
 
 
 def _new_figure(width: int, height: int, title: str, y_range: Range1d) -> Any:
@@ -40,22 +81,13 @@ def _new_figure(width: int, height: int, title: str, y_range: Range1d) -> Any:
                  tools="", toolbar_location=None, min_border_left=4, min_border_right=4)
     fig.grid.visible = False
     fig.outline_line_color = None
-    # A fixed legend with all four states, present or not. Each entry's renderer holds one NaN
-    # point: nothing is drawn in the plot, but the legend has a glyph to show (an empty one has none).
-    items = {}
-    for name, color in zip(STATE_NAMES, STATE_COLORS, strict=True):
-        renderer = fig.scatter(x=[math.nan], y=[math.nan], marker="square", size=11, color=color)
-        items[name] = LegendItem(label=name, renderers=[renderer])  # type: ignore[list-item]  # bokeh's stubs
-    fig.add_layout(Legend(items=[items[n] for n in ("gpu", "host", "both", "nowhere")], orientation="horizontal",
-                          location="top_left", border_line_alpha=0, background_fill_alpha=0, margin=0,
-                          padding=2, spacing=12), "above")  # type: ignore[arg-type]  # bokeh's stubs
     return fig
 
 
 def _empty(*extra: str) -> dict[str, Any]:
-    cols = {c: np.zeros(0, dtype=np.int64) for c in ("first", "last", *STATE_NAMES)}
+    cols = {c: np.zeros(0, dtype=np.int64) for c in ("first", "last", *CATEGORY_NAMES)}
     cols.update({c: np.zeros(0, dtype=np.float64) for c in ("x", "y", *extra)})
-    cols["state"] = np.zeros(0, dtype=np.uint8)
+    cols["category"] = np.zeros(0, dtype=np.uint8)
     return cols
 
 
@@ -73,8 +105,10 @@ class ResidencyMap(DashboardComponent):
                           Range1d(start=0.5, end=-0.5))
         fig.x_range.update(start=-0.5, end=columns - 0.5)
         main = fig.rect(x="x", y="y", width=0.9, height=0.9, source=self.source, line_color=None,
-                        fill_color={"field": "state", "transform": _color_mapper()})
-        fig.add_tools(HoverTool(renderers=[main], tooltips=[("pages", "@first – @last"), ("", _COUNT_TOOLTIP)]))
+                        fill_color={"field": "category", "transform": _color_mapper()})
+        hover = HoverTool(renderers=[main])
+        fig.add_tools(hover)
+        self.legend = _Legend(fig, hover, [("pages", "@first – @last")])
         fig.axis.visible = False
         self.figure = fig
         self.root = BokehView(fig)
@@ -84,6 +118,7 @@ class ResidencyMap(DashboardComponent):
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         alloc = next((a for a in snapshot["allocations"] if a["id"] == self.selected), None)
+        self.legend.follow(snapshot, [alloc] if alloc is not None else [])
         if alloc is None:
             update_source(self.source, _empty())
             self._set_title("no allocation selected")
@@ -121,9 +156,10 @@ class ResidencyOverview(DashboardComponent):
         self.source = ColumnDataSource(data={**_empty("width"), "name": []})
         fig = _new_figure(width, self._height(0), "every live allocation", Range1d(start=0.5, end=-0.5))
         main = fig.rect(x="x", y="y", width="width", height=0.8, source=self.source, line_color=None,
-                        fill_color={"field": "state", "transform": _color_mapper()})
-        fig.add_tools(HoverTool(renderers=[main], tooltips=[("", "@name"), ("pages", "@first – @last"),
-                                                            ("", _COUNT_TOOLTIP)]))
+                        fill_color={"field": "category", "transform": _color_mapper()})
+        hover = HoverTool(renderers=[main])
+        fig.add_tools(hover)
+        self.legend = _Legend(fig, hover, [("", "@name"), ("pages", "@first – @last")])
         fig.xaxis.visible = False
         fig.yaxis.ticker = FixedTicker(ticks=[])
         fig.yaxis.major_tick_line_color = None
@@ -135,6 +171,7 @@ class ResidencyOverview(DashboardComponent):
         return max(1, n) * self.row_px + 60
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
+        self.legend.follow(snapshot, snapshot["allocations"])
         parts: list[dict[str, Any]] = []
         names: list[str] = []
         for row, alloc in enumerate(snapshot["allocations"]):

@@ -7,6 +7,8 @@ from typing import Any
 
 from uvm_lab.units import format_bytes
 
+from .collect import shown_categories
+
 __all__ = ["format_status", "format_table", "format_trace_summary"]
 
 
@@ -36,7 +38,11 @@ def _advice_text(advice: Mapping[str, Any] | None) -> str:
 
 
 def format_status(snapshot: Mapping[str, Any]) -> str:
-    """The ``%uvm status`` report: backend, device memory, resource, live allocations, event counters."""
+    """The ``%uvm status`` report: backend, device memory, resource, live allocations, event counters.
+
+    The allocation table has a column per page category: each GPU of the device, "gpus" where there
+    are several, host, both, unknown and nowhere (and any other category that holds pages).
+    """
     mem = snapshot["memory"]
     ev = snapshot["events"]
     lines = [
@@ -53,13 +59,15 @@ def format_status(snapshot: Mapping[str, Any]) -> str:
         return "\n".join(lines)
     total = sum(a["size"] for a in allocs)
     lines.append(f"live allocations: {len(allocs)}, {format_bytes(total)}")
+    present = {name for a in allocs for name, n in a["category_pages"].items() if n}
+    shown = shown_categories(snapshot["device_count"], present)
     rows = []
     for a in allocs:
-        s = a["summary"]
+        pages, n_pages = a["category_pages"], max(len(a["states"]), 1)
         rows.append([a["id"], a["label"] or "-", format_bytes(a["size"]), "managed" if a["is_managed"] else "device",
-                     *(f"{100 * s[k]:.1f}%" for k in ("gpu", "host", "both", "nowhere")), _advice_text(a["advice"])])
-    table = format_table(["id", "label", "size", "kind", "gpu", "host", "both", "nowhere", "advice"], rows,
-                         right=(0, 2, 4, 5, 6, 7))
+                     *(f"{100 * pages[name] / n_pages:.1f}%" for name in shown), _advice_text(a["advice"])])
+    headers = ["id", "label", "size", "kind", *shown, "advice"]
+    table = format_table(headers, rows, right=(0, 2, *range(4, 4 + len(shown))))
     lines += ["", table]
     return "\n".join(lines)
 
