@@ -17,6 +17,7 @@ for cfg in "--counters faults" "--counters migrations" "--counters transfers" "-
            "--counters faults --attr ATTR_DEVICE_BUFFER_POOL_LIMIT=1000 --attr ATTR_PER_THREAD_BUFFER=0"; do
     echo "== $cfg"; python3 benchmarks/tracing_loss.py --size 2GiB --trials 5 --settle 0.2 $cfg
 done
+python3 benchmarks/watch_with_cupti.py --size 1GiB --trials 3
 # The simulator against this GPU (each case timed 5 times in rounds, the median judged; about 2 minutes on an
 # H200 with the two one-minute ReadMostly write cases taken from an earlier run; writes its table into
 # benchmarks/README.md):

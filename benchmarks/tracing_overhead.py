@@ -133,7 +133,7 @@ def child(mode: str, size_text: str, drain: float) -> None:
                       "htod": htod[0] / size, "saturated": status.get("saturated", 0),
                       "max_per_drain": status.get("max_per_drain", 0),
                       "watch_rounds": rounds if watcher else 0,
-                      "watch_cpu_ms_per_gib_round": (cpu / rounds / (size / 2**30) * 1e3) if watcher and rounds else None,
+                      "watch_cpu_ms_per_gib_round": cpu / rounds / (size / 2**30) * 1e3 if watcher and rounds else None,
                       "watch_idle_cpu_ms_per_gib_round": idle / (size / 2**30) * 1e3 if watcher else None}))
 
 

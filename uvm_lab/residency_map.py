@@ -200,7 +200,7 @@ class ResidencyTracker:
     def apply(self, records: np.ndarray) -> None:
         """Replay ``records`` (in order) onto the page states."""
         with self._lock:
-            self._inferred: list[np.ndarray] = []
+            self._inferred = []
             self._replay(records)
             inferred, self._inferred = self._inferred, []
         if inferred:   # published outside the lock: this tracker hears them too (they change nothing)

@@ -62,7 +62,7 @@ class MapTruth(RuleBasedStateMachine):
         self.cupti = CuptiCollector(gpu_faults=True, cpu_faults=True, required=True).start() if self.tracing else None
         self.watcher = HostWatcher(tracker=ul.get_tracker(), gpus=self.gpus)
         self.live: dict[int, Any] = {}
-        self.expect: dict[int, tuple[int, int, str]] = {}   # id -> (first page, pages, destination) of the last prefetch
+        self.expect: dict[int, tuple[int, int, str]] = {}   # id -> first page, pages, where of the last prefetch
 
     # -- rules -------------------------------------------------------------------------------------------
     @precondition(lambda self: len(self.live) < 4)

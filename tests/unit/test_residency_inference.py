@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 import uvm_lab as ul
 from uvm_lab.errors import BackendError, InvalidArgumentError
 from uvm_lab.events import EventBus, EventKind, MemoryKind, make_events
-from uvm_lab.events.trace import record
 from uvm_lab.events.schema import PREFETCH_IMPLIES_MOVES, Advice, MigrationCause, UnobservedCause
+from uvm_lab.events.trace import record
 from uvm_lab.page_states import CATEGORY_NAMES, HOST, UNKNOWN, bit, categories, state_name
 from uvm_lab.residency_map import ResidencyTracker
 from uvm_lab.tracing import HostWatcher, cause_names

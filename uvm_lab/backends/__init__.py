@@ -52,7 +52,8 @@ def use_backend(name: str = "auto", *, watch: bool | None = None, **options: Any
     if watch and backend.is_simulated:
         raise InvalidArgumentError("watch=True needs a real GPU: the simulator has no host page tables to read",
                                    value=watch, expected="False or None on the simulator")
-    from ..tracing.watcher import unwatch, watch as start_watching
+    from ..tracing.watcher import unwatch
+    from ..tracing.watcher import watch as start_watching
 
     unwatch()   # the last backend's, if any
     with _lock:

@@ -459,7 +459,8 @@ class CudaBackend:
         with self.bus.locked(), self._prefetch_lock:
             if not self._prefetches:
                 return
-            done, waiting = [], []
+            done: list[_Prefetch] = []
+            waiting: list[_Prefetch] = []
             for p in self._prefetches:
                 (done if not waiting and self._completed(p.event) else waiting).append(p)
             self._prefetches = waiting

@@ -21,6 +21,7 @@ from .watcher import DEFAULT_INTERVAL, HostWatcher, check_host, get_watcher, unw
 
 __all__ = [
     "CUPTI_UM_COUNTER3_DTYPE",
+    "DEFAULT_INTERVAL",
     "AllocationIndex",
     "CuptiCollector",
     "HostWatcher",
@@ -28,13 +29,13 @@ __all__ = [
     "Reconciliation",
     "TracingUnavailableWarning",
     "attribute",
-    "check_host",
     "cause_names",
+    "check_host",
     "cupti_status",
     "decode_buffer",
     "decode_records",
-    "get_watcher",
     "encode_records",
+    "get_watcher",
     "host_resident",
     "host_truth",
     "measures",

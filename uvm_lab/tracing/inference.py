@@ -23,7 +23,7 @@ from ..location import HOST_ID
 from ..page_states import HOST, MAX_GPUS, UNKNOWN, bit, gpu_bits
 from ..units import PAGE_SIZE
 
-__all__ = ["moves", "prefetch_result"]
+__all__ = ["moves", "prefetch_result", "runs"]
 
 #: For a page state, the lowest GPU holding a copy (-2 where none is known to).
 _LOWEST_GPU = np.array([next((d for d in range(MAX_GPUS) if v & (1 << (d + 1))), NO_PROCESSOR) for v in range(256)],
@@ -41,7 +41,7 @@ def prefetch_result(states: np.ndarray, read_mostly: np.ndarray, dst: int) -> np
     return np.where(np.asarray(read_mostly, dtype=bool) & (states != 0), states | target, target).astype(np.uint8)
 
 
-def _runs(mask: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def runs(mask: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """First index and length of each run of True in ``mask`` over which ``key`` stays the same."""
     idx = np.flatnonzero(mask)
     if not len(idx):
@@ -68,7 +68,7 @@ def moves(old: np.ndarray, new: np.ndarray, *, address: int, cause: int, alloc_i
     parts = []
 
     def add(mask: np.ndarray, src: np.ndarray, dst: int) -> None:
-        first, length = _runs(mask, src)
+        first, length = runs(mask, src)
         if not len(first):
             return
         ev = np.zeros(len(first), dtype=EVENT_DTYPE)

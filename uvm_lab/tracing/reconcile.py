@@ -41,7 +41,7 @@ from ..events.schema import EVENT_DTYPE, AccessType, EventKind, MigrationCause
 from ..location import HOST_ID
 from ..page_states import GPU, HOST, UNKNOWN, gpu_bits
 from ..units import PAGE_SIZE
-from .inference import moves
+from .inference import moves, runs
 
 __all__ = ["Reconciliation", "changes", "host_truth", "reconcile"]
 
@@ -102,22 +102,10 @@ def changes(states: np.ndarray, host: np.ndarray, read_mostly: np.ndarray, *, gp
     return (on_host != host) | settles | (unknown & host & ~read_mostly)
 
 
-def _runs(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """First page and length of each run of True."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], mask.view(np.int8), [0]))))
-    return edges[0::2], edges[1::2] - edges[0::2]
-
-
 def _records(mask: np.ndarray, kind: EventKind, *, address: int, alloc_id: int, now: int, flags: int = 0,
              src: int = HOST_ID, dst: int = HOST_ID, value: np.ndarray | None = None) -> np.ndarray:
     """One record per run of ``mask`` (or per run of equal ``value`` within it)."""
-    if value is None:
-        first, length = _runs(mask)
-    else:
-        idx = np.flatnonzero(mask)
-        breaks = np.flatnonzero((np.diff(idx) != 1) | (np.diff(value[idx]) != 0)) + 1 if len(idx) else idx
-        first = idx[np.r_[0, breaks]] if len(idx) else idx
-        length = (idx[np.r_[breaks - 1, len(idx) - 1]] + 1 - first) if len(idx) else idx
+    first, length = runs(mask, np.zeros(len(mask), dtype=np.uint8) if value is None else value)
     ev = np.zeros(len(first), dtype=EVENT_DTYPE)
     ev["kind"], ev["flags"], ev["src"], ev["dst"] = kind, flags, src, dst
     ev["start"] = ev["end"] = now
@@ -184,12 +172,12 @@ def reconcile(states: np.ndarray, host: np.ndarray, *, address: int, gpus: int =
     came = host & ~on_host & ok
     first_touch = came & (states == 0)
     dropped = left & (gpu_bits(states) != 0)   # other copies were known: the host's went, nothing moved
-    where = {"address": address, "alloc_id": alloc_id, "now": now}
     changed = new != states
     parts = [moves(states, new, address=address, cause=MigrationCause.INFERRED, alloc_id=alloc_id, start=now,
                    end=now),
-             _records(first_touch, EventKind.CPU_PAGE_FAULT, flags=AccessType.UNKNOWN, **where),
-             _records(changed, EventKind.RESIDENCY, value=new, **where)]
+             _records(first_touch, EventKind.CPU_PAGE_FAULT, flags=AccessType.UNKNOWN, address=address,
+                      alloc_id=alloc_id, now=now),
+             _records(changed, EventKind.RESIDENCY, value=new, address=address, alloc_id=alloc_id, now=now)]
     events = np.concatenate(parts)
     return Reconciliation(pages=len(states), htod=int((left & ~dropped).sum()), dtoh=int((came & ~first_touch).sum()),
                           first_touch=int(first_touch.sum()), host_copy_dropped=int(dropped.sum()),

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError
-from ..events.bus import EventBus, get_bus
+from ..events.bus import EventBus
 from ..page_states import HOST
 from .cupti import running_collector
 from .pagemap import host_resident
