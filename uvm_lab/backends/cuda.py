@@ -59,6 +59,9 @@ _INVALID_DEVICE = -2   # cudaInvalidDeviceId
 #: Copies into managed memory of at least two chunks are pipelined, chunk by chunk (see ``write``).
 COPY_CHUNK = 64 << 20
 
+#: Completed prefetches' events kept for reuse, at most (a loop of prefetches needs no more than it has in flight).
+_IDLE_EVENTS = 64
+
 #: ``handles=`` names for :meth:`CudaBackend.create_async_pool`, as ``cudaMemAllocationHandleType`` bits.
 POOL_HANDLE_TYPES = {"posix_file_descriptor": 0x1, "fabric": 0x8}
 
@@ -464,7 +467,11 @@ class CudaBackend:
             for p in self._prefetches:
                 (done if not waiting and self._completed(p.event) else waiting).append(p)
             self._prefetches = waiting
-            self._idle_events.extend((p.device, p.event) for p in done)
+            for p in done:   # a few events are kept for the next prefetches; the rest go
+                if len(self._idle_events) < _IDLE_EVENTS:
+                    self._idle_events.append((p.device, p.event))
+                else:
+                    check(cudart.cudaEventDestroy(p.event))
             if not done:
                 return
             now = self.now_ns()
