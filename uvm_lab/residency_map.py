@@ -58,7 +58,7 @@ from .events.schema import (
     UnobservedCause,
 )
 from .location import HOST_ID
-from .page_states import BOTH, GPU, HOST, NOWHERE, UNKNOWN, bit, bits, categories, gpu_bits, state_name
+from .page_states import BOTH, GPU, HOST, MAX_GPUS, NOWHERE, UNKNOWN, bit, bits, categories, gpu_bits, state_name
 from .tracing.density import BLOCK_PAGES, serviced_region
 from .tracing.inference import moves, prefetch_result
 from .units import PAGE_SIZE, format_bytes
@@ -82,7 +82,6 @@ _REPLAYED = (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.HTOD, Ev
 _COPY_COUNT = np.array([bin(v & 0x7F).count("1") for v in range(256)], dtype=np.uint8)
 
 
-_bit = bit
 
 
 @dataclass(frozen=True)
@@ -128,12 +127,9 @@ class ResidencyMap:
         A read-duplicated page counts once for each holder. Pages whose GPU side is unknown count for the
         host where it holds them, and for no GPU. Processors holding nothing are left out.
         """
-        out = {"host": int(((self.states & HOST) != 0).sum())}
-        for d in range(1, 7):
-            n = int(((self.states & np.uint8(1 << d)) != 0).sum())
-            if n:
-                out[f"gpu:{d - 1}"] = n
-        return {k: v for k, v in out.items() if v}
+        held = {"host": int(((self.states & HOST) != 0).sum())}
+        held.update({f"gpu:{d}": int(((self.states & np.uint8(bit(d))) != 0).sum()) for d in range(MAX_GPUS)})
+        return {k: v for k, v in held.items() if v}
 
     def runs(self) -> list[tuple[int, int, str]]:
         """The map as runs of equal state: ``(first page, pages, state name)``, the name as
@@ -163,7 +159,7 @@ class _Segment:
 
     def __init__(self, address: int, size: int, kind: int, device: int, seg_id: int) -> None:
         n = -(-size // PAGE_SIZE)
-        initial = {int(MemoryKind.DEVICE): _bit(device), int(MemoryKind.PINNED_HOST): 1}.get(kind, 0)
+        initial = {int(MemoryKind.DEVICE): bit(device), int(MemoryKind.PINNED_HOST): 1}.get(kind, 0)
         self.address, self.size, self.kind, self.id = address, size, kind, seg_id
         self.state = np.full(n, initial, dtype=np.uint8)
         self.read_mostly = np.zeros(n, dtype=bool)
@@ -333,14 +329,14 @@ class ResidencyTracker:
             sl = seg.pages(address, nbytes)
         st = seg.state[sl]
         if kind in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD):
-            target = _bit(dst)
+            target = bit(dst)
             if kind == EventKind.DTOH and flags == MigrationCause.EVICTION:
                 st[:] = HOST
             else:
-                keep = seg.read_mostly[sl] & ((st & _bit(src)) != 0)   # a read-duplicate keeps its source
+                keep = seg.read_mostly[sl] & ((st & bit(src)) != 0)   # a read-duplicate keeps its source
                 st[:] = np.where(keep, st | target, target)
         elif kind == EventKind.INVALIDATE:
-            st &= ~np.uint8(_bit(src))
+            st &= ~np.uint8(bit(src))
         elif kind == EventKind.PREFETCH:
             if flags & PREFETCH_IMPLIES_MOVES:
                 old = st.copy()
@@ -350,7 +346,7 @@ class ResidencyTracker:
                                            cause=MigrationCause.USER_INFERRED, alloc_id=seg.id, start=start,
                                            end=end, stream=stream))
             else:
-                st[st == 0] = _bit(dst)
+                st[st == 0] = bit(dst)
         elif kind == EventKind.UNOBSERVED:
             if flags == UnobservedCause.COLLAPSE:
                 several = (_COPY_COUNT[st] >= 2) | (((st & UNKNOWN) != 0) & ((st & HOST) != 0))
@@ -362,7 +358,7 @@ class ResidencyTracker:
                 duplicate = seg.read_mostly[sl] & (st != 0) & (value != AccessType.WRITE)
                 st[:] = np.where(duplicate, st | HOST, HOST)
             else:
-                st[st != _bit(dst)] = (st[st != _bit(dst)] & HOST) | UNKNOWN
+                st[st != bit(dst)] = (st[st != bit(dst)] & HOST) | UNKNOWN
         elif kind == EventKind.RESIDENCY:
             st[:] = value & 0xFF
         elif kind in (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT):
@@ -372,9 +368,9 @@ class ResidencyTracker:
             # First touch: the preferred location if the faulter can reach it, else the faulter.
             # On x86 the CPU cannot reach GPU memory, so a CPU first touch always lands on the host.
             usable = (pref != _NO_PREFERENCE) & ((pref == HOST_ID) | (faulter != HOST_ID))
-            st[untouched] = np.where(usable, bits(pref), _bit(faulter))[untouched].astype(np.uint8)
+            st[untouched] = np.where(usable, bits(pref), bit(faulter))[untouched].astype(np.uint8)
             if flags in _WRITES:
-                st[(st & (st - 1)) != 0] = _bit(faulter)
+                st[(st & (st - 1)) != 0] = bit(faulter)
             elif nbytes == 0 and flags == AccessType.UNKNOWN and faulter == HOST_ID and not untouched.any():
                 st[((st & 1) != 0) & ((st & ~np.uint8(1)) != 0)] = HOST   # only a write faults on a host copy
         elif kind == EventKind.ADVICE:
@@ -397,7 +393,7 @@ class ResidencyTracker:
         block_first = (seg.address // PAGE_SIZE + page) // BLOCK_PAGES * BLOCK_PAGES - seg.address // PAGE_SIZE
         lo, hi = max(block_first, 0), min(block_first + BLOCK_PAGES, len(seg.state))
         resident = np.zeros(BLOCK_PAGES, dtype=bool)
-        resident[lo - block_first:hi - block_first] = (seg.state[lo:hi] & _bit(faulter)) != 0
+        resident[lo - block_first:hi - block_first] = (seg.state[lo:hi] & bit(faulter)) != 0
         first, last = serviced_region(resident, page - block_first)
         return slice(max(block_first + first, lo), min(block_first + last, hi))
 
