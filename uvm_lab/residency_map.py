@@ -355,7 +355,7 @@ class ResidencyTracker:
                 kept = several & (pref != _NO_PREFERENCE) & ((st & pref_bit) != 0) & (pref_bit != UNKNOWN)
                 st[:] = np.where(kept, pref_bit, np.where(several, (st & HOST) | UNKNOWN, st))
             elif flags == UnobservedCause.HOST:   # the host cannot reach GPU memory: it copies or moves pages in
-                duplicate = seg.read_mostly[sl] & (st != 0) & (value != AccessType.WRITE)
+                duplicate = seg.read_mostly[sl] & (st != 0) & (value == AccessType.READ)   # only a read duplicates
                 st[:] = np.where(duplicate, st | HOST, HOST)
             else:
                 st[st != bit(dst)] = (st[st != bit(dst)] & HOST) | UNKNOWN

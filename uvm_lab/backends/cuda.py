@@ -118,6 +118,8 @@ extern "C" __global__ void uvm_lab_touch(unsigned long long address, unsigned lo
 }
 """
 _MODES = {"read": 0, "write": 1, "atomic": 2}
+#: The access type an UNOBSERVED record carries in ``value``, by mode.
+_ACCESS = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
 
 
 class _Prefetch(NamedTuple):
@@ -530,13 +532,16 @@ class CudaBackend:
                     logging.getLogger("uvm_lab.backends").exception("polling prefetches failed")
                     break
 
-    def _unobserved(self, ptr: int, size: int, cause: UnobservedCause, device: int, seg_id: int,
-                    mode: int = 0) -> None:
-        """Pages that GPU ``device`` worked on where no record shows what moved (see the module docstring)."""
+    def _unobserved(self, ptr: int, size: int, cause: UnobservedCause, device: int, seg_id: int, *,
+                    mode: AccessMode | None = None, unless: str | None = None) -> None:
+        """Pages that ``device`` worked on where no record shows what moved (see the module docstring); nothing
+        where a running CUPTI collector records ``unless`` (:func:`uvm_lab.tracing.measures`) on ``device``."""
+        if unless is not None and _measured(unless, self._device if device == HOST_ID else device):
+            return
         self.bus.flush()   # CUPTI's records of the same work, if any, come first
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.UNOBSERVED, flags=cause, dst=device, address=ptr, nbytes=size,
-                                   value=mode, alloc_id=seg_id, start=now, end=now))
+                                   value=_ACCESS[mode] if mode else 0, alloc_id=seg_id, start=now, end=now))
 
     def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
         advice = Advice(advice)
@@ -595,17 +600,15 @@ class CudaBackend:
             start = time.perf_counter()
             self._host_touch(ptr, size, mode)
             seconds = time.perf_counter() - start
-            if kind is MemoryKind.MANAGED and not _measured("host", self._device):
-                self._unobserved(ptr, size, UnobservedCause.HOST, HOST_ID, seg_id,
-                                 mode=AccessType.READ if mode == "read" else AccessType.WRITE)
+            if kind is MemoryKind.MANAGED:
+                self._unobserved(ptr, size, UnobservedCause.HOST, HOST_ID, seg_id, mode=mode, unless="host")
             return AccessResult(seconds, None, None, None, None)
         start = time.perf_counter()
         with self._on(processor.id):
             self._gpu_touch(ptr, size, mode, stream)
         seconds = time.perf_counter() - start
-        if kind is MemoryKind.MANAGED and not _measured("kernels", processor.id):
-            self._unobserved(ptr, size, UnobservedCause.KERNEL, processor.id, seg_id,
-                             mode={"read": AccessType.READ, "write": AccessType.WRITE}.get(mode, AccessType.ATOMIC))
+        if kind is MemoryKind.MANAGED:
+            self._unobserved(ptr, size, UnobservedCause.KERNEL, processor.id, seg_id, mode=mode, unless="kernels")
         return AccessResult(seconds, None, None, None, None)
 
     def host_view(self, ptr: int, size: int) -> np.ndarray:
@@ -631,8 +634,9 @@ class CudaBackend:
             check(cudart.cudaMemcpyAsync(ptr, data.ctypes.data, data.size, cudart.cudaMemcpyKind.cudaMemcpyDefault,
                                          stream))
             check(cudart.cudaStreamSynchronize(stream))
-        if kind is MemoryKind.MANAGED and not _measured("kernels", self._device):
-            self._unobserved(ptr, data.size, UnobservedCause.COPY, self._device, seg_id, mode=AccessType.WRITE)
+        if kind is MemoryKind.MANAGED:
+            self._unobserved(ptr, data.size, UnobservedCause.COPY, self._device, seg_id, mode="write",
+                             unless="kernels")
 
     def _lands_on_device(self, ptr: int, size: int) -> bool:
         """Whether a copy into managed memory should bring it to the GPU (not when the host is preferred)."""
@@ -670,8 +674,9 @@ class CudaBackend:
             check(cudart.cudaMemcpyAsync(out.ctypes.data, ptr, out.size, cudart.cudaMemcpyKind.cudaMemcpyDefault,
                                          stream))
             check(cudart.cudaStreamSynchronize(stream))
-            if kind is MemoryKind.MANAGED and not _measured("kernels", self._device):
-                self._unobserved(ptr, out.size, UnobservedCause.COPY, self._device, seg_id, mode=AccessType.READ)
+            if kind is MemoryKind.MANAGED:
+                self._unobserved(ptr, out.size, UnobservedCause.COPY, self._device, seg_id, mode="read",
+                                 unless="kernels")
 
     def _host_touch(self, ptr: int, size: int, mode: AccessMode) -> None:
         # One access per 4 KiB page, as a host loop over the buffer: enough to fault every page in.
