@@ -308,7 +308,7 @@ class ResidencyTracker:
         return k
 
     def _apply_one(self, kind: int, flags: int, src: int, dst: int, start: int, end: int, address: int,
-                   nbytes: int, value: int, alloc_id: int, stream: int) -> None:
+                   nbytes: int, value: int, alloc_id: int, stream: int, source: int) -> None:
         if kind == EventKind.SEGMENT_ALLOC:
             if address not in self._segments:
                 bisect.insort(self._starts, address)
@@ -344,7 +344,7 @@ class ResidencyTracker:
                 if self.publishes_inferred:
                     self._inferred.append(moves(old, st, address=seg.address + sl.start * PAGE_SIZE,
                                            cause=MigrationCause.USER_INFERRED, alloc_id=seg.id, start=start,
-                                           end=end, stream=stream))
+                                           end=end, stream=stream, source=source))
             else:
                 st[st == 0] = bit(dst)
         elif kind == EventKind.UNOBSERVED:
