@@ -34,6 +34,8 @@ __all__ = ["Trace", "record"]
 
 _FAULTS = (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT)
 _MIGRATIONS = [int(EventKind.HTOD), int(EventKind.DTOH), int(EventKind.DTOD)]
+_IS_MIGRATION = np.zeros(256, dtype=bool)
+_IS_MIGRATION[_MIGRATIONS] = True
 
 
 def _decode_flags(kind: int, flags: int) -> tuple[str, str]:
@@ -157,20 +159,24 @@ class Trace:
         time the trace spans."""
         ev = self.events
         kinds = ev["kind"]
-        counts = {EventKind(int(k)).name.lower(): int(n) for k, n in zip(*np.unique(kinds, return_counts=True),
-                                                                          strict=True)}
-        faults = ev[np.isin(kinds, [int(k) for k in _FAULTS])]
+        n = np.bincount(kinds, minlength=256)   # which kinds are there: sums only for those (small batches)
+
+        def total(kind: EventKind, column: str) -> int:
+            return int(ev[column][kinds == kind].sum()) if n[kind] else 0
+
+        migrations = n[_MIGRATIONS].any()
+        inferred = (is_inferred(ev["flags"]) & _IS_MIGRATION[kinds]) if migrations else None
         span = int(ev["end"].max() - ev["start"].min()) if len(ev) else 0
         return {
             "events": len(ev),
-            "counts": counts,
-            "bytes_htod": int(ev["bytes"][kinds == EventKind.HTOD].sum()),
-            "bytes_dtoh": int(ev["bytes"][kinds == EventKind.DTOH].sum()),
-            "bytes_dtod": int(ev["bytes"][kinds == EventKind.DTOD].sum()),
+            "counts": {EventKind(k).name.lower(): int(n[k]) for k in np.flatnonzero(n).tolist()},
+            "bytes_htod": total(EventKind.HTOD, "bytes"),
+            "bytes_dtoh": total(EventKind.DTOH, "bytes"),
+            "bytes_dtod": total(EventKind.DTOD, "bytes"),
             # Of the three, the bytes no driver record reported: a completed prefetch's, or the host's page tables'.
-            "bytes_inferred": int(ev["bytes"][np.isin(kinds, _MIGRATIONS) & is_inferred(ev["flags"])].sum()),
-            "gpu_faults": int(faults["value"][faults["kind"] == EventKind.GPU_PAGE_FAULT].sum()),
-            "cpu_faults": int(faults["value"][faults["kind"] == EventKind.CPU_PAGE_FAULT].sum()),
+            "bytes_inferred": int(ev["bytes"][inferred].sum()) if inferred is not None else 0,
+            "gpu_faults": total(EventKind.GPU_PAGE_FAULT, "value"),
+            "cpu_faults": total(EventKind.CPU_PAGE_FAULT, "value"),
             "seconds": span / 1e9,
         }
 
