@@ -605,56 +605,64 @@ def _write_perfetto(events: np.ndarray, f: IO[bytes]) -> int:
     row_time = np.diff(row_time, prepend=origin).astype(np.uint64)   # the time since the packet before
     fields = {name: np.append(events[name], np.zeros(1, events[name].dtype)) for name in ("kind", "bytes", "value",
                                                                                           "address")}
-    for lo in range(0, len(row_event), _CHUNK * 2):
-        hi = lo + _CHUNK * 2
-        kinds_here = row_kind[lo:hi]
-        m = len(kinds_here)
-        event = np.where(row_event[lo:hi] < 0, n, row_event[lo:hi])
-        records = {name: fields[name][event] for name in fields}
-        starts = (kinds_here == _BEGIN) | (kinds_here == _INSTANT)
-        body = wire.Rows(m)
-        body.varint(_E_TYPE, _EVENT_TYPE[kinds_here])
-        counters = row_counter[lo:hi]
+    flow_key = np.frombuffer(wire.varint(_E_FLOW_IDS << 3 | 1), dtype=np.uint8)
+
+    def packets(rows: np.ndarray) -> wire.Rows:
+        """The packets of ``rows`` (of the packet table), all starts or all the others: two shapes,
+        each with few fields that some rows lack."""
+        m = len(rows)
+        kind = row_kind[rows]
+        event = np.where(row_event[rows] < 0, n, row_event[rows])
+        counters = row_counter[rows]
         counter_uuid = _counter_track(1) + counters.astype(np.uint64) - 1
-        body.varint(_E_TRACK_UUID, np.where(kinds_here == _FIRST_VALUE, counter_uuid, track_uuid[event]))
-        body.varint(_E_NAME_IID, name_iid[event], present=starts)
-        iid = 1
-        for _, number, values_of, only in _NUMBER_ANNOTATIONS:
-            arg = wire.Rows(m)
-            arg.varint(_A_NAME_IID, iid)
-            arg.varint(number, values_of(records))
-            shown_here = starts if only is None else starts & np.isin(records["kind"], only)
-            body.message(_E_ANNOTATION, arg, present=shown_here)
-            iid += 1
-        for texts in text_iids:
-            arg = wire.Rows(m)
-            arg.varint(_A_NAME_IID, iid)
-            values = texts[event]
-            arg.varint(_A_STRING_IID, values)
-            body.message(_E_ANNOTATION, arg, present=starts & (values > 0))
-            iid += 1
-        sampled = (counters > 0) & (kinds_here != _FIRST_VALUE)
+        body = wire.Rows(m)
+        body.varint(_E_TYPE, _EVENT_TYPE[kind])
+        body.varint(_E_TRACK_UUID, np.where(kind == _FIRST_VALUE, counter_uuid, track_uuid[event]))
+        starting = bool(m) and kind[0] in (_BEGIN, _INSTANT)
+        if starting:
+            records = {name: fields[name][event] for name in fields}
+            body.varint(_E_NAME_IID, name_iid[event])
+            for iid, (_, number, values_of, only) in enumerate(_NUMBER_ANNOTATIONS, start=1):
+                arg = wire.Rows(m)
+                arg.varint(_A_NAME_IID, iid)
+                arg.varint(number, values_of(records))
+                body.message(_E_ANNOTATION, arg, present=None if only is None else np.isin(records["kind"], only))
+            for iid, texts in enumerate(text_iids, start=len(_NUMBER_ANNOTATIONS) + 1):
+                arg = wire.Rows(m)
+                arg.varint(_A_NAME_IID, iid)
+                values = texts[event]
+                arg.varint(_A_STRING_IID, values)
+                body.message(_E_ANNOTATION, arg, present=values > 0)
+        sampled = (counters > 0) & (kind != _FIRST_VALUE)
         body.varint(_E_EXTRA_COUNTER_UUIDS, counter_uuid, present=sampled)
-        body.varint(_E_EXTRA_COUNTER_VALUES, row_value[lo:hi], present=sampled)
-        body.varint(_E_COUNTER_VALUE, row_value[lo:hi], present=kinds_here == _FIRST_VALUE)
-        body.fixed64(_E_TERMINATING_FLOW_IDS, flow_of[event], present=starts & (flow_of[event] > 0))
-        if len(flow_requests):
-            requesting = starts & (records["kind"] == EventKind.PREFETCH)
+        body.varint(_E_EXTRA_COUNTER_VALUES, row_value[rows], present=sampled)
+        if not starting:
+            body.varint(_E_COUNTER_VALUE, row_value[rows], present=kind == _FIRST_VALUE)
+        elif len(flow_requests):
+            flows = flow_of[event]
+            body.fixed64(_E_TERMINATING_FLOW_IDS, flows, present=flows > 0)
+            requesting = records["kind"] == EventKind.PREFETCH
             first = np.searchsorted(flow_requests, event, side="left")
             count = np.where(requesting, np.searchsorted(flow_requests, event, side="right") - first, 0)
             if count.any():
                 ids = flow_ids[np.repeat(first - np.cumsum(count) + count, count) + np.arange(int(count.sum()))]
                 tail = np.empty((len(ids), 10), dtype=np.uint8)
-                tail[:, :2] = np.frombuffer(wire.varint(_E_FLOW_IDS << 3 | 1), dtype=np.uint8)
+                tail[:, :2] = flow_key
                 tail[:, 2:] = ids.astype("<u8").view(np.uint8).reshape(-1, 8)
                 body.tail(tail.reshape(-1), count * 10)
         packet = wire.Rows(m)
-        packet.varint(_P_TIMESTAMP, row_time[lo:hi])
+        packet.varint(_P_TIMESTAMP, row_time[rows])
         packet.varint(_P_SEQUENCE_ID, _SEQUENCE)
         packet.message(_P_TRACK_EVENT, body)
         trace = wire.Rows(m)
         trace.message(_TRACE_PACKET, packet)
-        written += f.write(trace.encode().tobytes())
+        return trace
+
+    for lo in range(0, len(row_event), _CHUNK * 2):
+        rows = np.arange(lo, min(lo + _CHUNK * 2, len(row_event)))
+        starts = (row_kind[rows] == _BEGIN) | (row_kind[rows] == _INSTANT)
+        parts = [(np.flatnonzero(group), packets(rows[group])) for group in (starts, ~starts) if group.any()]
+        written += f.write(wire.interleave(len(rows), parts).tobytes())
     return written
 
 

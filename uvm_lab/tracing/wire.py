@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Rows", "field", "message", "varint", "varint_size"]
+__all__ = ["Rows", "field", "interleave", "message", "varint", "varint_size"]
 
 _VARINT, _FIXED64, _LENGTH = 0, 1, 2
 #: The thresholds at which a varint takes one more byte: 2**7, 2**14, ... 2**63.
@@ -203,6 +203,21 @@ class Rows:
             starts = np.cumsum(counts) - counts
             out[np.repeat(cursor - starts, counts) + np.arange(len(data))] = data
             cursor += counts
+
+
+def interleave(n: int, parts: list[tuple[np.ndarray, Rows]]) -> np.ndarray:
+    """``n`` messages of several shapes, in order: row ``j`` of ``parts[i][1]`` is message ``parts[i][0][j]``.
+
+    Rows of one shape have few absent fields, and fields present in every row are the quickest to write.
+    """
+    sizes = np.zeros(n, dtype=np.int64)
+    for where, rows in parts:
+        sizes[where] = rows.sizes()
+    out = np.empty(int(sizes.sum()), dtype=np.uint8)
+    starts = np.cumsum(sizes) - sizes
+    for where, rows in parts:
+        rows._write(out, starts[where], None)
+    return out
 
 
 def _advance(cursor: np.ndarray, rows: np.ndarray | None, by: np.ndarray | int) -> None:
