@@ -526,8 +526,9 @@ def _write_perfetto(events: np.ndarray, f: IO[bytes]) -> int:
     lanes, _, lane = _groups(events["alloc_id"])
     sub = _sublanes(lane, start, end, is_slice)
     tracks, _, track = _groups(lane.astype(np.int64) * (int(sub.max(initial=0)) + 1) + sub)
-    track_uuid = np.append(track + _FIRST_LANE_TRACK, 0).astype(np.uint64)
+    track_uuid = np.append(track + _FIRST_LANE_TRACK, 0).astype(np.uint32)
     track_lane = tracks // (int(sub.max(initial=0)) + 1)
+    del index, lane, sub, track
 
     # Counters: which record moves which counter, by how much, at its start or at its end.
     counter = np.zeros(n + 1, dtype=np.uint8)
@@ -558,11 +559,13 @@ def _write_perfetto(events: np.ndarray, f: IO[bytes]) -> int:
     # The packet table: every record's first row (a slice's start or an instant), every slice's end,
     # and each counter's first value; sorted by time.
     shown = [c for c in range(1, len(_COUNTERS) + 1) if c != _DTOD or (kinds == EventKind.DTOD).any()]
-    slice_rows = np.flatnonzero(is_slice)
-    row_event = np.concatenate([np.full(len(shown), -1), np.arange(n), slice_rows])
+    index_type = np.int32 if n < 1 << 31 else np.int64
+    slice_rows = np.flatnonzero(is_slice).astype(index_type)
+    row_event = np.concatenate([np.full(len(shown), -1, dtype=index_type), np.arange(n, dtype=index_type), slice_rows])
     row_kind = np.concatenate([np.full(len(shown), _FIRST_VALUE), np.where(is_slice, _BEGIN, _INSTANT),
                                np.full(len(slice_rows), _END)]).astype(np.uint8)
     row_time = np.concatenate([np.full(len(shown), origin), start, end[slice_rows]])
+    del start, end, is_slice, slice_rows
     if int(row_time.max(initial=origin)) - origin < 1 << 61:
         order = np.argsort((row_time - origin) * 4 + row_kind, kind="stable")
     else:
@@ -605,8 +608,6 @@ def _write_perfetto(events: np.ndarray, f: IO[bytes]) -> int:
     written = f.write(b"".join(head))
 
     row_time = np.diff(row_time, prepend=origin).astype(np.uint64)   # the time since the packet before
-    fields = {name: np.append(events[name], np.zeros(1, events[name].dtype)) for name in ("kind", "bytes", "value",
-                                                                                          "address")}
     flow_key = np.frombuffer(wire.varint(_E_FLOW_IDS << 3 | 1), dtype=np.uint8)
 
     def packets(rows: np.ndarray) -> wire.Rows:
@@ -622,7 +623,7 @@ def _write_perfetto(events: np.ndarray, f: IO[bytes]) -> int:
         body.varint(_E_TRACK_UUID, np.where(kind == _FIRST_VALUE, counter_uuid, track_uuid[event]))
         starting = bool(m) and kind[0] in (_BEGIN, _INSTANT)
         if starting:
-            records = {name: fields[name][event] for name in fields}
+            records = {name: events[name][event] for name in ("kind", "bytes", "value", "address")}   # all < n
             body.varint(_E_NAME_IID, name_iid[event])
             for iid, (_, number, values_of, only) in enumerate(_NUMBER_ANNOTATIONS, start=1):
                 arg = wire.Rows(m)
