@@ -180,7 +180,8 @@ def _chrome_pieces(events: np.ndarray, origin: int) -> Iterator[str]:
                                 "args": {"sort_index": tid}}))
     yield ",".join(rows)
 
-    # Everything that depends on (kind, flags) or on (src, dst) is formatted once per combination.
+    # Everything that depends on (kind, flags) or on (src, dst) is formatted once per combination. ``heads``:
+    # a lane's slice row up to its times, or an instant's name.
     index, names, causes, table_kinds = _name_table(events)
     heads, cause_json = [], []
     for kind, name, cause in zip(table_kinds.tolist(), names, causes, strict=True):

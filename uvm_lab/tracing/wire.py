@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
+
 __all__ = ["Rows", "field", "interleave", "message", "varint", "varint_size"]
 
 _VARINT, _FIXED64, _LENGTH = 0, 1, 2
@@ -107,12 +109,17 @@ class Rows:
             return None
         present = np.asarray(present, dtype=bool)
         if present.shape != (self.n,):
-            raise ValueError(f"present has shape {present.shape}, expected ({self.n},)")
+            raise InvalidArgumentError(f"present has shape {present.shape}, expected ({self.n},)",
+                                       value=present.shape, expected=f"one flag per row: ({self.n},)")
         return present
 
     def _values(self, values: np.ndarray | int) -> np.ndarray:
-        out = np.broadcast_to(np.asarray(values).astype(np.uint64, copy=False), (self.n,))
-        return out
+        self._sizes = None           # a new field: sizes worked out before are stale
+        values = np.asarray(values)
+        if values.shape not in ((), (self.n,)):
+            raise InvalidArgumentError(f"values have shape {values.shape}, expected ({self.n},)",
+                                       value=values.shape, expected=f"one value per row ({self.n},), or one for all")
+        return np.broadcast_to(values.astype(np.uint64, copy=False), (self.n,))
 
     def varint(self, number: int, values: np.ndarray | int, present: np.ndarray | None = None) -> None:
         """A varint field (uint64, int64 as two's complement, enum, bool)."""
@@ -125,7 +132,9 @@ class Rows:
     def message(self, number: int, rows: Rows, present: np.ndarray | None = None) -> None:
         """A nested message, one row of ``rows`` in each row of this one."""
         if rows.n != self.n:
-            raise ValueError(f"nested rows has {rows.n} rows, expected {self.n}")
+            raise InvalidArgumentError(f"nested rows has {rows.n} rows, expected {self.n}", value=rows.n,
+                                       expected=str(self.n))
+        self._sizes = None
         self._columns.append(_Column(_key(number, _LENGTH), _LENGTH, rows, self._present(present)))
 
     def tail(self, data: np.ndarray, counts: np.ndarray) -> None:
@@ -135,8 +144,10 @@ class Rows:
         """
         counts = np.asarray(counts, dtype=np.int64)
         data = np.asarray(data, dtype=np.uint8)
-        if counts.shape != (self.n,) or int(counts.sum()) != len(data):
-            raise ValueError("tail counts must give one count per row, adding up to len(data)")
+        if counts.shape != (self.n,) or int(counts.sum()) != len(data) or (counts < 0).any():
+            raise InvalidArgumentError("tail counts must give one count per row, adding up to len(data)",
+                                       value=counts, expected=f"{self.n} counts >= 0 summing to {len(data)}")
+        self._sizes = None
         self._tail = (data, counts)
 
     # -- sizes -------------------------------------------------------------------------------------------
