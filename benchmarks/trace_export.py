@@ -52,8 +52,8 @@ def recorded_loop(passes: int) -> np.ndarray:
             a.read_mostly = True
             ul.touch(a, on="host", mode="read")
             a.read_mostly = False
-        del a, b
-        gc.collect()
+        a.close()
+        b.close()
     return trace.events
 
 
