@@ -1,24 +1,26 @@
-"""Traces out: Chrome/Perfetto JSON, RMM's CSV log, and save/load without loss."""
+"""Traces out: Perfetto's protobuf format, Chrome/Perfetto JSON, RMM's CSV log, and save/load without loss."""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
+from google.protobuf.unknown_fields import UnknownFieldSet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2
 
 import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EVENT_DTYPE, EventKind, make_events
 from uvm_lab.events.schema import AccessType, MigrationCause
 from uvm_lab.events.trace import Trace
-from uvm_lab.tracing import to_chrome_trace, to_rmm_csv
+from uvm_lab.tracing import to_chrome_trace, to_perfetto, to_rmm_csv
 from uvm_lab.tracing.export import RMM_HEADER
 
 MiB = 1 << 20
@@ -53,8 +55,10 @@ def lane_ids(doc) -> dict[str, int]:
 
 def test_chrome_trace_puts_each_kind_in_its_lane_named_by_cause(tmp_path):
     path = tmp_path / "t.json"
-    doc = Trace(sample()).to_chrome_trace(path)
+    written = Trace(sample()).to_chrome_trace(path)         # streamed: what was written, not the document
+    doc = to_chrome_trace(sample())
     assert json.loads(path.read_text()) == doc
+    assert written == {"path": str(path), "bytes": path.stat().st_size, "events": 10, "origin_ns": 1000}
     lanes = lane_ids(doc)
     slices = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     by_lane = {name: sorted(e["name"] for e in slices if e["tid"] == tid) for name, tid in lanes.items()}
@@ -83,9 +87,31 @@ def test_chrome_trace_allocations_open_and_close_and_count_live_bytes():
     assert instants == ["alloc", "alloc", "alloc_failure", "free", "segment_alloc"]
 
 
-def test_an_empty_trace_is_a_valid_document():
+def test_an_empty_trace_is_a_valid_document(tmp_path):
     doc = to_chrome_trace(np.zeros(0, dtype=EVENT_DTYPE))
     assert json.loads(json.dumps(doc)) == doc and not [e for e in doc["traceEvents"] if e["ph"] != "M"]
+    to_chrome_trace(np.zeros(0, dtype=EVENT_DTYPE), tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text()) == doc
+
+
+def test_a_streamed_chrome_trace_of_many_chunks_is_one_valid_document(tmp_path):
+    with ul.record() as trace:
+        a = ul.DeviceBuffer(size="16MiB")
+        for _ in range(3):
+            ul.touch(a, on="gpu", mode="write")
+            a.prefetch("host")
+            a.read_mostly = True
+            ul.touch(a, on="host", mode="read")
+            a.read_mostly = False
+    events = np.concatenate([trace.events] * (-(-70_000 // len(trace.events))))   # more than one chunk
+    path = tmp_path / "t.json"
+    to_chrome_trace(events, path)
+    doc = json.loads(path.read_text())
+    rows = [e for e in doc["traceEvents"] if e["ph"] in "Xi"]
+    assert len(rows) == len(events)
+    assert Counter(e["name"] for e in rows)["advice set_read_mostly"] == (events["kind"] == EventKind.ADVICE).sum() // 2
+    htod = sum(e["args"]["bytes"] for e in rows if e["name"].startswith("HtoD"))
+    assert htod == Trace(events).summary()["bytes_htod"]
 
 
 def test_rmm_csv_has_rmms_columns_and_one_row_per_allocator_action(tmp_path):
@@ -160,3 +186,214 @@ def test_load_refuses_what_save_did_not_write(tmp_path):
         Trace(sample()).save(tmp_path / "no" / "such" / "dir.npy")
     with pytest.raises(InvalidArgumentError):
         Trace(sample()).save(None)
+
+
+# -- Perfetto's protobuf format, read back with Perfetto's own schema ------------------------------------------
+
+INCREMENTAL_CLOCK = 64
+
+
+def read_perfetto(path) -> dict:
+    """What Perfetto's UI would show, decoded with the ``perfetto`` package's schema: tracks by uuid,
+    slices (track, name, start, end, args, flows), counter samples by track, and flows."""
+    data = path.read_bytes()
+    trace = perfetto_trace_pb2.Trace.FromString(data)
+    assert trace.ByteSize() == len(data)
+    tracks, names, arg_names, strings = {}, {}, {}, {}
+    slices, counters, open_slices = [], defaultdict(list), defaultdict(list)
+    now = None
+    for packet in trace.packet:
+        assert packet.trusted_packet_sequence_id == 1
+        # Every byte is a field of Perfetto's schema: nothing it would skip as unknown.
+        assert not UnknownFieldSet(packet) and not UnknownFieldSet(packet.track_event)
+        assert not any(UnknownFieldSet(arg) for arg in packet.track_event.debug_annotations)
+        if packet.HasField("trace_packet_defaults"):
+            assert packet.sequence_flags == 1           # the first packet clears the sequence's state
+            assert packet.trace_packet_defaults.timestamp_clock_id == INCREMENTAL_CLOCK
+            [clock] = [c for c in packet.clock_snapshot.clocks if c.clock_id == INCREMENTAL_CLOCK]
+            assert clock.is_incremental
+            now = clock.timestamp
+        if packet.HasField("interned_data"):
+            names.update({e.iid: e.name for e in packet.interned_data.event_names})
+            arg_names.update({e.iid: e.name for e in packet.interned_data.debug_annotation_names})
+            strings.update({e.iid: e.str.decode() for e in packet.interned_data.debug_annotation_string_values})
+        if packet.HasField("track_descriptor"):
+            tracks[packet.track_descriptor.uuid] = packet.track_descriptor
+        if not packet.HasField("track_event"):
+            continue
+        now += packet.timestamp                          # the time since the packet before
+        event = packet.track_event
+        for uuid, value in zip(event.extra_counter_track_uuids, event.extra_counter_values, strict=True):
+            counters[uuid].append((now, value))
+        if event.type == event.TYPE_COUNTER:
+            counters[event.track_uuid].append((now, event.counter_value))
+            continue
+        if event.type == event.TYPE_SLICE_END:
+            begin = open_slices[event.track_uuid].pop()
+            begin["end"] = now
+            continue
+        args = {}
+        for arg in event.debug_annotations:
+            value = (strings[arg.string_value_iid] if arg.HasField("string_value_iid") else
+                     arg.pointer_value if arg.HasField("pointer_value") else arg.uint_value)
+            args[arg_names[arg.name_iid]] = value
+        row = {"track": tracks[event.track_uuid].name, "uuid": event.track_uuid, "name": names[event.name_iid],
+               "start": now, "end": now, "args": args, "flows": list(event.flow_ids),
+               "ends_flows": list(event.terminating_flow_ids)}
+        slices.append(row)
+        if event.type == event.TYPE_SLICE_BEGIN:
+            assert not open_slices[event.track_uuid], "slices on one track must not overlap"
+            open_slices[event.track_uuid].append(row)
+    assert not any(open_slices.values())
+    by_name = {d.name: uuid for uuid, d in tracks.items() if d.HasField("counter")}
+    return {"tracks": tracks, "slices": slices, "counters": {name: counters[uuid] for name, uuid in by_name.items()},
+            "counter_tracks": {name: tracks[uuid] for name, uuid in by_name.items()}}
+
+
+def total(samples) -> int:
+    """A counter's value at the end: Perfetto adds up an incremental counter's samples."""
+    return sum(v for _, v in samples)
+
+
+def test_perfetto_has_a_track_per_allocation_and_the_counters(tmp_path):
+    path = tmp_path / "t.pftrace"
+    written = to_perfetto(sample(), path)
+    assert written == path.stat().st_size
+    doc = read_perfetto(path)
+    named = Counter(d.name for d in doc["tracks"].values())
+    assert {"allocation 1", "allocation 2", "allocation 3", "no allocation", "allocations", "uvm_lab"} <= set(named)
+    assert set(doc["counter_tracks"]) == {"memory in use", "HtoD bytes", "DtoH bytes", "GPU faults", "CPU faults"}
+    units = {name: d.counter.unit for name, d in doc["counter_tracks"].items()}
+    assert units["HtoD bytes"] == units["memory in use"] == perfetto_trace_pb2.CounterDescriptor.UNIT_SIZE_BYTES
+    assert units["GPU faults"] == perfetto_trace_pb2.CounterDescriptor.UNIT_COUNT
+    allocations = next(uuid for uuid, d in doc["tracks"].items() if d.name == "allocations")
+    lanes = [d for d in doc["tracks"].values() if d.name.startswith("allocation ") or d.name == "no allocation"]
+    assert {d.parent_uuid for d in lanes} == {allocations}
+    assert len(doc["slices"]) == len(sample())       # every record is one slice or instant
+
+
+def test_perfetto_slices_are_named_by_kind_and_cause_and_carry_their_arguments(tmp_path):
+    path = tmp_path / "t.pftrace"
+    Trace(sample()).to_perfetto(path)
+    slices = {s["name"]: s for s in read_perfetto(path)["slices"]}
+    user = slices["HtoD user prefetch"]
+    assert (user["track"], user["start"], user["end"]) == ("allocation 1", 6000, 26000)
+    assert user["args"] == {"bytes": MiB, "pages": 256, "src -> dst": "host -> gpu:0", "cause": "user prefetch",
+                            "address": 0x10010000}
+    fault = slices["GPU fault write"]
+    assert (fault["start"], fault["end"]) == (1900, 1990)
+    assert fault["args"]["faults"] == 3 and fault["args"]["cause"] == "write"
+    assert slices["DtoH eviction"]["args"]["src -> dst"] == "gpu:0 -> host"
+    assert slices["CPU fault unknown"]["start"] == slices["CPU fault unknown"]["end"] == 29000   # an instant
+    assert slices["alloc_failure"]["track"] == "no allocation"
+    assert {"segment_alloc", "alloc", "free"} <= set(slices)
+
+
+def test_perfetto_counters_add_up_to_the_traces_summary(tmp_path):
+    with ul.record() as trace:
+        a = ul.DeviceBuffer(size="16MiB")
+        ul.touch(a, on="gpu", mode="write")
+        a.prefetch("host")
+        a.read_mostly = True
+        ul.touch(a, on="gpu", mode="read")
+        ul.touch(a, on="host", mode="write")
+        a.close()
+    summary = trace.summary()
+    assert summary["bytes_htod"] and summary["bytes_dtoh"] and summary["gpu_faults"] and summary["cpu_faults"]
+    path = tmp_path / "t.pftrace"
+    trace.to_perfetto(path)
+    counters = read_perfetto(path)["counters"]
+    assert total(counters["HtoD bytes"]) == summary["bytes_htod"]
+    assert total(counters["DtoH bytes"]) == summary["bytes_dtoh"]
+    assert total(counters["GPU faults"]) == summary["gpu_faults"]
+    assert total(counters["CPU faults"]) == summary["cpu_faults"]
+    memory = counters["memory in use"]
+    assert max(np.cumsum([v for _, v in memory])) == 16 * MiB
+    assert total(memory) == 0                        # mapped, then unmapped
+    times = [t for _, samples in counters.items() for t, _ in samples]
+    assert min(times) >= int(trace.events["start"].min()) and max(times) <= int(trace.events["end"].max())
+
+
+def test_perfetto_memory_counter_starts_with_what_the_frees_show_was_live(tmp_path):
+    events = sample()
+    events = events[events["kind"] != EventKind.SEGMENT_ALLOC]      # no mappings: memory resources' ALLOC/FREE
+    before = make_events(1, kind=EventKind.FREE, address=0x20000000, bytes=5 * MiB, alloc_id=9, start=45000,
+                         end=45000)
+    path = tmp_path / "t.pftrace"
+    to_perfetto(np.concatenate([events, before]), path)
+    memory = read_perfetto(path)["counters"]["memory in use"]
+    values = np.cumsum([v for _, v in memory])
+    assert values[0] == 5 * MiB                      # allocation 9 was freed, so it was live from the start
+    assert list(values[1:]) == [6 * MiB, 9 * MiB, 8 * MiB, 3 * MiB]
+
+
+def test_perfetto_flows_link_each_prefetch_to_the_migrations_it_caused(tmp_path):
+    with ul.record() as trace:
+        a = ul.DeviceBuffer(size="8MiB")
+        b = ul.DeviceBuffer(size="8MiB")
+        ul.touch(a, on="gpu", mode="write")
+        ul.touch(b, on="gpu", mode="write")
+        a.prefetch("host")
+        b.prefetch("host")
+    ev = trace.events
+    requests = ev[ev["kind"] == EventKind.PREFETCH]
+    assert len(requests) == 2
+    path = tmp_path / "t.pftrace"
+    trace.to_perfetto(path)
+    slices = read_perfetto(path)["slices"]
+    prefetches = [s for s in slices if s["name"] == "prefetch"]
+    migrations = {f: s for s in slices for f in s["ends_flows"]}
+    assert len(prefetches) == 2
+    for request, prefetch in zip(requests, prefetches, strict=True):
+        caused = [migrations[f] for f in prefetch["flows"]]
+        assert caused and all(m["name"] == "DtoH user prefetch" for m in caused)
+        assert sum(m["args"]["bytes"] for m in caused) == request["bytes"]
+        assert {m["track"] for m in caused} == {prefetch["track"]}
+    user = [s for s in slices if s["name"] == "DtoH user prefetch"]
+    assert len(migrations) == len(user)              # every prefetch migration is explained, once
+
+
+def test_overlapping_slices_of_one_allocation_go_on_tracks_of_the_same_name(tmp_path):
+    rows = [dict(kind=EventKind.HTOD, flags=MigrationCause.COHERENCE, src=-1, dst=0, address=0x1000, bytes=4096,
+                 alloc_id=5, start=t0, end=t1) for t0, t1 in ((100, 300), (200, 400), (250, 260), (400, 500))]
+    path = tmp_path / "t.pftrace"
+    to_perfetto(np.concatenate([make_events(1, **r) for r in rows]), path)
+    doc = read_perfetto(path)                         # asserts that no track holds overlapping slices
+    spans = sorted((s["start"], s["end"]) for s in doc["slices"])
+    assert spans == [(100, 300), (200, 400), (250, 260), (400, 500)]
+    lanes = {s["uuid"] for s in doc["slices"]}
+    assert len(lanes) == 3 and {doc["tracks"][u].name for u in lanes} == {"allocation 5"}
+    merge = perfetto_trace_pb2.TrackDescriptor.SIBLING_MERGE_BEHAVIOR_BY_TRACK_NAME
+    assert {doc["tracks"][u].sibling_merge_behavior for u in lanes} == {merge}   # shown as one track
+
+
+def test_an_empty_trace_is_a_valid_perfetto_file(tmp_path):
+    path = tmp_path / "t.pftrace"
+    to_perfetto(np.zeros(0, dtype=EVENT_DTYPE), path)
+    doc = read_perfetto(path)
+    assert doc["slices"] == [] and "HtoD bytes" in doc["counter_tracks"]
+
+
+def test_bad_perfetto_arguments_are_refused_and_write_nothing(tmp_path):
+    with pytest.raises(InvalidArgumentError):
+        to_perfetto([1, 2, 3], tmp_path / "a.pftrace")
+    with pytest.raises(InvalidArgumentError, match="needs a path"):
+        to_perfetto(sample(), None)
+    with pytest.raises(InvalidArgumentError):
+        to_perfetto(sample(), 42)
+    with pytest.raises(InvalidArgumentError, match="cannot write"):
+        to_perfetto(sample(), tmp_path / "missing" / "t.pftrace")
+    assert list(tmp_path.iterdir()) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(arrays(EVENT_DTYPE, st.integers(0, 40)))
+def test_any_events_make_a_perfetto_file_with_one_slice_each(tmp_path_factory, events):
+    events["start"] %= 1 << 62                       # clock readings in ns: 146 years of them
+    events["end"] %= 1 << 62
+    path = tmp_path_factory.mktemp("perfetto") / "t.pftrace"
+    to_perfetto(events, path)
+    doc = read_perfetto(path)                         # decodes; slices never overlap on a track
+    assert len(doc["slices"]) == len(events)
+    starts = sorted(s["start"] for s in doc["slices"])
+    assert starts == sorted(events["start"].tolist())

@@ -223,10 +223,17 @@ class Trace:
         return cls(as_events(events))   # a trace saved before events carried their source: sources unknown
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
-        """Chrome/Perfetto trace JSON: see :func:`uvm_lab.tracing.export.to_chrome_trace`."""
+        """Chrome/Perfetto trace JSON, returned or streamed to ``path``: see
+        :func:`uvm_lab.tracing.export.to_chrome_trace`."""
         from ..tracing.export import to_chrome_trace
 
         return to_chrome_trace(self, path)
+
+    def to_perfetto(self, path: str | Path) -> int:
+        """Perfetto's protobuf trace, for ui.perfetto.dev: see :func:`uvm_lab.tracing.export.to_perfetto`."""
+        from ..tracing.export import to_perfetto
+
+        return to_perfetto(self, path)
 
     def to_rmm_csv(self, path: str | Path | None = None, **options: Any) -> str:
         """RMM's allocation-log CSV: see :func:`uvm_lab.tracing.export.to_rmm_csv`."""

@@ -8,13 +8,14 @@
   :func:`reconcile` (and :meth:`CuptiCollector.check_host`): what lost records missed, as events.
 - :func:`watch` / :class:`HostWatcher`: the host's page tables read at a low rate, keeping maps true with
   tracing off (on by default on a real GPU); :mod:`~uvm_lab.tracing.inference`: what a completed prefetch implies.
-- :func:`to_chrome_trace` / :func:`to_rmm_csv`: a trace for Perfetto, or for RMM's tools.
+- :func:`to_perfetto` / :func:`to_chrome_trace` / :func:`to_rmm_csv`: a trace for Perfetto (its protobuf format,
+  or JSON), or for RMM's tools.
 """
 
 from .attribution import AllocationIndex, attribute, cause_names
 from .cupti import CuptiCollector, TracingUnavailableWarning, cupti_status, measures
 from .decode import CUPTI_UM_COUNTER3_DTYPE, decode_buffer, decode_records, encode_records
-from .export import to_chrome_trace, to_rmm_csv
+from .export import to_chrome_trace, to_perfetto, to_rmm_csv
 from .pagemap import OracleAgreement, host_resident, oracle_agreement
 from .reconcile import Reconciliation, host_truth, reconcile
 from .watcher import DEFAULT_INTERVAL, HostWatcher, check_host, get_watcher, unwatch, watch
@@ -42,6 +43,7 @@ __all__ = [
     "oracle_agreement",
     "reconcile",
     "to_chrome_trace",
+    "to_perfetto",
     "to_rmm_csv",
     "unwatch",
     "watch",
