@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uvm_lab as ul
 from uvm_lab.events import EVENT_DTYPE, EventKind
+from uvm_lab.events.sources import get_sources
 from uvm_lab.tracing import cause_names, to_chrome_trace, to_perfetto
 
 MiB = 1 << 20
@@ -99,21 +100,23 @@ def official_builder(events: np.ndarray, path: str) -> int:
     causes = cause_names(events)
     names: dict[str, int] = {}
     strings: dict[str, int] = {}
-    arg_names = {"bytes": 1, "pages": 2, "address": 3, "src -> dst": 4, "cause": 5}
+    arg_names = {"bytes": 1, "address": 2, "src -> dst": 3, "source": 4}
+    lines = get_sources().texts(events["source"])
     first = builder.add_packet()
     first.trusted_packet_sequence_id = seq
     first.sequence_flags = 1
     totals = dict.fromkeys(counters.values(), 0)
     rows = []
-    for kind, cause, src, dst, start, end, address, nbytes, value, alloc_id in zip(
-            events["kind"].tolist(), causes, *(events[f].tolist() for f in ("src", "dst", "start", "end", "address",
-                                                                             "bytes", "value", "alloc_id")),
+    for kind, cause, line, src, dst, start, end, address, nbytes, value, alloc_id in zip(
+            events["kind"].tolist(), causes, lines, *(events[f].tolist() for f in ("src", "dst", "start", "end",
+                                                                                    "address", "bytes", "value",
+                                                                                    "alloc_id")),
             strict=True):
-        rows.append((start, 3 if end > start else 2, kind, cause, src, dst, address, nbytes, value, alloc_id))
+        rows.append((start, 3 if end > start else 2, kind, cause, line, src, dst, address, nbytes, value, alloc_id))
         if end > start:
-            rows.append((end, 1, kind, cause, src, dst, address, nbytes, value, alloc_id))
+            rows.append((end, 1, kind, cause, line, src, dst, address, nbytes, value, alloc_id))
     rows.sort(key=lambda r: (r[0], r[1]))
-    for ts, role, kind, cause, src, dst, address, nbytes, value, alloc_id in rows:
+    for ts, role, kind, cause, line, src, dst, address, nbytes, value, alloc_id in rows:
         packet = builder.add_packet()
         packet.timestamp = ts
         packet.trusted_packet_sequence_id = seq
@@ -126,14 +129,15 @@ def official_builder(events: np.ndarray, path: str) -> int:
             event.type = event.TYPE_SLICE_BEGIN if role == 3 else event.TYPE_INSTANT
             name = f"{EventKind(kind).name} {cause}"
             event.name_iid = names.setdefault(name, len(names) + 1)
-            for key, number in (("bytes", nbytes), ("pages", (nbytes + 4095) // 4096)):
-                arg = event.debug_annotations.add()
-                arg.name_iid = arg_names[key]
-                arg.uint_value = number
+            arg = event.debug_annotations.add()
+            arg.name_iid = arg_names["bytes"]
+            arg.uint_value = nbytes
             arg = event.debug_annotations.add()
             arg.name_iid = arg_names["address"]
             arg.pointer_value = address
-            for key, text in (("src -> dst", f"{src} -> {dst}"), ("cause", cause)):
+            for key, text in (("src -> dst", f"{src} -> {dst}"), ("source", line)):
+                if not text:
+                    continue
                 arg = event.debug_annotations.add()
                 arg.name_iid = arg_names[key]
                 arg.string_value_iid = strings.setdefault(text, len(strings) + 1)

@@ -7,8 +7,8 @@ https://ui.perfetto.dev opens and which stays small and quick for millions of ev
   totals: the UI's "rate" mode shows the bandwidth) and the GPU and CPU faults taken;
 - one track per allocation (named by its ``alloc_id``; records of no known allocation share one track),
   where each record is a slice (an instant where it took no time) named after its kind and cause
-  ("HtoD coherence", "GPU fault write", "prefetch", "advice set_read_mostly"), with its bytes, pages,
-  processors, cause and address as arguments;
+  ("HtoD coherence", "GPU fault write", "prefetch", "advice set_read_mostly"), with its bytes, processors,
+  address and the line of user code it came from as arguments;
 - an arrow from each prefetch request to the migrations it caused.
 
 :func:`to_chrome_trace` writes the Trace Event Format that ``chrome://tracing`` and Perfetto open: one
@@ -37,7 +37,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..events.schema import EVENT_DTYPE, Advice, EventKind, MemoryKind, MigrationCause
-from ..units import PAGE_SIZE
+from ..events.sources import get_sources
 from . import wire
 from .attribution import cause_names
 
@@ -338,7 +338,6 @@ def _counter_track(counter: int) -> int:
 #: Numeric arguments of every slice: (name, DebugAnnotation field, value of each record, kinds or None: all).
 _NUMBER_ANNOTATIONS: tuple[tuple[str, int, Callable[[Any], np.ndarray], tuple[int, ...] | None], ...] = (
     ("bytes", _A_UINT, lambda ev: ev["bytes"], None),
-    ("pages", _A_UINT, lambda ev: (ev["bytes"] + np.uint64(PAGE_SIZE - 1)) // np.uint64(PAGE_SIZE), None),
     ("faults", _A_UINT, lambda ev: ev["value"], _FAULTS),
     ("address", _A_POINTER, lambda ev: ev["address"], None),
 )
@@ -357,13 +356,13 @@ def _location_texts(representatives: np.ndarray) -> list[str]:
 
 
 #: Text arguments: (name, what records share the text, the texts of records, one of each kind; "" for
-#: none). Each text is written once (interned); records carry its number. A record's line of user code
-#: would be one more entry: its source id as the key, and the texts of those ids.
+#: none). Each text is written once (interned); records carry its number. The cause is in the slice's name,
+#: and pages are bytes / 4 KiB: neither is written again.
 _TEXT_ANNOTATIONS: tuple[tuple[str, Callable[[np.ndarray], np.ndarray],
                                Callable[[np.ndarray], list[str]]], ...] = (
     ("src -> dst", _route_keys, _route_texts),
-    ("cause", _kind_keys, cause_names),
     ("location", _route_keys, _location_texts),
+    ("source", lambda ev: ev["source"], lambda rep: get_sources().texts(rep["source"])),
 )
 #: A migration requested by cudaMemPrefetchAsync (measured or inferred) is linked to the request that
 #: covers its address, if one of the latest this many requests before it does.
@@ -468,9 +467,9 @@ def to_perfetto(trace: Any, path: str | os.PathLike[str]) -> int:
     - "allocations": one track per ``alloc_id`` ("allocation 7"; "no allocation" for records of none).
       Each record is a slice from ``start`` to ``end`` (an instant where they are equal), named after its
       kind and cause ("HtoD coherence", "GPU fault write", "prefetch", "advice set_read_mostly"), with
-      arguments ``bytes``, ``pages``, ``src -> dst``, ``cause``, ``address`` (and ``faults`` for faults,
-      ``location`` for advice). Slices of one allocation that overlap go on further tracks of the same
-      name, which the UI shows as one;
+      arguments ``bytes``, ``src -> dst``, ``address``, ``source`` (the line of user code, where known; and
+      ``faults`` for faults, ``location`` for advice). Slices of one allocation that overlap go on further
+      tracks of the same name, which the UI shows as one;
     - flows: an arrow from each PREFETCH request to each migration it caused, where the migration's cause
       is a user prefetch and a request at or before it covers its address with the same destination.
 
