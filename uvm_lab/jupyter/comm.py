@@ -7,8 +7,10 @@ The panel opens a comm to target ``"uvm_lab"`` with a ``hello``; each open comm 
   entry points user code calls (``DeviceBuffer.prefetch`` and the advice properties); a bad
   command or a failing call comes back as an error result and never closes the comm;
 - listens to the event bus, and from a background thread sends at most one ``update`` per
-  ``interval`` (0.1 s) holding only the allocations whose residency or advice changed, so the
-  map follows a cell while it runs;
+  ``interval`` (0.1 s, or what the view asks with ``rate``) holding only the allocations whose
+  residency or advice changed, each as the cells that changed (``"runs"``), and the device lanes'
+  new samples, so the map follows a cell while it runs;
+- answers ``timeline`` queries from the kernel's shared event window (:mod:`.timeline`);
 - stops sending while the panel says it is hidden (``pause``), and sends a full snapshot when it
   is shown again.
 
@@ -21,7 +23,7 @@ update sent during a cell would pin the panel's commands behind that cell.
 Locks, in the only order they are taken::
 
     _command_lock  (one command at a time)  ->  the core's own locks
-    _send_lock     (one snapshot/update at a time, owns _sent)  ->  the core's own locks
+    _send_lock     (one snapshot/update at a time, owns _sent and _next_sample)  ->  the core's own locks
     _lock          (the dirty ranges and the pause flag; held only for a few assignments)
 
 The bus callback takes only ``_lock``, so a producer publishing under the core's locks never
@@ -49,6 +51,7 @@ from .protocol import (
     CELL_LIMIT,
     COMM_TARGET,
     PROTOCOL_VERSION,
+    TIMELINE_COLUMNS,
     AdviceState,
     AllocationInfo,
     Command,
@@ -57,10 +60,14 @@ from .protocol import (
     Removed,
     Result,
     Snapshot,
+    Timeline,
+    TimelineRows,
     Update,
+    encode_runs,
     pack_states,
     parse_command,
 )
+from .timeline import DeviceSeries, EventWindow, shared
 
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
 
@@ -88,7 +95,7 @@ class PanelSession:
     """One panel's comm: validated commands in, throttled residency updates out."""
 
     def __init__(self, comm: CommLike, *, interval: float = UPDATE_INTERVAL, bus: EventBus | None = None,
-                 start: bool = True) -> None:
+                 start: bool = True, timeline: tuple[EventWindow, DeviceSeries] | None = None) -> None:
         self.comm = comm
         self.interval = interval
         self._command_lock = threading.Lock()
@@ -98,7 +105,10 @@ class PanelSession:
         self._everything_dirty = False
         self._paused = False
         self._snapshot_sent = False
-        self._sent: dict[int, tuple[AllocationInfo, bytes]] = {}  # what the panel holds, by id
+        self._sent: dict[int, tuple[AllocationInfo, np.ndarray]] = {}  # what the panel holds, by id
+        # The kernel's shared ones unless given (a test's, fed and clocked by the test).
+        self._window, self._series = timeline or shared(bus)
+        self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._context = contextvars.copy_context()  # where the panel's last message was handled
@@ -150,8 +160,11 @@ class PanelSession:
                 touched = [b for b in buffers if everything or b.id not in self._sent or _touches(b, dirty)]
                 infos, cells, held = self._describe_changed(touched)
                 gone = sorted(set(self._sent) - {b.id for b in buffers})
-                if infos:
-                    self._send(Update(type="update", device=_device_info(), allocations=infos), cells)
+                device = _device_info()
+                self._sample(device, buffers)
+                samples, next_sample = self._series.since(self._next_sample)
+                if infos or samples:
+                    self._send(Update(type="update", device=device, allocations=infos, samples=samples), cells)
                 if gone:
                     self._send(Removed(type="removed", ids=gone))
             except BaseException:
@@ -161,9 +174,10 @@ class PanelSession:
                     self._everything_dirty = True
                 raise
             self._sent.update(held)
+            self._next_sample = next_sample
             for alloc_id in gone:
                 del self._sent[alloc_id]
-            return bool(infos or gone)
+            return bool(infos or gone or samples)
 
     def send_snapshot(self) -> None:
         """Send every live allocation, replacing whatever the panel holds."""
@@ -172,30 +186,48 @@ class PanelSession:
             self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
-            infos, cells, held = self._describe_changed(_panel_buffers())
+            buffers = _panel_buffers()
+            infos, cells, held = self._describe_changed(buffers)
+            device = _device_info()
+            self._sample(device, buffers)
+            samples, next_sample = self._series.since(0)
             snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, page_size=PAGE_SIZE,
-                                cell_limit=CELL_LIMIT, device=_device_info(), allocations=infos)
+                                cell_limit=CELL_LIMIT, device=device, allocations=infos, samples=samples,
+                                samples_dropped=self._series.dropped)
             self._send(snapshot, cells)
             self._sent.update(held)
+            self._next_sample = next_sample
 
-    def _describe_changed(self, buffers: list[ul.DeviceBuffer]) -> tuple[list[AllocationInfo], list[np.ndarray],
-                                                                           dict[int, tuple[AllocationInfo, bytes]]]:
-        """Describe those of ``buffers`` that differ from what the panel holds; with what it will hold once
-        they are sent (noted by the caller after sending, so that a failed send leaves nothing noted)."""
+    def _sample(self, device: DeviceInfo, buffers: list[ul.DeviceBuffer]) -> None:
+        allocated = sum(buf.size for buf in buffers if buf.is_managed)
+        self._series.close_interval(ul.get_backend().now_ns(), device["total"] - device["free"], device["total"],
+                                    allocated)
+
+    def _describe_changed(self, buffers: list[ul.DeviceBuffer]) -> tuple[
+            list[AllocationInfo], list[np.ndarray], dict[int, tuple[AllocationInfo, np.ndarray]]]:
+        """Describe those of ``buffers`` that differ from what the panel holds, each as its changed runs where
+        the panel holds it; with what it will hold once they are sent (noted by the caller after sending, so
+        that a failed send leaves nothing noted)."""
         infos: list[AllocationInfo] = []
-        cells: list[np.ndarray] = []
-        held: dict[int, tuple[AllocationInfo, bytes]] = {}
+        payloads: list[np.ndarray] = []
+        held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
         for buf in buffers:
-            described = _describe(buf)
+            described = _describe(buf, self._window)
             if described is None:
                 continue
-            info, data = described
-            now = (info, data.tobytes())
-            if self._sent.get(buf.id) != now:
-                held[buf.id] = now
-                infos.append(info)
-                cells.append(data)
-        return infos, cells, held
+            info, cells = described
+            before = self._sent.get(buf.id)
+            if before is not None and before[0] == info and np.array_equal(before[1], cells):
+                continue
+            held[buf.id] = (info, cells)
+            payload = cells
+            if before is not None and len(before[1]) == len(cells):
+                runs = encode_runs(before[1], cells)
+                if len(runs) < len(cells):
+                    info, payload = AllocationInfo(**{**info, "encoding": "runs"}), runs  # type: ignore[typeddict-item]
+            infos.append(info)
+            payloads.append(payload)
+        return infos, payloads, held
 
     def close(self) -> None:
         """Stop listening and sending (the comm closed, or the kernel is shutting down)."""
@@ -217,8 +249,14 @@ class PanelSession:
                 self._paused = command["paused"]
             if not command["paused"]:
                 self.send_snapshot()
+        elif command["type"] == "rate":
+            self.interval = command["interval_ms"] / 1000
+        elif command["type"] == "timeline":
+            self._answer_timeline(command)
         elif command["type"] == "prefetch":
-            ul.find_buffer(command["id"]).prefetch(command["location"])
+            buf = ul.find_buffer(command["id"])
+            offset, size = _byte_range(buf, command["first_page"], command["pages"])
+            buf.prefetch(command["location"], offset=offset, size=size)
             self.flush()
         elif command["type"] == "set_advice":
             buf = ul.find_buffer(command["id"])
@@ -230,6 +268,16 @@ class PanelSession:
             else:
                 buf.accessed_by = value
             self.flush()
+
+    def _answer_timeline(self, query: Timeline) -> None:
+        get_bus().flush()   # what the hardware has reported, in the window
+        columns, events, truncated = self._window.query(query["start"], query["end"], query["width"], query["lanes"])
+        first, last = self._window.extent()
+        rows = TimelineRows(type="timeline", seq=query["seq"], start=query["start"], end=query["end"],
+                            width=query["width"], columns=[name for name, _ in TIMELINE_COLUMNS],
+                            rows=len(columns["start"]), events=events, held=self._window.held,
+                            dropped=self._window.dropped, truncated=truncated, first=first, last=last)
+        self._send(rows, [columns[name] for name, _ in TIMELINE_COLUMNS])
 
     # -- comm and bus callbacks ------------------------------------------------------------------------
     def _on_msg(self, msg: dict[str, Any]) -> None:
@@ -275,7 +323,8 @@ class PanelSession:
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:
             return
-        buffers = [c.data for c in cells] if cells else None
+        # As bytes: a float column's memoryview would otherwise carry its item format to the wire.
+        buffers = [np.ascontiguousarray(c).view(np.uint8).data for c in cells] if cells else None
         self.comm.send(data=message, buffers=buffers)
 
 
@@ -287,7 +336,7 @@ def _panel_buffers() -> list[ul.DeviceBuffer]:
     return [buf for buf in ul.live_buffers() if buf.size]
 
 
-def _describe(buf: ul.DeviceBuffer) -> tuple[AllocationInfo, np.ndarray] | None:
+def _describe(buf: ul.DeviceBuffer, window: EventWindow) -> tuple[AllocationInfo, np.ndarray] | None:
     """An allocation's metadata and its residency bytes, or None if it was freed meanwhile."""
     try:
         plain = describe_buffer(buf)
@@ -296,12 +345,30 @@ def _describe(buf: ul.DeviceBuffer) -> tuple[AllocationInfo, np.ndarray] | None:
     cell_pages, cells, counts = pack_states(plain["states"])
     advice = plain["advice"] or {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
     info = AllocationInfo(
-        id=plain["id"], label=plain["label"], size=plain["size"], is_managed=plain["is_managed"],
+        id=plain["id"], label=plain["label"], address=plain["address"], size=plain["size"],
+        is_managed=plain["is_managed"],
         advice=AdviceState(read_mostly=advice["read_mostly"], preferred_location=advice["preferred_location"],
                            accessed_by=list(advice["accessed_by"])),
-        pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts,
+        pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts, encoding="cells",
+        traffic=window.traffic(buf.id), requested=window.requested(buf.id),
     )
     return info, cells
+
+
+def _byte_range(buf: ul.DeviceBuffer, first_page: int, pages: int | None) -> tuple[int, int | None]:
+    """A prefetch's pages as the ``offset`` and ``size`` the buffer takes; the last page may be short."""
+    total = -(-buf.size // PAGE_SIZE)
+    if first_page >= total:
+        raise InvalidArgumentError(f"first_page {first_page} is past the last page of {buf.label or buf.id!r} "
+                                   f"({total} pages)", value=first_page, expected=f"a page from 0 to {total - 1}")
+    offset = first_page * PAGE_SIZE
+    if pages is None:
+        return offset, None
+    if first_page + pages > total:
+        raise InvalidArgumentError(f"pages {first_page} to {first_page + pages - 1} run past the last page of "
+                                   f"{buf.label or buf.id!r} ({total} pages)", value=pages,
+                                   expected=f"at most {total - first_page} pages from page {first_page}")
+    return offset, min(pages * PAGE_SIZE, buf.size - offset)
 
 
 def _touches(buf: ul.DeviceBuffer, ranges: list[tuple[int, int]]) -> bool:
