@@ -1,5 +1,8 @@
 """Build hook: compile the hot paths written in C where a C compiler is present.
 
+- ``uvm_lab/events/_sources.c``: the walk to the calling user line, cached, that every event's ``source`` comes
+  from; the pool's hot path calls it directly. Without it the same walk runs in Python
+  (``uvm_lab.events.sources``), and the pool below is not compiled either.
 - ``uvm_lab/mr/_pool.c``: the pool's free list and allocate/deallocate. Without it the pool runs every call
   in Python, with the same free list written in Python (``uvm_lab.mr.bestfit.PyBestFit``): about 4x slower a
   pair (``benchmarks/README.md``).
@@ -27,6 +30,7 @@ SIM = Path("uvm_lab") / "backends" / "sim"
 _SIMCORE = ("_access", "_prefetch", "_eviction", "_records", "_service", "_run", "_simcore")
 #: Each extension module, and the C files it is built from.
 EXTENSIONS = {
+    Path("uvm_lab") / "events" / "_sources": (Path("uvm_lab") / "events" / "_sources.c",),
     Path("uvm_lab") / "mr" / "_pool": (Path("uvm_lab") / "mr" / "_pool.c",),
     SIM / "_simcore": tuple(SIM / f"{name}.c" for name in _SIMCORE),
 }

@@ -2,7 +2,8 @@
 
 Peers measured in the same run, same size sequence: RMM's PoolMemoryResource.allocate/deallocate,
 CuPy's MemoryPool, and raw cudaMallocAsync/cudaFreeAsync through cuda.bindings. uvm_lab's pool is
-measured plain, under a StatisticsResourceAdaptor, and while a trace records every event.
+measured plain, under a StatisticsResourceAdaptor, while a trace records every event, and with the capture of
+each event's source line turned off (what the capture costs a pair).
 
     python benchmarks/alloc_pair.py [--ops 200000] [--json out.json]
 """
@@ -104,6 +105,14 @@ def main() -> None:
     results["uvm_lab pool + statistics"] = best_of(args.repeats, uvm(stats))
     with ul.record():
         results["uvm_lab pool, recording events"] = best_of(args.repeats, uvm(pool))
+    from uvm_lab.events import sources
+    sources.set_capturing(False)
+    try:
+        results["uvm_lab pool, source lines off"] = best_of(args.repeats, uvm(pool))
+    finally:
+        sources.set_capturing(True)
+    # Once more with lines on, right after: the machine's drift shows in the gap between the two "on" rows.
+    results["uvm_lab PoolMemoryResource, again"] = best_of(args.repeats, uvm(pool))
     # As installed where no C compiler was found: every call in Python, on the Python free list.
     from uvm_lab.mr import bestfit
     from uvm_lab.mr import pool as pool_module
@@ -150,6 +159,10 @@ def main() -> None:
         vs_rmm = f"{best / rmm_best:.2f}x" if rmm_best else "-"
         vs_cupy = f"{best / cupy_best:.2f}x" if cupy_best else "-"
         print(f"{name:40} {best * 1e6:13.2f} {median * 1e6:8.2f} {vs_rmm:>12} {vs_cupy:>13}")
+    on = min(results["uvm_lab PoolMemoryResource"][0], results["uvm_lab PoolMemoryResource, again"][0])
+    off = results["uvm_lab pool, source lines off"][0]
+    print(f"\ncapturing each event's source line: {(on - off) * 1e9:+.0f} ns a pair, "
+          f"{on / off:.3f}x the pool without it")
     if args.json:
         args.json.write_text(json.dumps({k: {"best_us": v[0] * 1e6, "median_us": v[1] * 1e6}
                                          for k, v in results.items()}, indent=2))

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,7 +174,17 @@ class _Segment:
 
 
 class ResidencyTracker:
-    """Keeps the page states of every live segment by replaying the events published on a bus."""
+    """Keeps the page states of every live segment by replaying the events published on a bus.
+
+    It also keeps a journal of where the states changed, so that a view redraws only what did
+    (:meth:`changes`).
+    """
+
+    #: Journal entries kept (address ranges, merged per batch of events); a reader further behind than
+    #: this is told to read everything again.
+    JOURNAL = 1 << 16
+    #: Past this many separate ranges in one batch, each segment's are joined into one span.
+    _RANGES_PER_BATCH = 256
 
     def __init__(self, bus: EventBus | None = None, *, publishes_inferred: bool = False) -> None:
         if not isinstance(publishes_inferred, bool):
@@ -187,6 +198,11 @@ class ResidencyTracker:
         self._table: tuple[np.ndarray, np.ndarray, np.ndarray, list[_Segment]] | None = None   # for bulk lookups
         self._lock = threading.Lock()
         self._inferred: list[np.ndarray] = []   # migrations to publish once a batch is replayed
+        self._touched: list[tuple[int, int]] = []   # address ranges the batch being replayed changed
+        self._touched_runs: list[np.ndarray] = []    # the same, from bulk runs: (n, 2) arrays
+        self._journal: deque[tuple[int, int, int]] = deque()   # (batch number, start, end), oldest first
+        self._batches = 0          # batches that changed something
+        self._forgotten = 0        # the newest batch number that fell out of the journal
         self.bus = bus or get_bus()
         self.subscription = self.bus.subscribe(self.apply, kinds=_REPLAYED)
 
@@ -199,6 +215,8 @@ class ResidencyTracker:
             self._inferred = []
             self._replay(records)
             inferred, self._inferred = self._inferred, []
+            if self._touched or self._touched_runs:
+                self._note()
         if inferred:   # published outside the lock: this tracker hears them too (they change nothing)
             self.bus.publish(np.concatenate(inferred))
 
@@ -217,6 +235,45 @@ class ResidencyTracker:
             else:
                 for rec in records[a:b].tolist():
                     self._apply_one(*rec)
+
+    def _note(self) -> None:
+        """Journal the ranges one batch changed, merged (lock held)."""
+        ranges = np.concatenate([np.array(self._touched, dtype=np.int64).reshape(-1, 2), *self._touched_runs])
+        self._touched, self._touched_runs = [], []
+        merged = _merge(ranges)
+        if len(merged) > self._RANGES_PER_BATCH:   # a scattered batch: one span per segment it touched
+            starts = self._lookup_table()[0].astype(np.int64)
+            which = np.searchsorted(starts, merged[:, 0], side="right") - 1
+            spans = [(int(merged[which == i, 0].min()), int(merged[which == i, 1].max()))
+                     for i in np.unique(which).tolist()]
+            merged = np.array(spans, dtype=np.int64).reshape(-1, 2)
+        self._batches += 1
+        for lo, hi in merged.tolist():
+            if len(self._journal) >= self.JOURNAL:
+                self._forgotten = self._journal.popleft()[0]
+            self._journal.append((self._batches, lo, hi))
+
+    def changes(self, since: int = 0) -> tuple[int, np.ndarray | None]:
+        """Where page states (or advice) may have changed since ``since``: ``(now, ranges)``.
+
+        ``now`` is the cursor to pass next time; ``ranges`` an ``(n, 2)`` int64 array of ``[start, end)``
+        address ranges, sorted and disjoint, or None when ``since`` is older than the journal holds (read
+        everything again). Segments made or freed are among the ranges. Start with ``since=0``, which
+        reports everything the journal still holds.
+        """
+        if isinstance(since, bool) or not isinstance(since, (int, np.integer)) or since < 0:
+            raise InvalidArgumentError(f"since must be a cursor that changes() returned (an int >= 0), got {since!r}",
+                                       value=since, expected="an int >= 0")
+        self.bus.flush()
+        with self._lock:
+            if since > self._batches:
+                raise InvalidArgumentError(f"since {since} is ahead of this tracker ({self._batches})", value=since,
+                                           expected=f"an int from 0 to {self._batches}")
+            if since < self._forgotten:
+                return self._batches, None
+            newer = [(lo, hi) for batch, lo, hi in reversed(self._journal) if batch > since] if \
+                since < self._batches else []
+            return self._batches, _merge(np.array(newer, dtype=np.int64).reshape(-1, 2))
 
     def _lookup_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[_Segment]]:
         if self._table is None:
@@ -305,20 +362,25 @@ class ResidencyTracker:
             for si in np.unique(which[paint]).tolist():
                 sel = paint[which[paint] == si]
                 _paint(segs[si].state, lo[sel], hi[sel], value[sel])
+                base = segs[si].address
+                self._touched_runs.append(np.stack([base + lo[sel] * PAGE_SIZE, base + hi[sel] * PAGE_SIZE], axis=1))
         return k
 
     def _apply_one(self, kind: int, flags: int, src: int, dst: int, start: int, end: int, address: int,
-                   nbytes: int, value: int, alloc_id: int, stream: int) -> None:
+                   nbytes: int, value: int, alloc_id: int, stream: int, source: int) -> None:
         if kind == EventKind.SEGMENT_ALLOC:
             if address not in self._segments:
                 bisect.insort(self._starts, address)
             self._table = None
             self._segments[address] = _Segment(address, nbytes, flags, dst, alloc_id)
+            self._touched.append((address, address + nbytes))
             return
         if kind == EventKind.SEGMENT_FREE:
-            if self._segments.pop(address, None) is not None:
+            gone = self._segments.pop(address, None)
+            if gone is not None:
                 self._starts.remove(address)
                 self._table = None
+                self._touched.append((address, address + gone.size))
             return
         seg = self._segment_at(address)
         if seg is None or (alloc_id and alloc_id != seg.id and kind in _DRIVER):
@@ -327,6 +389,8 @@ class ResidencyTracker:
             sl = self._serviced(seg, address, dst if kind == EventKind.GPU_PAGE_FAULT else HOST_ID, flags)
         else:
             sl = seg.pages(address, nbytes)
+        if sl.stop > sl.start:
+            self._touched.append((seg.address + sl.start * PAGE_SIZE, seg.address + sl.stop * PAGE_SIZE))
         st = seg.state[sl]
         if kind in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD):
             target = bit(dst)
@@ -344,7 +408,7 @@ class ResidencyTracker:
                 if self.publishes_inferred:
                     self._inferred.append(moves(old, st, address=seg.address + sl.start * PAGE_SIZE,
                                            cause=MigrationCause.USER_INFERRED, alloc_id=seg.id, start=start,
-                                           end=end, stream=stream))
+                                           end=end, stream=stream, source=source))
             else:
                 st[st == 0] = bit(dst)
         elif kind == EventKind.UNOBSERVED:
@@ -419,6 +483,18 @@ class ResidencyTracker:
         with self._lock:
             return [{"id": s.id, "address": s.address, "size": s.size, "kind": MemoryKind(s.kind).name.lower()}
                     for s in self._segments.values()]
+
+
+def _merge(ranges: np.ndarray) -> np.ndarray:
+    """``[start, end)`` ranges (an ``(n, 2)`` array) sorted, with overlapping and adjacent ones joined."""
+    if len(ranges) <= 1:
+        return ranges.copy()
+    ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(ranges[:, 1])
+    new = np.r_[True, ranges[1:, 0] > reach[:-1]]   # a range that starts past everything before it
+    firsts = np.flatnonzero(new)
+    ends = reach[np.r_[firsts[1:] - 1, len(ranges) - 1]]
+    return np.stack([ranges[firsts, 0], ends], axis=1)
 
 
 def _paint(state: np.ndarray, lo: np.ndarray, hi: np.ndarray, value: np.ndarray) -> None:

@@ -19,7 +19,13 @@ import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.jupyter.dashboard import Dashboard, collect_snapshot
 from uvm_lab.jupyter.dashboard.base import update_source
-from uvm_lab.jupyter.dashboard.collect import EventTotals, bin_states, category_pages, shown_categories
+from uvm_lab.jupyter.dashboard.collect import (
+    EventTotals,
+    LiveAllocations,
+    bin_states,
+    category_pages,
+    shown_categories,
+)
 from uvm_lab.jupyter.dashboard.residency import ResidencyMap, ResidencyOverview
 from uvm_lab.jupyter.palette import PALETTE
 from uvm_lab.page_states import CATEGORY_NAMES
@@ -374,9 +380,13 @@ def test_odd_allocations_render(sim, dash):
 
 def test_the_maps_colour_each_category_from_the_one_palette(sim, dash):
     for view in (dash.residency, dash.overview):
-        cells = next(r for r in view.figure.renderers if r.data_source is view.source)
-        assert cells.glyph.fill_color.field == "category"
-        mapper = cells.glyph.fill_color.transform
+        if view is dash.overview:   # one image, a row of category codes per allocation
+            cells = next(r for r in view.figure.renderers if r.data_source is view.image)
+            mapper = cells.glyph.color_mapper
+        else:
+            cells = next(r for r in view.figure.renderers if r.data_source is view.source)
+            assert cells.glyph.fill_color.field == "category"
+            mapper = cells.glyph.fill_color.transform
         assert list(mapper.palette) == [PALETTE[name] for name in CATEGORY_NAMES]
         assert (mapper.low, mapper.high) == (-0.5, len(CATEGORY_NAMES) - 0.5)   # code i -> palette[i]
         # a one-GPU device: its GPU, the host, both, unknown, nowhere
@@ -404,7 +414,8 @@ def test_two_gpus_and_unknown_are_drawn_apart(sim):
     overview = ResidencyOverview(bins=4)   # three pages a strip cell
     overview.update(snap)
     # nowhere host gpu:0 | gpu:0 gpu:0 gpu:1 | gpu:1 both unknown | unknown unknown gpus: ties to the lower code
-    assert overview.source.data["category"].tolist() == [NOWHERE, GPU0, BOTH, UNKNOWN]
+    assert overview.image.data["image"][0][-1].tolist() == [NOWHERE, GPU0, BOTH, UNKNOWN]
+    assert overview.source.data["unknown"][-1] == 3 and overview.source.data["gpu:1"][-1] == 2   # exact, hovered
     assert legend_labels(overview) == legend_labels(grid)
 
 
@@ -428,3 +439,40 @@ def test_prefetch_controls_offer_each_gpu(sim):
     assert controls.where.value == "pages now: gpu:0 25%, gpu:1 50%, unknown 25%"
     controls.buttons["gpu:1"].click()     # the simulator has one GPU: the error is shown, not raised
     assert "prefetch to gpu:1 failed" in controls.message.value and "InvalidLocationError" in controls.message.value
+
+
+# -- at scale: only what changed is described and drawn again ---------------------------------------
+
+def test_live_allocations_describe_again_only_what_changed(sim):
+    live = LiveAllocations()
+    a, b, c = (ul.DeviceBuffer(size="4MiB", label=x) for x in "abc")
+    first = {d["id"]: d for d in live.refresh()}
+    ul.touch(b, on="gpu", mode="write", size="1MiB")
+    second = {d["id"]: d for d in live.refresh()}
+    assert second[a.id] is first[a.id] and second[c.id] is first[c.id]
+    assert second[b.id] is not first[b.id]
+    assert second[b.id]["category_pages"]["gpu:0"] == 256 == ul.residency(b).counts()["gpu"]
+    b.read_mostly = True                        # advice is part of a description too
+    assert next(d for d in live.refresh() if d["id"] == b.id)["advice"]["read_mostly"] is True
+    c.close()
+    d = ul.DeviceBuffer(size="1MiB", label="d")
+    ids = [x["id"] for x in live.refresh()]
+    assert c.id not in ids and ids[-1] == d.id
+
+
+def test_the_overview_patches_the_rows_that_changed(sim):
+    overview = ResidencyOverview(bins=8)
+    live = LiveAllocations()
+    _a, b = ul.DeviceBuffer(size="1MiB", label="a"), ul.DeviceBuffer(size="1MiB", label="b")
+    overview.update(collect_snapshot(live=live))
+    image = overview.image.data["image"][0]
+    row_a = image[-2].copy()
+    ul.touch(b, on="gpu", mode="write")
+    overview.update(collect_snapshot(live=live))
+    assert overview.image.data["image"][0] is image                 # patched in place, not sent whole
+    assert image[-1].tolist() == [GPU0] * 8 and image[-2].tolist() == row_a.tolist()
+    assert overview.source.data["gpu:0"][-1] == 256
+    c = ul.DeviceBuffer(size="1MiB", label="c")                      # a new row: the picture is redrawn
+    overview.update(collect_snapshot(live=live))
+    assert overview.image.data["image"][0] is not image and overview.image.data["dh"] == [len(ul.live_buffers())]
+    assert overview.source.data["name"][-1].startswith(f"#{c.id} c")

@@ -122,7 +122,7 @@ def test_save_and_load_is_exact(tmp_path):
 
 
 def row(address: int, kind: EventKind = EventKind.ALLOC) -> bytes:
-    return ALLOCATOR_RECORD.pack(kind, 0, 0, address, 0, 0, 0)
+    return ALLOCATOR_RECORD.pack(kind, 0, 0, address, 0, 0, 0, 0)
 
 
 def test_queued_records_arrive_in_order_before_a_later_publish():
@@ -164,10 +164,10 @@ def test_queued_records_are_delivered_by_the_flusher_without_any_reader():
 
 def test_queued_allocator_records_become_full_records():
     bus = EventBus(flush_interval=60)
-    bus.emit(ALLOCATOR_RECORD.pack(EventKind.ALLOC, -1, 3, 1 << 47, 5, 7, 8))
-    bus.emit(ALLOCATOR_RECORD.pack(EventKind.FREE, 2, 4, 1 << 47, 5, 7, 1 << 40))
-    assert bus.history().tolist() == [(EventKind.ALLOC, 0, 0, -1, 3, 3, 1 << 47, 5, 5, 7, 8),
-                                      (EventKind.FREE, 0, 0, 2, 4, 4, 1 << 47, 5, 5, 7, 1 << 40)]
+    bus.emit(ALLOCATOR_RECORD.pack(EventKind.ALLOC, -1, 3, 1 << 47, 5, 7, 8, 9))
+    bus.emit(ALLOCATOR_RECORD.pack(EventKind.FREE, 2, 4, 1 << 47, 5, 7, 1 << 40, 0))
+    assert bus.history().tolist() == [(EventKind.ALLOC, 0, 0, -1, 3, 3, 1 << 47, 5, 5, 7, 8, 9),
+                                      (EventKind.FREE, 0, 0, 2, 4, 4, 1 << 47, 5, 5, 7, 1 << 40, 0)]
 
 
 def test_flush_hooks_hand_over_their_records_before_a_reader_reads(caplog):
@@ -207,8 +207,8 @@ def test_a_flush_hook_that_raises_is_logged_and_the_reader_still_gets_the_bus(ca
 
 def test_bad_input_to_the_bus_is_refused_and_nothing_queued():
     bus = EventBus(flush_interval=60)
-    for bad in (b"short", (1, 0, 0, 0, 0, 0, 0), ALLOCATOR_RECORD.pack(1, 0, 0, 0, 0, 0, 0) + b"x"):
-        with pytest.raises(InvalidArgumentError, match="56 bytes"):
+    for bad in (b"short", (1, 0, 0, 0, 0, 0, 0, 0), ALLOCATOR_RECORD.pack(1, 0, 0, 0, 0, 0, 0, 0) + b"x"):
+        with pytest.raises(InvalidArgumentError, match="64 bytes"):
             bus.emit(bad)
     with pytest.raises(InvalidArgumentError, match="EVENT_DTYPE"):
         bus.publish([1, 2, 3])

@@ -271,3 +271,59 @@ def test_view_magic_outputs_the_bundle_the_lab_extension_opens(shell, monkeypatc
     assert set(bundle) == {VIEW_MIME_TYPE, "text/plain"} and "Open the UVM Lab View" in bundle["text/plain"]
     index_ts = (Path(__file__).resolve().parents[2] / "extension" / "src" / "index.ts").read_text()
     assert f"const VIEW_MIME_TYPE = '{VIEW_MIME_TYPE}';" in index_ts     # the twin the extension renders
+
+
+def test_events_name_the_cell_and_line_that_caused_them(shell):
+    shell.run_cell("import uvm_lab as ul\nb = ul.DeviceBuffer(size='1MiB')", store_history=True)
+    allocated_in = shell.execution_count - 1
+    shell.run_cell("def back(buf):\n    buf.prefetch('host')\n", store_history=True)
+    defined_in = shell.execution_count - 1
+    shell.run_cell("ul.touch(b, on='host', mode='write')\nwith ul.record() as t:\n    b.prefetch('gpu')\n"
+                   "    back(b)", store_history=True)
+    ran_in = shell.execution_count - 1
+    df = shell.user_ns["t"].to_pandas()
+    assert df[df["kind"] == "htod"]["source"].unique().tolist() == [f"In [{ran_in}], line 3"]
+    # The innermost line of user code: inside the function, in the cell that defined it.
+    assert df[df["kind"] == "dtoh"]["source"].unique().tolist() == [f"In [{defined_in}], line 2"]
+    assert set(df["cell"].tolist()) == {ran_in, defined_in}
+    shell.run_cell("with ul.record() as t2:\n    b.close()", store_history=True)
+    freed = shell.user_ns["t2"].to_pandas()
+    assert freed["cell"].tolist() == [shell.execution_count - 1] * len(freed) and allocated_in < ran_in
+
+
+def test_driver_events_between_calls_are_charged_to_the_running_cell(shell):
+    from uvm_lab.events import EventKind, get_bus, make_events
+
+    shell.run_cell("import uvm_lab as ul\nrecording = ul.record()\nt = recording.__enter__()", store_history=True)
+    opened = shell.execution_count - 1
+    get_bus().publish(make_events(1, kind=EventKind.HTOD, bytes=4096))   # as CUPTI's records arrive: no caller
+    shell.run_cell("x = 1", store_history=True)
+    get_bus().publish(make_events(1, kind=EventKind.GPU_PAGE_FAULT, value=1))   # after the cell: still its own
+    df = shell.user_ns["t"].to_pandas()
+    shell.run_cell("recording.__exit__(None, None, None)")
+    assert df["source"].tolist() == [f"In [{opened}]", f"In [{opened + 1}]"]
+
+
+def test_uvm_trace_prints_the_lines_that_faulted_and_moved_most(shell, capsys):
+    shell.run_cell("import uvm_lab as ul\nb = ul.DeviceBuffer(size='8MiB')\nul.touch(b, on='host', mode='write')",
+                   store_history=True)
+    capsys.readouterr()
+    shell.run_cell("%%uvm_trace\nb.prefetch('gpu')\nul.touch(b, on='host', mode='read', size='2MiB')",
+                   store_history=True)
+    cell = shell.execution_count - 1
+    out = capsys.readouterr().out
+    faults = out[out.index("top lines by faults"):out.index("top lines by bytes moved")]
+    moved = out[out.index("top lines by bytes moved"):]
+    assert f"In [{cell}], line 3" in faults and f"In [{cell}], line 2" not in faults
+    assert re.search(rf"8 MiB\s+In \[{cell}\], line 2", moved) and re.search(rf"2 MiB\s+In \[{cell}\], line 3", moved)
+    assert moved.index("line 2") < moved.index("line 3")   # most bytes first
+
+
+def test_unloading_stops_charging_events_to_cells(sim):
+    from uvm_lab.events import sources
+
+    ip = InteractiveShell.instance()
+    load_ipython_extension(ip)
+    assert sources.running_cell() != 0
+    unload_ipython_extension(ip)
+    assert sources.running_cell() == 0

@@ -176,7 +176,7 @@ def test_migrations_survive_encoding_and_decoding(rows, offset):
     for i, (kind, cause, src, dst, start, dur, address, nbytes) in enumerate(rows):
         src = -1 if kind == EventKind.HTOD else src       # HtoD leaves the host, DtoH arrives there
         dst = -1 if kind == EventKind.DTOH else dst
-        events[i] = (kind, cause, src, dst, start + 2**41, start + 2**41 + dur, address, nbytes, nbytes, 0, 0)
+        events[i] = (kind, cause, src, dst, start + 2**41, start + 2**41 + dur, address, nbytes, nbytes, 0, 0, 0)
     back = decode_records(encode_records(events, clock_offset=offset), clock_offset=offset)
     assert back.tobytes() == events.tobytes()
 

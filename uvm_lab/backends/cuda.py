@@ -42,6 +42,7 @@ from ..events.schema import (
     UnobservedCause,
     record_of,
 )
+from ..events.sources import capture
 from ..location import HOST_ID, Location
 from ..units import PAGE_SIZE, format_bytes, parse_size
 from .base import AccessMode, AccessResult, Capabilities, RangeAdvice
@@ -134,6 +135,7 @@ class _Prefetch(NamedTuple):
     start: int      # when it was issued, on the backend's clock
     stream: int
     flags: int      # PREFETCH_IMPLIES_MOVES where nothing measures its migrations
+    source: int     # the user's line that asked for it (uvm_lab.events.sources)
 
 
 def _measured(what: str, device: int) -> bool:
@@ -311,7 +313,7 @@ class CudaBackend:
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_ALLOC, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
                                    dst=HOST_ID if kind is MemoryKind.PINNED_HOST else device, start=now,
-                                   end=now, stream=stream))
+                                   end=now, stream=stream, source=capture()))
         return ptr
 
     def free(self, ptr: int, *, stream: int = 0) -> None:
@@ -326,7 +328,7 @@ class CudaBackend:
             del self._segments[ptr], self._homes[ptr]
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
-                                   start=now, end=now, stream=stream))
+                                   start=now, end=now, stream=stream, source=capture()))
 
     # -- stream-ordered pools (cudaMallocAsync) --------------------------------------------------------
 
@@ -406,7 +408,8 @@ class CudaBackend:
             self._homes[ptr] = device
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_ALLOC, flags=MemoryKind.DEVICE, address=ptr, nbytes=size,
-                                   alloc_id=seg_id, dst=device, start=now, end=now, stream=stream))
+                                   alloc_id=seg_id, dst=device, start=now, end=now, stream=stream,
+                                   source=capture()))
         return ptr
 
     def free_async(self, ptr: int, *, stream: int = 0) -> None:
@@ -421,7 +424,7 @@ class CudaBackend:
             del self._segments[ptr], self._homes[ptr]
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=held[1], address=ptr, nbytes=held[0],
-                                   alloc_id=held[2], start=now, end=now, stream=stream))
+                                   alloc_id=held[2], start=now, end=now, stream=stream, source=capture()))
 
     def async_pool_handle(self, device: int) -> int:
         """The device's default memory pool (``cudaDeviceGetDefaultMemPool``), as an int handle."""
@@ -453,7 +456,8 @@ class CudaBackend:
             event = self._event(issuer)
             check(cudart.cudaEventRecord(event, stream))
         with self._prefetch_lock:
-            self._prefetches.append(_Prefetch(event, issuer, ptr, size, location.id, seg_id, start, stream, flags))
+            self._prefetches.append(_Prefetch(event, issuer, ptr, size, location.id, seg_id, start, stream, flags,
+                                              capture()))
         self._watch_prefetches()
 
     def poll_prefetches(self) -> None:
@@ -478,7 +482,8 @@ class CudaBackend:
                 return
             now = self.now_ns()
             records = [record_of(EventKind.PREFETCH, flags=p.flags, dst=p.dst, address=p.ptr, nbytes=p.size,
-                                 alloc_id=p.seg_id, start=p.start, end=now, stream=p.stream) for p in done]
+                                 alloc_id=p.seg_id, start=p.start, end=now, stream=p.stream, source=p.source)
+                       for p in done]
             # Published under the locks, so two pollers cannot publish two prefetches out of order.
             self.bus.publish(np.concatenate(records))
 
@@ -541,7 +546,8 @@ class CudaBackend:
         self.bus.flush()   # CUPTI's records of the same work, if any, come first
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.UNOBSERVED, flags=cause, dst=device, address=ptr, nbytes=size,
-                                   value=_ACCESS[mode] if mode else 0, alloc_id=seg_id, start=now, end=now))
+                                   value=_ACCESS[mode] if mode else 0, alloc_id=seg_id, start=now, end=now,
+                                   source=capture()))
 
     def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
         advice = Advice(advice)
@@ -560,7 +566,8 @@ class CudaBackend:
         check(cudart.cudaMemAdvise(ptr, size, cudart.cudaMemoryAdvise(int(advice)), _location(target)))
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.ADVICE, flags=advice, dst=location.id if needs and location else
-                                   NO_PROCESSOR, address=ptr, nbytes=size, alloc_id=seg_id, start=now, end=now))
+                                   NO_PROCESSOR, address=ptr, nbytes=size, alloc_id=seg_id, start=now, end=now,
+                                   source=capture()))
         if advice is Advice.UNSET_READ_MOSTLY:   # duplicates collapse to one copy, where the driver chooses
             self._unobserved(ptr, size, UnobservedCause.COLLAPSE, NO_PROCESSOR, seg_id)
 
@@ -629,7 +636,7 @@ class CudaBackend:
             check(cudart.cudaStreamSynchronize(stream))
             self.bus.publish(record_of(EventKind.PREFETCH, flags=flags, dst=self._device, address=ptr,
                                        nbytes=data.size, alloc_id=seg_id, start=start, end=self.now_ns(),
-                                       stream=self._side_stream or 0))
+                                       stream=self._side_stream or 0, source=capture()))
         else:
             check(cudart.cudaMemcpyAsync(ptr, data.ctypes.data, data.size, cudart.cudaMemcpyKind.cudaMemcpyDefault,
                                          stream))

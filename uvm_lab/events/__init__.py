@@ -1,4 +1,5 @@
-"""Events: one record dtype for everything that happens to memory, a bus, and recorded traces."""
+"""Events: one record dtype for everything that happens to memory, a bus, recorded traces, and the line of user
+code each event came from (:mod:`.sources`)."""
 
 from .bus import EventBus, Subscription, get_bus, new_alloc_id
 from .schema import (
@@ -12,6 +13,7 @@ from .schema import (
     MigrationCause,
     RemoteMapCause,
     UnobservedCause,
+    as_events,
     is_inferred,
     make_events,
     record_of,
@@ -30,6 +32,7 @@ __all__ = [
     "RemoteMapCause",
     "Subscription",
     "UnobservedCause",
+    "as_events",
     "get_bus",
     "is_inferred",
     "make_events",

@@ -2,7 +2,7 @@
 
 Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emits a thousand
 migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
-FREE) are queued by :meth:`EventBus.emit` as seven packed 64-bit ints (:data:`ALLOCATOR_RECORD`), a bare
+FREE) are queued by :meth:`EventBus.emit` as eight packed 64-bit ints (:data:`ALLOCATOR_RECORD`), a bare
 ``bytearray.extend`` that creates no object the garbage collector tracks; a batch of them becomes one
 array when it is flushed, with no per-record conversion. Queued records are
 delivered, in order, before any array is published, whenever something reads (traces, history,
@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from .schema import EVENT_DTYPE, EventKind
+from .sources import stamp
 
 __all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "EventBus", "Subscription", "get_bus", "new_alloc_id"]
 
@@ -47,12 +48,12 @@ Callback = Callable[[np.ndarray], None]
 _alloc_ids = itertools.count(1)
 
 #: The fields of an allocator's record, in order. ``time`` fills both ``start`` and ``end``, ``bytes``
-#: both ``bytes`` and ``value``; ``flags`` and ``src`` are zero.
-ALLOCATOR_FIELDS = ("kind", "dst", "time", "address", "bytes", "alloc_id", "stream")
+#: both ``bytes`` and ``value``; ``flags`` and ``src`` are zero. ``source`` is :func:`.sources.capture`'s.
+ALLOCATOR_FIELDS = ("kind", "dst", "time", "address", "bytes", "alloc_id", "stream", "source")
 
 #: What :meth:`EventBus.emit` takes: ``ALLOCATOR_RECORD.pack(kind, dst, time, address, bytes, alloc_id,
-#: stream)``, 56 bytes. The compiled pool writes the same layout (``uvm_lab/mr/_pool.c``).
-ALLOCATOR_RECORD = struct.Struct("<qqqQqqQ")
+#: stream, source)``, 64 bytes. The compiled pool writes the same layout (``uvm_lab/mr/_pool.c``).
+ALLOCATOR_RECORD = struct.Struct("<qqqQqqQQ")
 _ALLOCATOR_DTYPE = np.dtype([(name, "<u8" if code == "Q" else "<i8")
                              for name, code in zip(ALLOCATOR_FIELDS, ALLOCATOR_RECORD.format[1:], strict=True)])
 
@@ -61,7 +62,7 @@ def _from_allocator_records(packed: bytes) -> np.ndarray:
     """Packed :data:`ALLOCATOR_RECORD` rows as one ``EVENT_DTYPE`` array."""
     rows = np.frombuffer(packed, dtype=_ALLOCATOR_DTYPE)
     out = np.zeros(len(rows), dtype=EVENT_DTYPE)
-    for name in ("kind", "dst", "address", "bytes", "alloc_id", "stream"):
+    for name in ("kind", "dst", "address", "bytes", "alloc_id", "stream", "source"):
         out[name] = rows[name]
     out["start"] = out["end"] = rows["time"]
     out["value"] = rows["bytes"]
@@ -172,7 +173,8 @@ class EventBus:
         """
         if not isinstance(record, (bytes, bytearray)) or len(record) != ALLOCATOR_RECORD.size:
             raise InvalidArgumentError(
-                f"an allocator record is ALLOCATOR_RECORD.pack(kind, dst, time, address, bytes, alloc_id, stream), "
+                f"an allocator record is ALLOCATOR_RECORD.pack(kind, dst, time, address, bytes, alloc_id, stream, "
+                f"source), "
                 f"{ALLOCATOR_RECORD.size} bytes; got {type(record).__name__} of length "
                 f"{len(record) if isinstance(record, (bytes, bytearray)) else '-'}",
                 value=record, expected=f"{ALLOCATOR_RECORD.size} packed bytes")
@@ -263,7 +265,7 @@ class EventBus:
     def _deliver(self, records: np.ndarray) -> None:
         batches = [records]
         while batches:
-            batch = batches.pop(0)
+            batch = stamp(batches.pop(0))   # the driver's records, and any without a caller: the running cell
             self._append(batch)
             self._delivering = True
             try:

@@ -16,6 +16,7 @@ bytes     extent in bytes (migrations: bytes moved; faults: the range serviced)
 value     CUPTI's value: bytes for transfers, number of faults for fault records
 alloc_id  the allocation the address belongs to (0 when unknown)
 stream    stream handle (0 = default stream)
+source    the line of user code it came from, an id in :mod:`uvm_lab.events.sources` (0 when unknown)
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ from enum import IntEnum
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
+
 __all__ = [
     "EVENT_DTYPE",
+    "EVENT_DTYPE_WITHOUT_SOURCE",
     "INFERRED_BIT",
     "PREFETCH_IMPLIES_MOVES",
     "AccessType",
@@ -35,6 +39,7 @@ __all__ = [
     "MigrationCause",
     "RemoteMapCause",
     "UnobservedCause",
+    "as_events",
     "is_inferred",
     "make_events",
     "record_of",
@@ -52,7 +57,34 @@ EVENT_DTYPE = np.dtype([
     ("value", np.uint64),
     ("alloc_id", np.uint64),
     ("stream", np.uint64),
+    ("source", np.uint32),
 ])
+
+
+#: The record before events carried their ``source``: traces saved then still load (:func:`as_events`).
+EVENT_DTYPE_WITHOUT_SOURCE = np.dtype([field for field in EVENT_DTYPE.descr if field[0] != "source"])
+
+
+def as_events(records: np.ndarray) -> np.ndarray:
+    """``records`` as ``EVENT_DTYPE``: as they are, or converted from :data:`EVENT_DTYPE_WITHOUT_SOURCE` with every
+    ``source`` 0 (unknown).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``records`` is not an array of either layout.
+    """
+    dtype = getattr(records, "dtype", None)
+    if dtype == EVENT_DTYPE:
+        return records
+    if dtype != EVENT_DTYPE_WITHOUT_SOURCE:
+        what = dtype if dtype is not None else type(records).__name__
+        raise InvalidArgumentError(f"not uvm_lab event records: dtype {what}", value=records,
+                                   expected="an array of uvm_lab.events.EVENT_DTYPE")
+    out = np.zeros(records.shape, dtype=EVENT_DTYPE)
+    for field in EVENT_DTYPE_WITHOUT_SOURCE.descr:
+        out[field[0]] = records[field[0]]
+    return out
 
 
 class EventKind(IntEnum):
@@ -171,10 +203,10 @@ NO_PROCESSOR = -2
 
 def record_of(kind: int, *, flags: int = 0, src: int = 0, dst: int = 0, start: int = 0, end: int = 0,
               address: int = 0, nbytes: int = 0, value: int | None = None, alloc_id: int = 0,
-              stream: int = 0) -> np.ndarray:
+              stream: int = 0, source: int = 0) -> np.ndarray:
     """A one-record array, built straight from a tuple (the allocator's hot path)."""
     return np.array([(kind, flags, src, dst, start, end, address, nbytes, nbytes if value is None else value,
-                      alloc_id, stream)], dtype=EVENT_DTYPE)
+                      alloc_id, stream, source)], dtype=EVENT_DTYPE)
 
 
 def make_events(n: int = 1, **fields: object) -> np.ndarray:

@@ -14,6 +14,7 @@ from ..errors import InvalidArgumentError
 from .bus import EventBus, get_bus
 from .schema import (
     EVENT_DTYPE,
+    EVENT_DTYPE_WITHOUT_SOURCE,
     AccessType,
     Advice,
     EventKind,
@@ -21,8 +22,10 @@ from .schema import (
     MigrationCause,
     RemoteMapCause,
     UnobservedCause,
+    as_events,
     is_inferred,
 )
+from .sources import get_sources
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,6 +34,8 @@ __all__ = ["Trace", "record"]
 
 _FAULTS = (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT)
 _MIGRATIONS = [int(EventKind.HTOD), int(EventKind.DTOH), int(EventKind.DTOD)]
+_IS_MIGRATION = np.zeros(256, dtype=bool)
+_IS_MIGRATION[_MIGRATIONS] = True
 
 
 def _decode_flags(kind: int, flags: int) -> tuple[str, str]:
@@ -91,10 +96,13 @@ class Trace:
 
     def to_pandas(self) -> pd.DataFrame:
         """One row per event: kind, start/end/duration (ns), address, bytes, value, src, dst, cause, detail,
-        alloc_id, stream."""
+        alloc_id, stream, and where it came from: ``cell`` (the notebook cell's execution count, or missing) and
+        ``source`` (``"In [3], line 5"``, ``"train.py:42"``; ``"In [3]"`` for the driver's events during a cell;
+        ``""`` where unknown)."""
         import pandas as pd
 
         ev = self.events
+        table = get_sources()
         names = {int(k): k.name.lower() for k in EventKind}
         decoded = [_decode_flags(k, f) for k, f in zip(ev["kind"].tolist(), ev["flags"].tolist(), strict=True)]
         return pd.DataFrame({
@@ -111,27 +119,64 @@ class Trace:
             "detail": [d for _, d in decoded],
             "alloc_id": ev["alloc_id"].astype(np.int64),
             "stream": ev["stream"],
+            "cell": pd.array(table.cells(ev["source"]), dtype="Int64"),
+            "source": table.texts(ev["source"]),
         })
+
+    def by_source(self) -> pd.DataFrame:
+        """What each line of user code caused, one row per source, most bytes moved first.
+
+        Columns: ``source`` (as in :meth:`to_pandas`), ``cell``, ``events``, ``gpu_faults``, ``cpu_faults``
+        (faults counted as CUPTI counts them, a record's ``value``), ``bytes_htod``, ``bytes_dtoh``, ``bytes_dtod``
+        and ``bytes_moved`` (their sum).
+        """
+        import pandas as pd
+
+        ev = self.events
+        ids, inverse = np.unique(ev["source"], return_inverse=True)
+        kinds = ev["kind"]
+
+        def total(mask: np.ndarray, field: str) -> np.ndarray:
+            return np.bincount(inverse[mask], weights=ev[field][mask].astype(np.float64),
+                               minlength=len(ids)).astype(np.int64)
+
+        table = get_sources()
+        out = pd.DataFrame({
+            "source": table.texts(ids),
+            "cell": pd.array(table.cells(ids), dtype="Int64"),
+            "events": np.bincount(inverse, minlength=len(ids)),
+            "gpu_faults": total(kinds == EventKind.GPU_PAGE_FAULT, "value"),
+            "cpu_faults": total(kinds == EventKind.CPU_PAGE_FAULT, "value"),
+            "bytes_htod": total(kinds == EventKind.HTOD, "bytes"),
+            "bytes_dtoh": total(kinds == EventKind.DTOH, "bytes"),
+            "bytes_dtod": total(kinds == EventKind.DTOD, "bytes"),
+        })
+        out["bytes_moved"] = out["bytes_htod"] + out["bytes_dtoh"] + out["bytes_dtod"]
+        return out.sort_values(["bytes_moved", "events"], ascending=False, kind="stable").reset_index(drop=True)
 
     def summary(self) -> dict[str, Any]:
         """Counts per kind, bytes migrated each way (and of those, the inferred ones), faults taken, and the
         time the trace spans."""
         ev = self.events
         kinds = ev["kind"]
-        counts = {EventKind(int(k)).name.lower(): int(n) for k, n in zip(*np.unique(kinds, return_counts=True),
-                                                                          strict=True)}
-        faults = ev[np.isin(kinds, [int(k) for k in _FAULTS])]
+        n = np.bincount(kinds, minlength=256)   # which kinds are there: sums only for those (small batches)
+
+        def total(kind: EventKind, column: str) -> int:
+            return int(ev[column][kinds == kind].sum()) if n[kind] else 0
+
+        migrations = n[_MIGRATIONS].any()
+        inferred = (is_inferred(ev["flags"]) & _IS_MIGRATION[kinds]) if migrations else None
         span = int(ev["end"].max() - ev["start"].min()) if len(ev) else 0
         return {
             "events": len(ev),
-            "counts": counts,
-            "bytes_htod": int(ev["bytes"][kinds == EventKind.HTOD].sum()),
-            "bytes_dtoh": int(ev["bytes"][kinds == EventKind.DTOH].sum()),
-            "bytes_dtod": int(ev["bytes"][kinds == EventKind.DTOD].sum()),
+            "counts": {EventKind(k).name.lower(): int(n[k]) for k in np.flatnonzero(n).tolist()},
+            "bytes_htod": total(EventKind.HTOD, "bytes"),
+            "bytes_dtoh": total(EventKind.DTOH, "bytes"),
+            "bytes_dtod": total(EventKind.DTOD, "bytes"),
             # Of the three, the bytes no driver record reported: a completed prefetch's, or the host's page tables'.
-            "bytes_inferred": int(ev["bytes"][np.isin(kinds, _MIGRATIONS) & is_inferred(ev["flags"])].sum()),
-            "gpu_faults": int(faults["value"][faults["kind"] == EventKind.GPU_PAGE_FAULT].sum()),
-            "cpu_faults": int(faults["value"][faults["kind"] == EventKind.CPU_PAGE_FAULT].sum()),
+            "bytes_inferred": int(ev["bytes"][inferred].sum()) if inferred is not None else 0,
+            "gpu_faults": total(EventKind.GPU_PAGE_FAULT, "value"),
+            "cpu_faults": total(EventKind.CPU_PAGE_FAULT, "value"),
             "seconds": span / 1e9,
         }
 
@@ -171,11 +216,11 @@ class Trace:
         except (OSError, ValueError, EOFError) as exc:
             raise InvalidArgumentError(f"cannot read a trace from {os.fspath(path)!r}: {exc}", value=path,
                                        expected="a file written by Trace.save") from exc
-        if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
+        if not isinstance(events, np.ndarray) or events.dtype not in (EVENT_DTYPE, EVENT_DTYPE_WITHOUT_SOURCE):
             raise InvalidArgumentError(f"{os.fspath(path)} does not hold uvm_lab events "
                                        f"(dtype {getattr(events, 'dtype', type(events).__name__)})", value=path,
                                        expected="a file written by Trace.save")
-        return cls(events)
+        return cls(as_events(events))   # a trace saved before events carried their source: sources unknown
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
         """Chrome/Perfetto trace JSON: see :func:`uvm_lab.tracing.export.to_chrome_trace`."""

@@ -15,8 +15,12 @@ __all__ = ["load_ipython_extension", "unload_ipython_extension"]
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """Register ``%uvm`` and ``%%uvm_trace`` (once) and the comm target (when in a kernel)."""
+    """Register ``%uvm`` and ``%%uvm_trace`` (once), follow cells as event sources, and register the comm
+    target (when in a kernel)."""
+    from .cells import follow_cells
     from .magics import UvmMagics
+
+    follow_cells(ipython)
 
     if not isinstance(ipython.magics_manager.registry.get(UvmMagics.__name__), UvmMagics):
         ipython.register_magics(UvmMagics)
@@ -34,8 +38,12 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Close the magics' dashboard, stop their CUPTI tracing, and remove ``%uvm`` and ``%%uvm_trace``."""
+    """Close the magics' dashboard, stop their CUPTI tracing, stop following cells, and remove ``%uvm`` and
+    ``%%uvm_trace``."""
+    from .cells import stop_following_cells
     from .magics import UvmMagics
+
+    stop_following_cells(ipython)
 
     magics = ipython.magics_manager.registry.pop(UvmMagics.__name__, None)
     if isinstance(magics, UvmMagics):

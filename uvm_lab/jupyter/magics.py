@@ -30,7 +30,7 @@ from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.units import parse_size
 
 from .dashboard.collect import collect_snapshot
-from .dashboard.text import format_status, format_trace_summary
+from .dashboard.text import format_status, format_top_sources, format_trace_summary
 
 __all__ = ["RESOURCE_KINDS", "VIEW_MIME_TYPE", "UvmMagics"]
 
@@ -270,16 +270,21 @@ class UvmMagics(Magics):
                 if not args.quiet:
                     name = ul.get_backend().name
                     print(format_trace_summary(trace.summary(), clock="simulated" if name == "sim" else name))
+                    print(format_top_sources(trace.by_source()))
 
     def _run_cell(self, cell: str) -> Any:
         # As %%time does: IPython's transforms, then exec, evaluating a trailing expression for display.
         shell = self._shell
         source = shell.transform_cell(cell)
         tree = shell.transform_ast(shell.compile.ast_parse(source))
+        # Compiled under a name IPython knows as this cell, with the magic's own line counted, so that events
+        # (and tracebacks) name the cell and the line as the notebook shows them.
+        name = shell.compile.cache(source, shell.execution_count, raw_code=cell)
+        ast.increment_lineno(tree, 1)
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, "<%%uvm_trace>", "exec"), shell.user_ns)
+        exec(compile(tree, name, "exec"), shell.user_ns)
         if last is not None:
-            return eval(compile(last, "<%%uvm_trace>", "eval"), shell.user_ns)
+            return eval(compile(last, name, "eval"), shell.user_ns)
         return None

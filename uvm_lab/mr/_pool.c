@@ -764,7 +764,13 @@ static int plain_stream(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t at, 
     return PyLong_CheckExact(args[at]) && as_u64(args[at], handle);
 }
 
-/* Queue one record on the bus: (kind, device, now, ptr, nbytes, alloc_id, stream) as seven little-endian
+/* uvm_lab.events._sources' capture(): the calling user line's source id (sources_api_t there). */
+typedef struct {
+    int64_t (*capture)(void);
+} sources_api_t;
+static sources_api_t *sources_api = NULL;
+
+/* Queue one record on the bus: (kind, device, now, ptr, nbytes, alloc_id, stream, source) as eight little-endian
    64-bit ints, uvm_lab.events.bus.ALLOCATOR_RECORD, appended to the bus's bytearray. */
 static int emit(HotPath *self, int64_t kind, uint64_t ptr, uint64_t nbytes, int64_t alloc_id, uint64_t stream) {
     int64_t t;
@@ -786,9 +792,15 @@ static int emit(HotPath *self, int64_t kind, uint64_t ptr, uint64_t nbytes, int6
             return -1;
         }
     }
-    uint64_t record[7] = {(uint64_t)kind, (uint64_t)self->device, (uint64_t)t, ptr, nbytes, (uint64_t)alloc_id, stream};
+    int64_t source = sources_api->capture();
+    if (source < 0) {   /* the line is lost, never the allocation: the pool's state has already changed */
+        PyErr_WriteUnraisable(NULL);
+        source = 0;
+    }
+    uint64_t record[8] = {(uint64_t)kind, (uint64_t)self->device, (uint64_t)t, ptr, nbytes, (uint64_t)alloc_id, stream,
+                          (uint64_t)source};
 #if PY_BIG_ENDIAN
-    for (int i = 0; i < 7; i++) record[i] = __builtin_bswap64(record[i]);
+    for (int i = 0; i < 8; i++) record[i] = __builtin_bswap64(record[i]);
 #endif
     Py_ssize_t n = PyByteArray_GET_SIZE(self->queue);
     if (PyByteArray_Resize(self->queue, n + (Py_ssize_t)sizeof record) < 0) return -1;
@@ -894,6 +906,9 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__pool(void) {
+    /* Without the compiled capture the pool's events would lose their lines: then the Python pool runs. */
+    sources_api = (sources_api_t *)PyCapsule_Import("uvm_lab.events._sources._C_API", 0);
+    if (!sources_api) return NULL;
     if (PyType_Ready(&BestFitType) < 0 || PyType_Ready(&RLockType) < 0 || PyType_Ready(&LiveTableType) < 0 ||
         PyType_Ready(&HotPathType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
@@ -905,7 +920,8 @@ PyMODINIT_FUNC PyInit__pool(void) {
     if (PyModule_AddObject(m, "BestFit", (PyObject *)&BestFitType) < 0 ||
         PyModule_AddObject(m, "RLock", (PyObject *)&RLockType) < 0 ||
         PyModule_AddObject(m, "LiveTable", (PyObject *)&LiveTableType) < 0 ||
-        PyModule_AddObject(m, "HotPath", (PyObject *)&HotPathType) < 0) {
+        PyModule_AddObject(m, "HotPath", (PyObject *)&HotPathType) < 0 ||
+        PyModule_AddIntConstant(m, "RECORD_SIZE", 8 * sizeof(uint64_t)) < 0) {   /* what emit() writes */
         Py_DECREF(m);
         return NULL;
     }

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ..errors import DoubleFreeError, InvalidArgumentError, InvalidStateError, OutOfMemoryError
 from ..events.bus import ALLOCATOR_RECORD, _alloc_ids
 from ..events.schema import EventKind
+from ..events.sources import capture
 from ..stream import as_stream_handle
 from ..units import format_bytes, parse_size
 
@@ -149,7 +150,7 @@ class MemoryResource:
             # A resource's device, clock and bus never change: look them up (through the chain) once.
             device, now = self._event_device, self._now_ns = self.device_id, self.backend.now_ns
             queue = self._event_queue = self.backend.bus.allocator_queue().extend
-        queue(_pack(kind, device, now(), ptr, size, alloc_id, stream))
+        queue(_pack(kind, device, now(), ptr, size, alloc_id, stream, capture()))
 
     def _refuse_release_while_live(self, what: str = "allocation(s)", detail: str = "") -> None:
         """A suballocator's ``release()`` gives nothing back while any of it is handed out (lock held)."""

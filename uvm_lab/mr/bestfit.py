@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+from ..events.bus import ALLOCATOR_RECORD
+
 __all__ = ["COMPILED", "BestFit", "PyBestFit"]
 
 # Free ranges sorted by one int key, size in the high bits and address in the low 64, so a best-fit
@@ -108,7 +110,9 @@ class PyBestFit:
 
 
 try:
-    from ._pool import BestFit
+    from ._pool import RECORD_SIZE, BestFit
+    if ALLOCATOR_RECORD.size != RECORD_SIZE:   # built from older sources: its events would not line up
+        raise ImportError(f"uvm_lab.mr._pool writes {RECORD_SIZE}-byte events; rebuild it (python hatch_build.py)")
 except ImportError:     # built without a C compiler: the same rules in Python
     BestFit = PyBestFit  # type: ignore[misc,assignment]
 

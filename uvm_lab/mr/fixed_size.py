@@ -23,6 +23,7 @@ from numbers import Integral
 from ..deferred import defer
 from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, OutOfMemoryError
 from ..events.schema import EventKind, make_events
+from ..events.sources import capture
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
 
@@ -51,7 +52,7 @@ def publish_grow(mr: MemoryResource, ptr: int, size: int, stream: int) -> None:
     now = mr.backend.now_ns()
     mr.backend.bus.publish(make_events(
         1, kind=EventKind.POOL_GROW, start=now, end=now, address=ptr, bytes=size, value=size,
-        alloc_id=upstream.allocation_id(ptr), stream=stream, dst=mr.device_id))
+        alloc_id=upstream.allocation_id(ptr), stream=stream, dst=mr.device_id, source=capture()))
 
 
 def check_aligned(mr: MemoryResource, ptr: int, size: int, stream: int) -> None:

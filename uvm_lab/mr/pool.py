@@ -39,11 +39,11 @@ from __future__ import annotations
 from ..deferred import defer
 from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
 from ..events.bus import _alloc_ids
-from ..events.schema import EventKind, make_events
+from ..events.schema import EventKind
 from ..units import format_bytes, parse_size
 from .base import MemoryResource
 from .bestfit import COMPILED, BestFit
-from .fixed_size import give_back_when_collected
+from .fixed_size import give_back_when_collected, publish_grow
 
 if COMPILED:
     from ._pool import BestFit as CompiledBestFit
@@ -243,10 +243,7 @@ class PoolMemoryResource(MemoryResource):
         self._blocks[ptr] = size
         self._pool_size += size
         self._free.add_block(ptr, size)
-        now = self.backend.now_ns()
-        self.backend.bus.publish(make_events(
-            1, kind=EventKind.POOL_GROW, start=now, end=now, address=ptr, bytes=size, value=size,
-            alloc_id=self.upstream_mr.allocation_id(ptr), stream=stream, dst=self.device_id))
+        publish_grow(self, ptr, size, stream)
 
     def _free_bytes(self) -> int:
         return self._free.free_bytes()

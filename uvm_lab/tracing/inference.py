@@ -53,12 +53,12 @@ def runs(mask: np.ndarray, key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def moves(old: np.ndarray, new: np.ndarray, *, address: int, cause: int, alloc_id: int = 0, start: int = 0,
-          end: int = 0, stream: int = 0) -> np.ndarray:
+          end: int = 0, stream: int = 0, source: int = 0) -> np.ndarray:
     """The migrations that take pages from ``old`` to ``new`` states, as runs of records (in address order
     for each destination: the host, then GPU 0, 1 ...; a copy to an unknown GPU last).
 
     Only copies gained are migrations: a copy lost goes without a transfer. See the module docstring for
-    where each copy is taken to come from.
+    where each copy is taken to come from. ``source`` is the line that caused them (the prefetch's).
     """
     old = np.asarray(old, dtype=np.uint8)
     new = np.asarray(new, dtype=np.uint8)
@@ -78,17 +78,17 @@ def moves(old: np.ndarray, new: np.ndarray, *, address: int, cause: int, alloc_i
         ev["start"], ev["end"] = start, end
         ev["address"] = address + first * PAGE_SIZE
         ev["bytes"] = ev["value"] = length * PAGE_SIZE
-        ev["alloc_id"], ev["stream"] = alloc_id, stream
+        ev["alloc_id"], ev["stream"], ev["source"] = alloc_id, stream, source
         parts.append(ev)
 
     # To the host: from the lowest GPU that held it, or an unknown one.
     came = ((new & HOST) != 0) & ~known_host & (old != 0)
     add(came, lowest, HOST_ID)
     # To each GPU: from the host where it held a copy, else the lowest GPU; never from nowhere.
-    source = np.where(known_host, np.int16(HOST_ID), lowest).astype(np.int16)
+    origin = np.where(known_host, np.int16(HOST_ID), lowest).astype(np.int16)
     for d in range(MAX_GPUS):
         b = np.uint8(1 << (d + 1))
-        add(((new & b) != 0) & ((old & b) == 0) & held, source, d)
+        add(((new & b) != 0) & ((old & b) == 0) & held, origin, d)
     # To a GPU the map cannot name: a copy left the host for it.
-    add(((new & UNKNOWN) != 0) & (gpu_bits(new) == 0) & known_host & ((new & HOST) == 0), source, NO_PROCESSOR)
+    add(((new & UNKNOWN) != 0) & (gpu_bits(new) == 0) & known_host & ((new & HOST) == 0), origin, NO_PROCESSOR)
     return np.concatenate(parts) if parts else np.zeros(0, dtype=EVENT_DTYPE)

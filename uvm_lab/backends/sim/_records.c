@@ -25,6 +25,7 @@ Py_ssize_t sim_run_records(const int64_t *pages, Py_ssize_t n, uint8_t kind, uin
         r->bytes = (uint64_t)len * PAGE_SIZE;
         r->alloc_id = alloc[b];
         r->stream = stream;
+        r->source = 0;
         if (value == VALUE_BYTES) {
             r->value = r->bytes;
         } else if (value == VALUE_PAGES) {

@@ -264,6 +264,7 @@ int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const 
                 r->bytes = r->value = (uint64_t)lengths[j] * PAGE_SIZE;
                 r->alloc_id = alloc[b];
                 r->stream = 0;
+                r->source = 0;
             }
         } else {
             for (Py_ssize_t i = 0; i < nvictims; i++) t += wait;

@@ -17,5 +17,11 @@ PyMODINIT_FUNC PyInit__simcore(void) {
     methods[5] = sim_usable_method;
     methods[6] = sim_batch_pages_method;
     methods[7] = sim_run_plain_method;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* The size of the records it writes: a build from older sources is refused by its loader (compiled.py). */
+    if (m && PyModule_AddIntConstant(m, "RECORD_SIZE", (long)sizeof(record_t)) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

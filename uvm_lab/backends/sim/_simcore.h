@@ -24,13 +24,14 @@ typedef struct __attribute__((packed)) {
     uint8_t kind, flags;
     int16_t src, dst;
     uint64_t start, end, address, bytes, value, alloc_id, stream;
+    uint32_t source;   /* stamped by the backend when it publishes: the records of one call share it */
 } record_t;
 
 /* The 2 MiB block of a page (pages are never negative). A shift: gcc divides by PAGES with idiv in loops it
  * takes for cold, and that loop was half of a strided batch's time. */
 static inline int64_t block_of(int64_t page) { return page >> BLOCK_SHIFT; }
 
-_Static_assert(sizeof(record_t) == 62, "EVENT_DTYPE is 62 bytes");
+_Static_assert(sizeof(record_t) == 66, "EVENT_DTYPE is 66 bytes");
 
 /* How access of page p by the processor with residency bit g proceeds: 1 on a local copy (one it may write, for a
  * write), 2 through a mapping of a copy it can reach (reach: 1 the host's copy, 2 a GPU's, 0 none), 0 it faults.

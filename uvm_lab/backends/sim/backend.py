@@ -29,6 +29,7 @@ import numpy as np
 from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError
 from ...events.bus import EventBus, get_bus, new_alloc_id
 from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause
+from ...events.sources import capture
 from ...location import HOST_ID, Location
 from ...units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
 from ..base import AccessMode, AccessResult, Capabilities, RangeAdvice
@@ -615,7 +616,9 @@ class SimBackend:
 
     def _finish(self, log: EventLog) -> None:
         self._now = max(self._now, int(log.t))
+        source = capture()   # one call made every record of the log: they share the user's line
         for piece in log.pieces():
+            piece["source"] = source
             self.bus.publish(piece)
 
     # -- lookups and checks ------------------------------------------------------------------------------

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from types import ModuleType
 
+from ...events.schema import EVENT_DTYPE
+
 __all__ = ["COMPILED", "core"]
 
 core: ModuleType | None
@@ -16,6 +18,8 @@ try:
     from . import _simcore as core
 except ImportError:
     core = None
+if core is not None and getattr(core, "RECORD_SIZE", None) != EVENT_DTYPE.itemsize:
+    core = None   # built from older sources: its records would not line up with EVENT_DTYPE (rebuild it)
 
 #: Whether the compiled core is there.
 COMPILED = core is not None

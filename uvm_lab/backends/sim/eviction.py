@@ -233,7 +233,7 @@ class GpuMemory:
         start = log.t
         end = start + self._whole_s * 1e9
         log.rows.append((EventKind.DTOH, MigrationCause.EVICTION, self.device, HOST_ID, int(start), int(end),
-                         int(table.block_address[b]), nbytes, nbytes, table.block_alloc[b], 0))
+                         int(table.block_address[b]), nbytes, nbytes, table.block_alloc[b], 0, 0))
         log.t = end
         log.advance(p.fault_eviction_latency)
         lo = b * PAGES_PER_BLOCK
@@ -293,7 +293,7 @@ class GpuMemory:
             out["start"] = np.asarray(begin, dtype=np.float64).astype(np.uint64)
             out["end"] = np.asarray(finish, dtype=np.float64).astype(np.uint64)
             out["address"], out["bytes"], out["value"] = table.addresses(starts), nbytes, nbytes
-            out["alloc_id"], out["stream"] = table.block_alloc[victims[owner]], 0
+            out["alloc_id"], out["stream"], out["source"] = table.block_alloc[victims[owner]], 0, 0
             log.chunks.append(out)
             log.t = now
         else:

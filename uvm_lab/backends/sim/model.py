@@ -258,7 +258,7 @@ class EventLog:
         start = self.t
         self.t += seconds * 1e9
         self.rows.append((kind, flags, src, dst, int(start), int(self.t), address, nbytes,
-                          nbytes if value is None else value, alloc_id, stream))
+                          nbytes if value is None else value, alloc_id, stream, 0))
 
     def add_many(self, kind: int, *, flags: int | np.ndarray, src: int | np.ndarray, dst: int | np.ndarray,
                  address: np.ndarray, nbytes: np.ndarray, value: np.ndarray | None = None,
@@ -281,7 +281,7 @@ class EventLog:
                 start = self.t if advance else t0
                 end = start + secs[i] * 1e9
                 self.rows.append((kind, cols[0][i], cols[1][i], cols[2][i], int(start), int(end), cols[3][i],
-                                  cols[4][i], cols[5][i], cols[6][i], stream))
+                                  cols[4][i], cols[5][i], cols[6][i], stream, 0))
                 if advance:
                     self.t = end
             return
@@ -298,7 +298,7 @@ class EventLog:
         out["start"], out["end"] = starts.astype(np.uint64), ends.astype(np.uint64)
         out["address"], out["bytes"] = address, nbytes
         out["value"] = nbytes if value is None else value
-        out["alloc_id"], out["stream"] = alloc_id, stream
+        out["alloc_id"], out["stream"], out["source"] = alloc_id, stream, 0
         if advance:
             self.t = float(ends[-1])
         self.chunks.append(out)

@@ -855,7 +855,7 @@ class Shortcuts:
             address = int(t.block_address[b]) + (a - lo) * PAGE_SIZE
             alloc = int(t.block_alloc[b])
             log.rows.append((EventKind.HTOD, MigrationCause.COHERENCE, HOST_ID, processor, int(start), int(end),
-                             address, nbytes, nbytes, alloc, stream))
+                             address, nbytes, nbytes, alloc, stream, 0))
             log.t = end
             stats.bytes_htod += nbytes
             moved_bytes = nbytes
@@ -876,7 +876,7 @@ class Shortcuts:
             now = int(log.t)
             log.rows.append((EventKind.GPU_PAGE_FAULT, kind if any_write else AccessType.READ, processor, processor,
                              now, now, int(t.block_address[b]) + (a - lo) * PAGE_SIZE, k * PAGE_SIZE, k,
-                             int(t.block_alloc[b]), stream))
+                             int(t.block_alloc[b]), stream, 0))
         log.t += service * 1e9
         t.state[a:z] = g
         if len(extra):
@@ -960,12 +960,12 @@ class Shortcuts:
                     start = log.t
                     stop = start + secs * 1e9
                     rows.append((EventKind.HTOD, MigrationCause.COHERENCE, HOST_ID, processor, int(start), int(stop),
-                                 address, nbytes, nbytes, alloc, stream))
+                                 address, nbytes, nbytes, alloc, stream, 0))
                     log.t = stop
                     stats.bytes_htod += nbytes
                 now = int(log.t)
                 rows.append((EventKind.GPU_PAGE_FAULT, kind if write else read_kind, processor, processor, now, now,
-                             address, nbytes, _HALF, alloc, stream))
+                             address, nbytes, _HALF, alloc, stream, 0))
                 log.t += service[code, has_chunk, write]
                 t.state[first:first + _HALF] = g
                 mem._tick += 1               # GpuMemory.migrated_into, for one block

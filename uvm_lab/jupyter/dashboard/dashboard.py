@@ -1,9 +1,10 @@
 """The dashboard: composes the components, listens to the event bus, refreshes at most ~5 times a second.
 
 Events may be published on any thread (a simulated kernel in a cell, a widget callback on a comm
-subshell, a user's worker thread). The bus callback only feeds running totals and arms a timer; the
-timer thread collects one snapshot and renders it, so a burst of a thousand events costs one
-refresh. Rendering is serialised by a lock, so a click and a timer never render at the same time.
+subshell, a user's worker thread). The bus callback only feeds running totals and wakes the dashboard's
+refresh thread, which collects one snapshot and renders it, so a burst of a thousand events costs one
+refresh; a refresh describes again only the allocations whose pages changed (:class:`LiveAllocations`).
+Rendering is serialised by a lock, so a click and the thread never render at the same time.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from uvm_lab.units import format_bytes
 
 from .allocations import AllocationList
 from .base import BokehView, DashboardComponent, close_widget_tree
-from .collect import EventTotals, collect_snapshot
+from .collect import EventTotals, LiveAllocations, collect_snapshot
 from .controls import AdviceControls, PrefetchControls
 from .residency import ResidencyMap, ResidencyOverview
 from .statistics import Statistics
@@ -33,6 +34,9 @@ __all__ = ["Dashboard", "load_bokehjs"]
 log = logging.getLogger("uvm_lab.jupyter")
 
 _bokehjs_loaded = False
+
+#: The most of the kernel's time live refreshes may take: after a refresh of t seconds the next waits 19 t.
+BUSY_SHARE = 0.05
 
 
 def load_bokehjs(force: bool = False) -> None:
@@ -85,13 +89,18 @@ class Dashboard:
                                   self.statistics.root])
         self.snapshot: dict[str, Any] | None = None
         self.refreshes = 0
+        self.live_allocations = LiveAllocations()
         self._render_lock = threading.RLock()
         self._lock = threading.Lock()
-        self._timer: threading.Timer | None = None
+        self._wake = threading.Event()
+        self._stop = threading.Event()
         self._last = 0.0
+        self._cost = 0.0     # what the last refresh took: the live thread waits BUSY_SHARE's worth after it
         self._closed = False
         self._subscription = bus.subscribe(self._on_events) if live else None
         self.refresh()
+        if live:
+            threading.Thread(target=self._run, name="uvm_lab-dashboard", daemon=True).start()
 
     # -- rendering --------------------------------------------------------------------------------
     def refresh(self) -> None:
@@ -101,7 +110,7 @@ class Dashboard:
                 return
             self._last = time.monotonic()
             try:
-                snapshot = collect_snapshot(self.totals)
+                snapshot = collect_snapshot(self.totals, self.live_allocations)
                 self.snapshot = snapshot
                 # The list first: it may change the selection that the others render.
                 self.allocations.update(snapshot)
@@ -144,18 +153,20 @@ class Dashboard:
     def _on_events(self, records: np.ndarray) -> None:
         # On the publisher's thread, under the bus's lock: be quick, never render here.
         self.totals.feed(records)
-        with self._lock:
-            if self._closed or self._timer is not None:
-                return
-            delay = max(0.0, self._last + self.interval - time.monotonic())
-            self._timer = threading.Timer(delay, self._tick)
-            self._timer.daemon = True
-            self._timer.start()
+        self._wake.set()
 
-    def _tick(self) -> None:
-        with self._lock:
-            self._timer = None
-        self.refresh()
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            # The throttle: at most one refresh an interval, and at most BUSY_SHARE of the kernel's time (a
+            # costly refresh waits longer); what arrives meanwhile is drawn in that one.
+            gap = max(self.interval, self._cost * (1 / BUSY_SHARE - 1))
+            if self._stop.wait(max(0.0, self._last + gap - time.monotonic())):
+                break
+            self._wake.clear()   # events from here on wake the next round
+            started = time.monotonic()
+            self.refresh()
+            self._cost = time.monotonic() - started
 
     @property
     def live(self) -> bool:
@@ -169,9 +180,8 @@ class Dashboard:
             if self._closed:
                 return
             self._closed = True
-            timer, self._timer = self._timer, None
-        if timer is not None:
-            timer.cancel()
+        self._stop.set()
+        self._wake.set()
         if self._subscription is not None:
             self._subscription.close()
         with self._render_lock:

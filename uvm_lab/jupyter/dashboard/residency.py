@@ -148,51 +148,73 @@ class ResidencyMap(DashboardComponent):
 
 
 class ResidencyOverview(DashboardComponent):
-    """Every live allocation as one strip of at most ``bins`` cells, oldest on top."""
+    """Every live allocation as one strip of ``bins`` cells, oldest on top.
+
+    The strips are one image (a row of category codes per allocation), so a thousand allocations are one
+    picture to draw, not a quarter of a million rectangles; when the allocations are the same as last
+    time, only the rows of those whose pages changed are sent again (a patch). Hovering a strip gives the
+    allocation and its exact pages in each category.
+    """
 
     def __init__(self, *, bins: int = 256, width: int = 520, row_px: int = 18) -> None:
         self.bins = bins
         self.row_px = row_px
-        self.source = ColumnDataSource(data={**_empty("width"), "name": []})
+        self.image = ColumnDataSource(data={"image": [np.zeros((1, bins), dtype=np.uint8)], "dh": [1.0]})
+        self.source = ColumnDataSource(data=self._rows_data([]))   # one row per allocation, for the hover
         fig = _new_figure(width, self._height(0), "every live allocation", Range1d(start=0.5, end=-0.5))
-        main = fig.rect(x="x", y="y", width="width", height=0.8, source=self.source, line_color=None,
-                        fill_color={"field": "category", "transform": _color_mapper()})
-        hover = HoverTool(renderers=[main])
+        fig.image(image="image", x=0, y=-0.5, dw=1, dh="dh", source=self.image, color_mapper=_color_mapper())
+        strips = fig.rect(x=0.5, y="y", width=1, height=0.8, source=self.source, fill_alpha=0, line_alpha=0)
+        hover = HoverTool(renderers=[strips])
         fig.add_tools(hover)
-        self.legend = _Legend(fig, hover, [("", "@name"), ("pages", "@first – @last")])
+        self.legend = _Legend(fig, hover, [("", "@name")])
         fig.xaxis.visible = False
         fig.yaxis.ticker = FixedTicker(ticks=[])
         fig.yaxis.major_tick_line_color = None
         fig.yaxis.axis_line_color = None
         self.figure = fig
         self.root = BokehView(fig)
+        self._drawn: list[Mapping[str, Any]] = []   # the descriptions each row was drawn from, in order
 
     def _height(self, n: int) -> int:
         return max(1, n) * self.row_px + 60
 
+    @staticmethod
+    def _name(alloc: Mapping[str, Any]) -> str:
+        return f"#{alloc['id']} {alloc['label']} ({format_bytes(alloc['size'])})"
+
+    def _rows_data(self, allocs: list[Mapping[str, Any]]) -> dict[str, Any]:
+        return {"name": [self._name(a) for a in allocs], "y": np.arange(len(allocs), dtype=np.float64),
+                **{c: np.array([a["category_pages"][c] for a in allocs], dtype=np.int64) for c in CATEGORY_NAMES}}
+
+    def _strip(self, alloc: Mapping[str, Any]) -> np.ndarray:
+        """The allocation's pages as ``bins`` cells: each the category most of its pages are in."""
+        if not len(alloc["states"]):
+            return np.zeros(self.bins, dtype=np.uint8)
+        cells = bin_states(alloc["states"], self.bins)["category"]
+        return cells[np.arange(self.bins) * len(cells) // self.bins]   # stretched to the full width
+
     def update(self, snapshot: Mapping[str, Any]) -> None:
-        self.legend.follow(snapshot, snapshot["allocations"])
-        parts: list[dict[str, Any]] = []
-        names: list[str] = []
-        for row, alloc in enumerate(snapshot["allocations"]):
-            n = len(alloc["states"])
-            name = f"#{alloc['id']} {alloc['label']} ({format_bytes(alloc['size'])})"
-            names.append(name)
-            if n == 0:
-                continue
-            b = bin_states(alloc["states"], self.bins)
-            pages = b["last"] - b["first"] + 1
-            parts.append({**b, "x": (b["first"] + pages / 2) / n, "width": pages / n,
-                          "y": np.full(len(pages), float(row)), "name": [name] * len(pages)})
-        if parts:
-            data: dict[str, Any] = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if k != "name"}
-            data["name"] = [s for p in parts for s in p["name"]]
-        else:
-            data = {**_empty("width"), "name": []}
-        update_source(self.source, data)
-        labels = {i: name for i, name in enumerate(names)}
-        if self.figure.yaxis[0].major_label_overrides != labels:
+        allocs = snapshot["allocations"]
+        self.legend.follow(snapshot, allocs)
+        same_rows = [a["id"] for a in allocs] == [a["id"] for a in self._drawn]
+        changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new] \
+            if same_rows else []
+        if len(changed) > max(8, len(allocs) // 8):   # many rows: one binary image costs less than many patches
+            same_rows = False
+        if same_rows and allocs:
+            if changed:
+                self.image.patch({"image": [((0, r, slice(None)), self._strip(allocs[r])) for r in changed]})
+                self.source.patch({c: [(r, allocs[r]["category_pages"][c]) for r in changed] for c in CATEGORY_NAMES})
+        elif not same_rows:
+            # Rows of allocations drawn before and unchanged (the same description) are copied, not binned again.
+            drawn = {id(old): (old, row) for old, row in zip(self._drawn, self.image.data["image"][0], strict=False)}
+            image = np.stack([drawn[id(a)][1] if drawn.get(id(a), (None,))[0] is a else self._strip(a)
+                              for a in allocs]) if allocs else np.zeros((1, self.bins), np.uint8)
+            self.image.data = {"image": [image], "dh": [float(len(image))]}
+            self.source.data = self._rows_data(allocs)
+            labels = {i: self._name(a) for i, a in enumerate(allocs)}
             self.figure.yaxis.ticker = FixedTicker(ticks=list(labels))
             self.figure.yaxis.major_label_overrides = labels
-            self.figure.y_range.start = max(1, len(names)) - 0.5
-            self.figure.height = self._height(len(names))
+            self.figure.y_range.start = max(1, len(allocs)) - 0.5
+            self.figure.height = self._height(len(allocs))
+        self._drawn = list(allocs)

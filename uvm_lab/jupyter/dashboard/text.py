@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uvm_lab.units import format_bytes
 
 from .collect import shown_categories
 
-__all__ = ["format_status", "format_table", "format_trace_summary"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["format_status", "format_table", "format_top_sources", "format_trace_summary"]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[int] = ()) -> str:
@@ -87,3 +90,17 @@ def format_trace_summary(summary: Mapping[str, Any], *, clock: str = "backend") 
         lines.append("  events by kind: " + ", ".join(f"{k} {n:,}" for k, n in sorted(counts.items(),
                                                                                     key=lambda kv: -kv[1])))
     return "\n".join(lines)
+
+
+def format_top_sources(by_source: pd.DataFrame, *, top: int = 5) -> str:
+    """The lines that caused the most faults, and the most bytes moved, from ``Trace.by_source()``."""
+    known = by_source[by_source["source"] != ""]
+    lines = []
+    for title, column, show in (("faults", "faults", lambda n: f"{n:,}"), ("bytes moved", "bytes_moved", format_bytes)):
+        values = known["gpu_faults"] + known["cpu_faults"] if column == "faults" else known[column]
+        order = values[values > 0].sort_values(ascending=False, kind="stable").head(top)
+        if not len(order):
+            continue
+        lines.append(f"  top lines by {title}:")
+        lines.extend(f"    {show(int(values[i])):>12}  {known['source'][i]}" for i in order.index)
+    return "\n".join(lines) if lines else "  no known line faulted or moved memory"

@@ -1,0 +1,146 @@
+"""What a live view costs the kernel at scale: 1,000 live allocations, 16 M pages, a loop of touches and prefetches.
+
+The simulated device holds 1,000 managed buffers of 64 MiB (16.4 M pages of 4 KiB). A loop picks buffers at random
+and either has a kernel read 1 MiB of one or prefetches one whole to the GPU or the host, as fast as it can. The
+same loop (the same seed) is timed with nothing watching (the peer), with the lab view's comm session attached,
+and with the widget dashboard live; the modes are interleaved, best and median of ``--repeats``.
+
+The view's session sends into a sink that counts what would cross the comm: JSON bytes and binary buffers. The
+snapshot a view gets when it attaches is counted apart from the steady state, which must stay under 1 MB/s.
+What the browser does with it (frames a second, long tasks, latency) is measured in the browser half of this
+benchmark.
+
+    python benchmarks/view_scale.py [--ops 2000] [--repeats 3] [--modes none,view,dashboard] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import uvm_lab as ul
+
+ALLOCATIONS = 1000
+SIZE = 64 << 20
+
+
+class CountingComm:
+    """Stands where the kernel's comm would: counts what each message would put on the wire."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.bytes = 0
+        self.messages = 0
+
+    def send(self, data: Any = None, metadata: Any = None, buffers: Any = None) -> None:
+        size = len(json.dumps(data)) + sum(memoryview(b).nbytes for b in buffers or ())
+        with self.lock:
+            self.bytes += size
+            self.messages += 1
+
+    def on_msg(self, callback: Any) -> None:
+        pass
+
+    def on_close(self, callback: Any) -> None:
+        pass
+
+    def close(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def taken(self) -> tuple[int, int]:
+        with self.lock:
+            return self.bytes, self.messages
+
+
+def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> float:
+    """The user's loop: seconds for ``ops`` touches and prefetches."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(len(buffers), size=ops).tolist()
+    offsets = (rng.integers(SIZE // (1 << 20) - 1, size=ops) << 20).tolist()
+    start = time.perf_counter()
+    for i, (pick, offset) in enumerate(zip(picks, offsets, strict=True)):
+        buf = buffers[pick]
+        if i % 2:
+            buf.prefetch("gpu" if i % 4 == 1 else "host")
+        else:
+            ul.touch(buf, on="gpu", mode="read", offset=offset, size=1 << 20)
+    return time.perf_counter() - start
+
+
+def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> dict[str, float]:
+    if mode == "none":
+        return {"seconds": loop(buffers, ops, seed)}
+    if mode == "view":
+        from uvm_lab.jupyter.comm import PanelSession
+
+        comm = CountingComm()
+        session = PanelSession(comm)
+        session.handle({"type": "hello", "seq": 0})
+        snapshot, _ = comm.taken()
+        try:
+            seconds = loop(buffers, ops, seed)
+            time.sleep(2 * session.interval)   # the updates the loop's last changes cause
+        finally:
+            session.close()
+        sent, messages = comm.taken()
+        return {"seconds": seconds, "snapshot_bytes": snapshot, "steady_bytes_per_s": (sent - snapshot) / seconds,
+                "messages": messages}
+    if mode == "dashboard":
+        from uvm_lab.jupyter.dashboard import Dashboard
+
+        dashboard = Dashboard(live=True)
+        try:
+            seconds = loop(buffers, ops, seed)
+        finally:
+            dashboard.close()
+        return {"seconds": seconds, "refreshes": dashboard.refreshes}
+    raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, dashboard")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", default="none,view,dashboard")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+
+    ul.use_backend("sim", device_memory="80GiB")
+    buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
+    pages = sum(b.size for b in buffers) // 4096
+    print(f"{len(buffers)} allocations, {pages / 1e6:.1f} M pages; {args.ops} operations a run")
+    runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    for r in range(args.repeats):
+        for mode in modes:   # interleaved: the machine's drift falls on every mode alike
+            for buf in buffers:   # every run starts from the same map: each page written on the host
+                ul.touch(buf, on="host", mode="write")
+            runs[mode].append(measure(mode, buffers, args.ops, seed=r))
+
+    base = min(run["seconds"] for run in runs["none"]) if "none" in runs else None
+    print(f"\n{'mode':12} {'best s':>8} {'median s':>9} {'vs none':>8}  extra")
+    table = {}
+    for mode, results in runs.items():
+        times = [run["seconds"] for run in results]
+        best, median = min(times), statistics.median(times)
+        extra = {k: statistics.median(run[k] for run in results) for k in results[0] if k != "seconds"}
+        table[mode] = {"best_s": best, "median_s": median, **extra}
+        ratio = f"{best / base:.3f}x" if base else "-"
+        shown = ", ".join(f"{k} {v:,.0f}" for k, v in extra.items())
+        print(f"{mode:12} {best:8.3f} {median:9.3f} {ratio:>8}  {shown}")
+    if args.json:
+        args.json.write_text(json.dumps(table, indent=2))
+
+
+if __name__ == "__main__":
+    main()
