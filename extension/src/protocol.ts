@@ -74,6 +74,7 @@ export const TIMELINE_COLUMNS = [
   ['bytes', '<f8'],
   ['address', '<f8'],
   ['reach', '<f8'],
+  ['source', '<u4'],
   ['count', '<u4']
 ] as const;
 
@@ -252,6 +253,7 @@ export type TimelineRows = {
   truncated: number;
   first: number;
   last: number;
+  sources: Record<string, string>;
 };
 
 export type ErrorInfo = {
@@ -344,6 +346,7 @@ export interface ITimelineColumns {
   bytes: Float64Array;
   address: Float64Array;
   reach: Float64Array;
+  source: Uint32Array;
   count: Uint32Array;
 }
 

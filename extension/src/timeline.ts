@@ -345,7 +345,9 @@ export class Timeline {
       `${kind}${count > 1 ? ` ×${count}` : ''} · ${cause}`,
       `${formatBytes(c.bytes[i])} · ${Math.ceil(c.bytes[i] / 4096)} pages`,
       `${processorName(c.src[i])} → ${processorName(c.dst[i])}`,
-      `at ${formatNs(c.start[i])}, for ${formatNs(c.end[i] - c.start[i])}`
+      `at ${formatNs(c.start[i])}, for ${formatNs(c.end[i] - c.start[i])}`,
+      // The line of code it came from: what no other memory tool shows.
+      c.source[i] ? `from ${this._answer!.rows.sources[String(c.source[i])] ?? 'an unknown line'}` : 'from: not known'
     ];
     return lines.join('\n');
   }

@@ -15,10 +15,12 @@ import {
   button,
   div,
   formatBytes,
+  formatNs,
   legendItems,
   nonZero,
   shownCategories
 } from './categories';
+import { MapHistory } from './history';
 import { DeviceLanes } from './lanes';
 import { IAllocation, UvmLabModel } from './model';
 import { PageMap } from './pagemap';
@@ -176,10 +178,32 @@ export class UvmLabView extends Widget {
     zoom.append(zoomOut, zoomIn);
     this._map = new PageMap(div(''), (lane, first, end) => this._timeline.lastEventAt(lane, first, end));
     this._placement = div('jp-UvmLab-placement');
+    const cursorRow = div('jp-UvmLab-controlRow jp-UvmLab-cursor');
+    this._cursor = document.createElement('input');
+    this._cursor.type = 'range';
+    this._cursor.min = '0';
+    this._cursor.setAttribute('aria-label', 'Time cursor');
+    this._cursor.title = 'Show the map as it was; all the way right is live';
+    this._cursor.addEventListener('input', () => {
+      this._cursorLive = Number(this._cursor.value) >= Number(this._cursor.max);
+      this._schedule();
+    });
+    this._cursorText = div('jp-UvmLab-cursorText');
+    this._cursorText.setAttribute('aria-label', 'Time cursor position');
+    cursorRow.append(label('Time cursor'), this._cursor, this._cursorText);
     this._traffic = document.createElement('table');
     this._traffic.className = 'jp-UvmLab-traffic';
     this._controls = this._buildControls();
-    selected.append(this._selectedTitle, this._placement, this._legend, zoom, this._map.node, this._traffic, this._controls);
+    selected.append(
+      this._selectedTitle,
+      this._placement,
+      this._legend,
+      cursorRow,
+      zoom,
+      this._map.node,
+      this._traffic,
+      this._controls
+    );
 
     main.append(this._lanes.node, this._lanesNote, this._timeline.node, causes, selected);
     body.append(side, main);
@@ -284,7 +308,7 @@ export class UvmLabView extends Widget {
       this._legendSpec = spec.join('|');
       this._legend.replaceChildren(...legendItems(spec));
     }
-    this._map.render(selected, Math.min(width, 900));
+    this._map.render(this._atCursor(selected), Math.min(width, 900));
     if (!selected) {
       this._placement.textContent = '';
       this._traffic.replaceChildren();
@@ -311,6 +335,34 @@ export class UvmLabView extends Widget {
       tableRow(['all', String(info.traffic.faults), formatBytes(info.traffic.htod_bytes), formatBytes(info.traffic.dtoh_bytes)], 'th')
     );
     this._traffic.replaceChildren(...rows);
+  }
+
+  /**
+   * The selected allocation as the time cursor shows it: live (and noted in the history), or a state
+   * the history holds. The cursor's line says which, and how many older states were dropped.
+   */
+  private _atCursor(selected: IAllocation | undefined): IAllocation | undefined {
+    if (!selected) {
+      this._cursorText.textContent = '';
+      return undefined;
+    }
+    const history = this._history;
+    history.record(selected, this.model.now);
+    const states = history.states;
+    const last = states.length - 1;
+    this._cursor.max = String(last);
+    if (this._cursorLive || Number(this._cursor.value) > last) {
+      this._cursor.value = String(last);
+    }
+    const index = Number(this._cursor.value);
+    const dropped = history.dropped ? ` · ${history.dropped} older states dropped` : '';
+    const live = this._cursorLive || index >= last;
+    const shown = states[index];
+    this._cursorText.textContent = live
+      ? `live · ${states.length} states held${dropped}`
+      : `at ${formatNs(shown.time)} · state ${index + 1} of ${states.length}${dropped}`;
+    this._cursorText.dataset.live = String(live);
+    return live ? selected : shown.allocation;
   }
 
   private _renderControls(selected: IAllocation | undefined): void {
@@ -456,6 +508,10 @@ export class UvmLabView extends Widget {
   private _accessedBy!: HTMLElement;
   private _result!: HTMLElement;
   private _status!: HTMLElement;
+  private _cursor!: HTMLInputElement;
+  private _cursorText!: HTMLElement;
+  private _cursorLive = true;
+  private _history = new MapHistory();
   private _selected: number | null = null;
   private _legendSpec = '';
   private _busy = false;

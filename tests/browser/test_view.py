@@ -2,10 +2,11 @@
 
 A scripted cell allocates, writes on the host, reads on the GPU and prefetches back; ``%uvm view`` opens
 the view. It must list the 301 allocations without a row for each in the page, find and sort them, show
-the cell's events in the timeline by cause (as many as the kernel's own records say), name an event when
-hovered, zoom, select an allocation from the timeline, and change the kernel through its controls, the
-map following. A second notebook's kernel takes over the view when that notebook is the current one, and
-a kernel restart is followed once uvm_lab is loaded again.
+the cell's events in the timeline by cause (as many as the kernel's own records say), name an event and
+its cell line when hovered, zoom, select an allocation from the timeline, change the kernel through its
+controls, the map following, and show an earlier state of the map at the time cursor. A second
+notebook's kernel takes over the view when that notebook is the current one, and a kernel restart is
+followed once uvm_lab is loaded again.
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         assert text.startswith("weights\n")
         assert re.search(r"(demand fault|prefetch|allocation)", text) and "→" in text and " pages" in text
         assert re.search(r"at .+, for .+", text)
+        # ... and the line of the cell that caused it.
+        assert re.search(r"\nfrom In \[1\], line [4-8]$", text), text
         screenshot(page, "view-timeline-hover.png")
 
         # The wheel zooms in: a narrower window, no longer following; "Follow live" goes back.
@@ -181,6 +184,18 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         result.filter(has_text="Prefetched weights (pages 0–99) to GPU 0.").wait_for(timeout=WAIT_MS)
         assert view.locator(".jp-UvmLab-placement").get_attribute("data-requested") == "gpu:0"
         assert _kernel_state(page)["pages"] == {"gpu:0": 100, "host": PAGES - 100}
+        # The time cursor: back to the first state held, the map is as it was (all on the host); the end is live.
+        cursor = view.get_by_label("Time cursor", exact=True)
+        cursor.focus()
+        page.keyboard.press("Home")
+        page.locator('.jp-UvmLab-bigMap[data-label="weights"][data-gpu0-pages="0"]').wait_for(timeout=WAIT_MS)
+        position = view.get_by_label("Time cursor position")
+        assert position.get_attribute("data-live") == "false"
+        assert re.fullmatch(r"at .+ · state 1 of \d+", position.inner_text())
+        screenshot(page, "view-time-cursor.png")
+        page.keyboard.press("End")
+        page.locator('.jp-UvmLab-bigMap[data-label="weights"][data-gpu0-pages="100"]').wait_for(timeout=WAIT_MS)
+        assert position.get_attribute("data-live") == "true" and position.inner_text().startswith("live")
         # A range past the end: the kernel's typed error, shown; nothing moves.
         view.get_by_label("First page", exact=True).fill(str(PAGES - 1))
         view.get_by_label("Page count").fill("5")

@@ -4,6 +4,8 @@ event's cause."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -279,12 +281,21 @@ def test_events_narrower_than_a_pixel_merge_per_lane_pixel_and_cause():
     assert cols["start"].tolist() == sorted(cols["start"].tolist())
 
 
-def test_a_merged_row_names_src_and_dst_only_where_its_events_agree():
+def test_a_merged_row_names_src_dst_and_source_only_where_its_events_agree():
     window = _window_with_buffers(1)
-    window.feed(_events([0, 1], 1, 1, dst=0))
-    window.feed(_events([2], 1, 1, dst=1))
+    first = _events([0, 1], 1, 1, dst=0)
+    first["source"] = 7
+    second = _events([2], 1, 1, dst=1)
+    second["source"] = 7
+    window.feed(first)
+    window.feed(second)
     cols, _, _ = window.query(0, 100, 1, [1])
-    assert cols["src"].tolist() == [-1] and cols["dst"].tolist() == [SEVERAL]
+    assert cols["src"].tolist() == [-1] and cols["dst"].tolist() == [SEVERAL] and cols["source"].tolist() == [7]
+    third = _events([3], 1, 1, dst=1)
+    third["source"] = 8
+    window.feed(third)
+    cols, _, _ = window.query(0, 100, 1, [1])
+    assert cols["source"].tolist() == [0]    # several lines: none named
 
 
 def test_the_timeline_keeps_the_window_and_the_lanes_asked_for():
@@ -334,6 +345,7 @@ def test_a_window_needs_a_whole_capacity(capacity):
 
 def test_a_timeline_query_is_answered_with_columns_and_changes_nothing(device):
     buf = ul.DeviceBuffer(size="1MiB", label="t")
+    touched_at = inspect.currentframe().f_lineno + 1
     ul.touch(buf, on="gpu", mode="write")
     ul.events.get_bus().flush()
     comm = RecordingComm()
@@ -354,6 +366,9 @@ def test_a_timeline_query_is_answered_with_columns_and_changes_nothing(device):
         cols = {name: np.frombuffer(b, dtype) for (name, dtype), b in zip(TIMELINE_COLUMNS, buffers, strict=True)}
         assert set(cols["lane"].tolist()) == {buf.id}
         causes = {CAUSE_NAMES[c] for c in cols["cause"]}
+        # Each row names the line of code behind it, and the answer carries that line's text.
+        line = f"test_view_data.py:{touched_at}"
+        assert {rows["sources"][str(s)] for s in cols["source"][cols["kind"] == EventKind.GPU_PAGE_FAULT]} == {line}
         assert "demand fault" in causes and "allocation" in causes
         assert cols["bytes"][cols["kind"] == EventKind.HTOD].sum() == 0    # a write on the GPU of fresh pages
         assert ul.events.get_bus().published == published

@@ -45,6 +45,7 @@ import uvm_lab as ul
 from ..errors import BufferClosedError, InvalidArgumentError
 from ..events import get_bus
 from ..events.bus import EventBus
+from ..events.sources import texts as source_texts
 from ..units import PAGE_SIZE
 from .dashboard.collect import describe_buffer
 from .protocol import (
@@ -273,10 +274,14 @@ class PanelSession:
         get_bus().flush()   # what the hardware has reported, in the window
         columns, events, truncated = self._window.query(query["start"], query["end"], query["width"], query["lanes"])
         first, last = self._window.extent()
+        ids = np.unique(columns["source"])
+        ids = ids[ids != 0]
+        sources = dict(zip((str(i) for i in ids.tolist()), source_texts(ids), strict=True))
         rows = TimelineRows(type="timeline", seq=query["seq"], start=query["start"], end=query["end"],
                             width=query["width"], columns=[name for name, _ in TIMELINE_COLUMNS],
                             rows=len(columns["start"]), events=events, held=self._window.held,
-                            dropped=self._window.dropped, truncated=truncated, first=first, last=last)
+                            dropped=self._window.dropped, truncated=truncated, first=first, last=last,
+                            sources=sources)
         self._send(rows, [columns[name] for name, _ in TIMELINE_COLUMNS])
 
     # -- comm and bus callbacks ------------------------------------------------------------------------

@@ -26,7 +26,8 @@ carries is ever evaluated::
                                                + one buffer per allocation
         update      {device, allocations, samples}   + one buffer per allocation
         removed     {ids}
-        timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last}
+        timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
+                     sources}
                                                + one buffer per column (TIMELINE_COLUMNS)
         result      {seq, command, ok, error}  one per command; error: {type, message} or null
 
@@ -132,10 +133,13 @@ MAX_LANES: Final = 4096
 #: ``EventKind``; ``cause`` an index into ``CAUSE_NAMES``; ``src``/``dst`` processors (-1 the host, -2 none,
 #: -3 several, in a merged row); ``address`` to ``reach`` the bytes the row's events concern (in a merged row,
 #: the lowest first byte to the highest last); ``count`` the events the row stands for. Floats where a value
-#: may pass 2**32 (addresses stay below 2**53 on both backends' address spaces).
+#: may pass 2**32 (addresses stay below 2**53 on both backends' address spaces). ``source`` is the line of
+#: user code the events came from (an id of ``uvm_lab.events.sources``; 0 unknown, or several in a merged
+#: row); the answer's ``sources`` gives each id's text.
 TIMELINE_COLUMNS: Final = (
     ("start", "<f8"), ("end", "<f8"), ("lane", "<f8"), ("kind", "u1"), ("cause", "u1"),
-    ("src", "<i2"), ("dst", "<i2"), ("bytes", "<f8"), ("address", "<f8"), ("reach", "<f8"), ("count", "<u4"),
+    ("src", "<i2"), ("dst", "<i2"), ("bytes", "<f8"), ("address", "<f8"), ("reach", "<f8"), ("source", "<u4"),
+    ("count", "<u4"),
 )
 
 # JavaScript numbers are exact only up to 2**53; ids and sequence numbers stay below.
@@ -291,6 +295,7 @@ class TimelineRows(TypedDict):
     truncated: int  # rows left out past the most one answer carries
     first: int  # ns: the start of the oldest event held (0 if none): where a view's "everything" begins
     last: int  # ns: the latest end of an event held
+    sources: dict[str, str]  # each source id of the rows (as a string: a JSON key) -> its line: "In [3] line 5"
 
 
 class ErrorInfo(TypedDict):

@@ -85,6 +85,7 @@ class EventWindow:
             "bytes": records["bytes"].astype(np.float64),
             "address": records["address"].astype(np.float64),
             "reach": (records["address"] + records["bytes"]).astype(np.float64),
+            "source": records["source"].astype(np.uint32),
         }
         with self._lock:
             self._seen += seen
@@ -215,10 +216,10 @@ def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) ->
         "reach": np.maximum.reduceat(s["reach"], firsts),
         "count": np.diff(np.r_[firsts, n]).astype(np.uint32),
     }
-    for name in ("src", "dst"):
+    for name, several in (("src", SEVERAL), ("dst", SEVERAL), ("source", 0)):
         col = s[name]
         agree = np.minimum.reduceat(col, firsts) == np.maximum.reduceat(col, firsts)
-        out[name] = np.where(agree, col[firsts], SEVERAL).astype(np.int16)
+        out[name] = np.where(agree, col[firsts], several).astype(col.dtype)
     return out
 
 
