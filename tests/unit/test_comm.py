@@ -13,6 +13,7 @@ import pytest
 import uvm_lab as ul
 from uvm_lab.jupyter import comm as lab_comm
 from uvm_lab.jupyter.comm import PanelSession, register_comm_target
+from uvm_lab.jupyter.dashboard import collect
 from uvm_lab.jupyter.protocol import CELL_LIMIT, apply_runs
 from uvm_lab.jupyter.timeline import DeviceSeries, EventWindow
 from uvm_lab.page_states import CATEGORY_NAMES, categories
@@ -193,13 +194,13 @@ def test_every_category_travels_apart_with_exact_counts(session, device, monkeyp
     buf = ul.DeviceBuffer(size="40KiB", label="mixed")  # ten pages
     #                  nowhere host gpu:0 gpu:1 host+gpu:0 host+gpu:1 unknown host+unknown gpu:0+gpu:1 gpu:1
     states = np.array([0, 1, 2, 4, 3, 5, 0x80, 0x81, 6, 4], dtype=np.uint8)
-    real = lab_comm.describe_buffer
+    real = collect.describe_buffer
 
     def describe(b):
         plain = real(b)
         return {**plain, "states": states} if b.id == buf.id else plain
 
-    monkeypatch.setattr(lab_comm, "describe_buffer", describe)
+    monkeypatch.setattr(collect, "describe_buffer", describe)
     session.handle({"type": "hello", "seq": 1})
     info, cells = allocation(session.comm.of_type("snapshot")[0], buf)
     assert cells == bytes([NOWHERE, HOST, GPU0, GPU1, BOTH, BOTH, UNKNOWN, UNKNOWN, GPUS, GPU1])
@@ -352,9 +353,8 @@ def test_zero_size_buffers_are_not_listed(session, device):
 
 def _failing_once(monkeypatch, error: Exception) -> list:
     """Make describing an allocation fail once, as a send or a read can; returns the calls made."""
-    import uvm_lab.jupyter.comm as comm_module
 
-    real, calls = comm_module.describe_buffer, []
+    real, calls = collect.describe_buffer, []
 
     def describe(buf):
         calls.append(buf.id)
@@ -362,7 +362,7 @@ def _failing_once(monkeypatch, error: Exception) -> list:
             raise error
         return real(buf)
 
-    monkeypatch.setattr(comm_module, "describe_buffer", describe)
+    monkeypatch.setattr(collect, "describe_buffer", describe)
     return calls
 
 
@@ -382,11 +382,10 @@ def test_a_failed_update_is_sent_by_the_next_flush_without_new_events(session, d
 
 
 def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
-    import uvm_lab.jupyter.comm as comm_module
 
     comm = RecordingComm()
     session = PanelSession(comm, interval=0.02)
-    real, broken, calls = comm_module.describe_buffer, threading.Event(), []
+    real, broken, calls = collect.describe_buffer, threading.Event(), []
 
     def describe(buf):
         calls.append(buf.id)
@@ -398,7 +397,7 @@ def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
         buf = ul.DeviceBuffer(size="2MiB")
         session.handle({"type": "hello", "seq": 1})
         comm.clear()
-        monkeypatch.setattr(comm_module, "describe_buffer", describe)
+        monkeypatch.setattr(collect, "describe_buffer", describe)
         broken.set()
         buf.prefetch("gpu")                 # the last event there is: every flush fails while broken
         deadline = time.monotonic() + 5
@@ -584,3 +583,25 @@ def test_a_bad_open_message_is_answered_not_raised(device, monkeypatch):
     for s in lab_comm.sessions():
         if s.comm is comm:
             s.close()
+
+
+def test_an_update_describes_again_only_the_allocations_whose_pages_changed(session, device, monkeypatch):
+    # At 1,000 allocations and 16 M pages an update must cost what the loop changed: the residency tracker's
+    # journal names the buffers to read again, and only those are.
+    buffers = [ul.DeviceBuffer(size="1MiB", label=f"b{i}") for i in range(5)]
+    session.handle({"type": "hello", "seq": 1})
+    real, described = collect.describe_buffer, []
+
+    def describe(buf):
+        described.append(buf.label)
+        return real(buf)
+
+    monkeypatch.setattr(collect, "describe_buffer", describe)
+    ul.touch(buffers[3], on="gpu", mode="write", size="64KiB")
+    session.comm.clear()
+    assert session.flush() is True
+    assert described == ["b3"]
+    (update, _), = session.comm.of_type("update")
+    assert [a["label"] for a in update["allocations"]] == ["b3"]
+    described.clear()
+    assert session.flush() is False and described == []     # nothing changed since: nothing read

@@ -42,12 +42,12 @@ import numpy as np
 
 import uvm_lab as ul
 
-from ..errors import BufferClosedError, InvalidArgumentError
+from ..errors import InvalidArgumentError
 from ..events import get_bus
 from ..events.bus import EventBus
 from ..events.sources import texts as source_texts
 from ..units import PAGE_SIZE
-from .dashboard.collect import describe_buffer
+from .dashboard.collect import LiveAllocations
 from .protocol import (
     CELL_LIMIT,
     COMM_TARGET,
@@ -76,8 +76,6 @@ log = logging.getLogger("uvm_lab.jupyter.comm")
 
 #: The least time between two updates, in seconds: about 10 a second at most.
 UPDATE_INTERVAL = 0.1
-# Past this many dirty ranges between two updates, treat every allocation as dirty.
-_MAX_DIRTY_RANGES = 256
 
 
 class CommLike(Protocol):
@@ -102,7 +100,10 @@ class PanelSession:
         self._command_lock = threading.Lock()
         self._send_lock = threading.RLock()
         self._lock = threading.Lock()
-        self._dirty: list[tuple[int, int]] = []  # [start, end) address ranges events touched
+        # Which buffers to describe again: those the residency tracker's journal says changed (the rule the
+        # dashboard reads too), so an update costs what changed, not what the device holds.
+        self._live = LiveAllocations()
+        self._packed: dict[int, tuple[dict[str, Any], dict[str, Any], np.ndarray]] = {}  # by id, per description
         self._everything_dirty = False
         self._paused = False
         self._snapshot_sent = False
@@ -153,14 +154,12 @@ class PanelSession:
             # Before the first snapshot the panel holds nothing an update could change.
             if self._paused or self.closed or not self._snapshot_sent:
                 return False
-            dirty, self._dirty = self._dirty, []
             everything, self._everything_dirty = self._everything_dirty, False
         with self._send_lock:
             try:
-                buffers = _panel_buffers()
-                touched = [b for b in buffers if everything or b.id not in self._sent or _touches(b, dirty)]
-                infos, cells, held = self._describe_changed(touched)
-                gone = sorted(set(self._sent) - {b.id for b in buffers})
+                buffers = _panel_buffers(self._live)
+                infos, cells, held = self._describe_changed(buffers, force=everything)
+                gone = sorted(set(self._sent) - {b["id"] for b in buffers})
                 device = _device_info()
                 self._sample(device, buffers)
                 samples, next_sample = self._series.since(self._next_sample)
@@ -171,6 +170,7 @@ class PanelSession:
             except BaseException:
                 # What changed was taken and not sent: dropped, the panel would keep a stale map until
                 # those pages moved again. The next flush describes every allocation.
+                self._live = LiveAllocations()
                 with self._lock:
                     self._everything_dirty = True
                 raise
@@ -183,11 +183,11 @@ class PanelSession:
     def send_snapshot(self) -> None:
         """Send every live allocation, replacing whatever the panel holds."""
         with self._lock:
-            self._dirty, self._everything_dirty = [], False
+            self._everything_dirty = False
             self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
-            buffers = _panel_buffers()
+            buffers = _panel_buffers(self._live)
             infos, cells, held = self._describe_changed(buffers)
             device = _device_info()
             self._sample(device, buffers)
@@ -199,28 +199,35 @@ class PanelSession:
             self._sent.update(held)
             self._next_sample = next_sample
 
-    def _sample(self, device: DeviceInfo, buffers: list[ul.DeviceBuffer]) -> None:
-        allocated = sum(buf.size for buf in buffers if buf.is_managed)
+    def _sample(self, device: DeviceInfo, buffers: list[dict[str, Any]]) -> None:
+        allocated = sum(buf["size"] for buf in buffers if buf["is_managed"])
         self._series.close_interval(ul.get_backend().now_ns(), device["total"] - device["free"], device["total"],
                                     allocated)
 
-    def _describe_changed(self, buffers: list[ul.DeviceBuffer]) -> tuple[
+    def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False) -> tuple[
             list[AllocationInfo], list[np.ndarray], dict[int, tuple[AllocationInfo, np.ndarray]]]:
         """Describe those of ``buffers`` that differ from what the panel holds, each as its changed runs where
         the panel holds it; with what it will hold once they are sent (noted by the caller after sending, so
-        that a failed send leaves nothing noted)."""
+        that a failed send leaves nothing noted). A description the journal left as it was is not packed
+        again (``force``: pack every one)."""
         infos: list[AllocationInfo] = []
         payloads: list[np.ndarray] = []
         held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
-        for buf in buffers:
-            described = _describe(buf, self._window)
-            if described is None:
-                continue
-            info, cells = described
-            before = self._sent.get(buf.id)
+        packed_now: dict[int, tuple[dict[str, Any], dict[str, Any], np.ndarray]] = {}
+        for plain in buffers:
+            alloc_id = plain["id"]
+            packed = self._packed.get(alloc_id)
+            if force or packed is None or packed[0] is not plain:
+                packed = (plain, *_pack(plain))
+            packed_now[alloc_id] = packed
+            # What the events say of it changes without its pages: read it every time (two lookups).
+            info = AllocationInfo(**packed[1], traffic=self._window.traffic(alloc_id),  # type: ignore[typeddict-item]
+                                  requested=self._window.requested(alloc_id))
+            cells = packed[2]
+            before = self._sent.get(alloc_id)
             if before is not None and before[0] == info and np.array_equal(before[1], cells):
                 continue
-            held[buf.id] = (info, cells)
+            held[alloc_id] = (info, cells)
             payload = cells
             if before is not None and len(before[1]) == len(cells):
                 runs = encode_runs(before[1], cells)
@@ -228,6 +235,7 @@ class PanelSession:
                     info, payload = AllocationInfo(**{**info, "encoding": "runs"}), runs  # type: ignore[typeddict-item]
             infos.append(info)
             payloads.append(payload)
+        self._packed = packed_now
         return infos, payloads, held
 
     def close(self) -> None:
@@ -294,14 +302,8 @@ class PanelSession:
         self.close()
 
     def _on_events(self, records: np.ndarray) -> None:
-        # On the publisher's thread, under the bus's lock: note the touched range, nothing more.
-        lo = int(records["address"].min())
-        hi = int((records["address"] + records["bytes"]).max())
-        with self._lock:
-            if len(self._dirty) < _MAX_DIRTY_RANGES:
-                self._dirty.append((lo, max(hi, lo + 1)))
-            else:
-                self._everything_dirty = True
+        # On the publisher's thread, under the bus's lock: wake the sender, nothing more. What changed is
+        # the residency tracker's journal to say when the sender reads it.
         self._wake.set()
 
     def _run(self) -> None:
@@ -336,26 +338,21 @@ class PanelSession:
 # -- reading the core --------------------------------------------------------------------------------------
 
 
-def _panel_buffers() -> list[ul.DeviceBuffer]:
+def _panel_buffers(live: LiveAllocations) -> list[dict[str, Any]]:
     # A zero-size buffer holds no pages: there is nothing to draw or to move.
-    return [buf for buf in ul.live_buffers() if buf.size]
+    return [plain for plain in live.refresh() if plain["size"]]
 
 
-def _describe(buf: ul.DeviceBuffer, window: EventWindow) -> tuple[AllocationInfo, np.ndarray] | None:
-    """An allocation's metadata and its residency bytes, or None if it was freed meanwhile."""
-    try:
-        plain = describe_buffer(buf)
-    except (BufferClosedError, InvalidArgumentError):
-        return None
+def _pack(plain: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
+    """An allocation's metadata (its AllocationInfo but for what the events say) and its residency bytes."""
     cell_pages, cells, counts = pack_states(plain["states"])
     advice = plain["advice"] or {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
-    info = AllocationInfo(
+    info = dict(
         id=plain["id"], label=plain["label"], address=plain["address"], size=plain["size"],
         is_managed=plain["is_managed"],
         advice=AdviceState(read_mostly=advice["read_mostly"], preferred_location=advice["preferred_location"],
                            accessed_by=list(advice["accessed_by"])),
         pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts, encoding="cells",
-        traffic=window.traffic(buf.id), requested=window.requested(buf.id),
     )
     return info, cells
 
@@ -374,11 +371,6 @@ def _byte_range(buf: ul.DeviceBuffer, first_page: int, pages: int | None) -> tup
                                    f"{buf.label or buf.id!r} ({total} pages)", value=pages,
                                    expected=f"at most {total - first_page} pages from page {first_page}")
     return offset, min(pages * PAGE_SIZE, buf.size - offset)
-
-
-def _touches(buf: ul.DeviceBuffer, ranges: list[tuple[int, int]]) -> bool:
-    start, end = buf.ptr, buf.ptr + buf.size
-    return any(lo < end and start < hi for lo, hi in ranges)
 
 
 def _device_info() -> DeviceInfo:
