@@ -54,14 +54,27 @@ def run_cell(page, path: str, index: int, expect: str) -> str:
     scope = page.locator(f'[id="{panel}"]')
     cell = scope.locator(".jp-Notebook .jp-CodeCell").nth(index)
     prompt = cell.locator(".jp-InputPrompt")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
     before = prompt.inner_text()
-    cell.locator(".jp-InputPrompt").click()   # selects the cell
-    scope.locator(".jp-Notebook .jp-CodeCell.jp-mod-active").nth(0).wait_for(timeout=WAIT_MS)
-    page.wait_for_function("([el]) => el.classList.contains('jp-mod-active')", arg=[cell.element_handle()],
-                           timeout=WAIT_MS)
-    # The toolbar's run button: what a keyboard shortcut could race (the edit-mode switch) it cannot.
-    scope.locator('.jp-Toolbar [data-command="notebook:run-cell"], '
-                  '.jp-Toolbar [data-command="notebook:run-cell-and-select-next"]').first.click()
+    run = scope.locator('.jp-Toolbar [data-command="notebook:run-cell"], '
+                        '.jp-Toolbar [data-command="notebook:run-cell-and-select-next"]').first
+    # A run asked for just after a kernel starts is now and then lost in the lab (the cell stays "[ ]", no
+    # execute request leaves the page): ask again, at most twice, when it has not started.
+    for attempt in range(3):
+        cell.locator(".jp-InputPrompt").click()   # selects the cell
+        page.wait_for_function("([el]) => el.classList.contains('jp-mod-active')", arg=[cell.element_handle()],
+                               timeout=WAIT_MS)
+        # The toolbar's run button: what a keyboard shortcut could race (the edit-mode switch) it cannot.
+        run.click()
+        try:
+            # Started: "[*]", or already a new execution count.
+            page.wait_for_function("([el, before]) => el.textContent !== before", arg=[prompt.element_handle(), before],
+                                   timeout=WAIT_MS // 3 if attempt < 2 else WAIT_MS)
+            break
+        except PlaywrightTimeoutError:
+            if attempt == 2:
+                raise
     # A re-run shows its old output until it finishes: wait for a new execution count first.
     page.wait_for_function(
         "([el, before]) => el.textContent !== before && /\\[\\d+\\]/.test(el.textContent)",
