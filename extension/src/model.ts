@@ -13,13 +13,18 @@ import {
   COMM_TARGET,
   Command,
   DeviceInfo,
+  DeviceSample,
+  ITimelineColumns,
   Location,
   PROTOCOL_VERSION,
   Result,
   Snapshot,
+  TimelineRows,
   Update,
+  applyRuns,
   asKernelMessage,
-  bufferBytes
+  bufferBytes,
+  timelineColumns
 } from './protocol';
 
 /** Where the model stands with the kernel. */
@@ -36,6 +41,12 @@ export interface IAllocation {
   cells: Uint8Array;
   /** Increases with every snapshot or update that carried this allocation (one counter for all). */
   revision: number;
+}
+
+/** A timeline answer: its header and its columns. */
+export interface ITimeline {
+  rows: TimelineRows;
+  columns: ITimelineColumns;
 }
 
 /** Omit<T, K> over each member of a union, so a command can be built without its seq. */
@@ -75,6 +86,48 @@ export class UvmLabModel {
 
   get paused(): boolean {
     return this._paused;
+  }
+
+  /** Emitted when device samples arrive (or all go, on a new connection). */
+  get samplesChanged(): ISignal<this, void> {
+    return this._samplesChanged;
+  }
+
+  /** The device lanes' samples held, oldest first (at most `MAX_SAMPLES`). */
+  get samples(): ReadonlyArray<DeviceSample> {
+    return this._samples;
+  }
+
+  /** Samples no longer held: dropped by the kernel before the snapshot, or here past `MAX_SAMPLES`. */
+  get samplesDropped(): number {
+    return this._samplesDropped;
+  }
+
+  /** The latest time the kernel has reported, in ns on the backend's clock (the timeline's). */
+  get now(): number {
+    const last = this._samples[this._samples.length - 1];
+    return last ? last.time : 0;
+  }
+
+  /** Ask for the least time between two updates, in ms. */
+  setRate(intervalMs: number): Promise<Result> {
+    return this.send({ type: 'rate', interval_ms: intervalMs });
+  }
+
+  /**
+   * Ask the kernel for the events of [start, end] ns, for a view `width` pixels wide. Resolves with
+   * the answer, or with the command's failed result.
+   */
+  queryTimeline(start: number, end: number, width: number, lanes: number[] | null): Promise<ITimeline | Result> {
+    const seq = this._nextSeq;
+    return new Promise(resolve => {
+      this._timelineWaiters.set(seq, resolve);
+      void this.send({ type: 'timeline', start, end, width, lanes }).then(result => {
+        if (this._timelineWaiters.delete(seq)) {
+          resolve(result); // no answer came: the result says why
+        }
+      });
+    });
   }
 
   /** Follow another notebook's session (or none). */
@@ -128,9 +181,9 @@ export class UvmLabModel {
     await this._openComm(kernel);
   }
 
-  /** Ask the kernel to move an allocation's pages. */
-  prefetch(id: number, location: Location): Promise<Result> {
-    return this.send({ type: 'prefetch', id, location });
+  /** Ask the kernel to move an allocation's pages: all of them, or `pages` from `firstPage` on. */
+  prefetch(id: number, location: Location, firstPage = 0, pages: number | null = null): Promise<Result> {
+    return this.send({ type: 'prefetch', id, location, first_page: firstPage, pages });
   }
 
   /** Set one kind of memory advice on an allocation. */
@@ -242,6 +295,9 @@ export class UvmLabModel {
       case 'removed':
         this._forget(data.ids);
         break;
+      case 'timeline':
+        this._onTimeline(data, buffers);
+        break;
       case 'result':
         this._onResult(data);
         break;
@@ -262,6 +318,9 @@ export class UvmLabModel {
     this._allocations.clear();
     this._store(data.allocations, buffers);
     this._device = data.device;
+    this._samples = [];
+    this._samplesDropped = data.samples_dropped;
+    this._addSamples(data.samples);
     const wasConnected = this._state === 'connected';
     this._setState('connected', this._summary());
     if (!wasConnected && this._paused) {
@@ -274,13 +333,49 @@ export class UvmLabModel {
     this._store(data.allocations, buffers);
     this._device = data.device;
     this._setState('connected', this._summary());
-    this._allocationsChanged.emit(data.allocations.map(a => a.id));
+    if (data.allocations.length) {
+      this._allocationsChanged.emit(data.allocations.map(a => a.id));
+    }
+    this._addSamples(data.samples);
+  }
+
+  private _addSamples(samples: DeviceSample[]): void {
+    this._samples.push(...samples);
+    const extra = this._samples.length - MAX_SAMPLES;
+    if (extra > 0) {
+      this._samples.splice(0, extra);
+      this._samplesDropped += extra;
+    }
+    this._samplesChanged.emit();
+  }
+
+  private _onTimeline(rows: TimelineRows, buffers: (ArrayBuffer | ArrayBufferView)[]): void {
+    const resolve = this._timelineWaiters.get(rows.seq);
+    const columns = timelineColumns(rows, buffers);
+    if (resolve && columns) {
+      this._timelineWaiters.delete(rows.seq);
+      resolve({ rows, columns });
+    }
   }
 
   private _store(infos: AllocationInfo[], buffers: (ArrayBuffer | ArrayBufferView)[]): void {
     infos.forEach((info, i) => {
       const buffer = buffers[i];
-      const cells = buffer ? bufferBytes(buffer).slice() : new Uint8Array(info.cells);
+      const bytes = buffer ? bufferBytes(buffer) : new Uint8Array(0);
+      let cells: Uint8Array;
+      if (info.encoding === 'runs') {
+        // The changed cells, on top of what we hold: a copy, so a view holding the old array keeps it.
+        const held = this._allocations.get(info.id);
+        cells = held && held.cells.length === info.cells ? held.cells.slice() : new Uint8Array(info.cells);
+        if (!held || !applyRuns(cells, bytes)) {
+          // We lost step with the kernel: ask for everything again.
+          console.warn('uvm-lab: a map change did not fit the map held; asking for a snapshot');
+          void this.send({ type: 'hello' });
+          return;
+        }
+      } else {
+        cells = bytes.length === info.cells ? bytes.slice() : new Uint8Array(info.cells);
+      }
       this._allocations.set(info.id, { info, cells, revision: ++this._revision });
     });
   }
@@ -400,6 +495,10 @@ export class UvmLabModel {
   private _device: DeviceInfo | null = null;
   private _allocations = new Map<number, IAllocation>();
   private _pending = new Map<number, (result: Result) => void>();
+  private _timelineWaiters = new Map<number, (answer: ITimeline | Result) => void>();
+  private _samples: DeviceSample[] = [];
+  private _samplesDropped = 0;
+  private _samplesChanged = new Signal<this, void>(this);
   private _nextSeq = 1;
   private _revision = 0;
   private _retries = 0;
@@ -433,6 +532,8 @@ async function subshellOf(kernel: Kernel.IKernelConnection, comm: Kernel.IComm):
   }
 }
 
+/** The device samples a view keeps: ten minutes at ten a second. */
+const MAX_SAMPLES = 6000;
 const SUBSHELL_WAIT_MS = 5000;
 const HELLO_TIMEOUT_MS = 4000;
 const MAX_RETRIES = 3;

@@ -5,9 +5,10 @@
  * one colour everywhere; a unit test on the Python side checks that the two agree. That module's
  * docstring says why these colours: Okabe and Ito's colour-blind safe hues for the processors,
  * a very light grey for "nowhere" (no data) and a dark neutral grey for "unknown" (may hold data).
+ * `CAUSE_PALETTE` colours the timeline's events by cause, from the same module.
  */
 
-import { CategoryName } from './protocol';
+import { CategoryName, CauseName } from './protocol';
 
 export const PALETTE: Readonly<Record<CategoryName, string>> = {
   'nowhere': '#eeeeee',
@@ -21,4 +22,16 @@ export const PALETTE: Readonly<Record<CategoryName, string>> = {
   'gpu:3': '#d55e00',
   'gpu:4': '#f0e442',
   'gpu:5': '#332288'
+};
+
+export const CAUSE_PALETTE: Readonly<Record<CauseName, string>> = {
+  'demand fault': '#d55e00',
+  'prefetch': '#0072b2',
+  'eviction': '#e69f00',
+  'coherence': '#cc79a7',
+  'thrashing': '#000000',
+  'remote map': '#56b4e9',
+  'inferred': '#666666',
+  'allocation': '#009e73',
+  'advice': '#f0e442'
 };

@@ -13,43 +13,28 @@
 import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
+import {
+  COLOURS,
+  GPU_CATEGORIES,
+  LABELS,
+  button,
+  div,
+  drawnCode,
+  formatBytes,
+  legendItems,
+  markPagesDrawn,
+  nonZero,
+  pagesDrawn,
+  shownCategories
+} from './categories';
 import { ConnectionState, IAllocation, UvmLabModel } from './model';
-import { PALETTE } from './palette';
-import { CATEGORY_NAMES, CategoryName, Location, PageCounts, Result } from './protocol';
-
-/** What the legend and the counts call each category. */
-const LABELS: Readonly<Record<CategoryName, string>> = {
-  nowhere: 'Nowhere (not populated)',
-  host: 'Host',
-  both: 'Both (read-duplicated)',
-  unknown: 'Unknown (whether a GPU holds it)',
-  gpus: 'GPUs (several)',
-  'gpu:0': 'GPU 0',
-  'gpu:1': 'GPU 1',
-  'gpu:2': 'GPU 2',
-  'gpu:3': 'GPU 3',
-  'gpu:4': 'GPU 4',
-  'gpu:5': 'GPU 5'
-};
-
-const GPU_CATEGORIES = CATEGORY_NAMES.filter(name => name.startsWith('gpu:'));
-
-/** The order the legend and the counts list categories in: the GPUs, then the host, both, and no known copy. */
-const DISPLAY_ORDER: ReadonlyArray<CategoryName> = [...GPU_CATEGORIES, 'gpus', 'host', 'both', 'unknown', 'nowhere'];
-
-/** Listed on every device, whatever its GPUs. */
-const ALWAYS_SHOWN: ReadonlyArray<CategoryName> = ['host', 'both', 'unknown', 'nowhere'];
-
-/** A code the panel cannot name (a newer kernel's) is drawn as what it is to us: unknown. */
-const UNKNOWN_CODE = CATEGORY_NAMES.indexOf('unknown');
-
-/** Every category's colour as RGBA bytes, by code. */
-const COLOURS = paletteBytes();
+import { CATEGORY_NAMES, CategoryName, Location, Result } from './protocol';
 
 export class UvmLabPanel extends Widget {
-  constructor(model: UvmLabModel) {
+  constructor(model: UvmLabModel, openView?: () => void) {
     super();
     this.model = model;
+    this._openView = openView;
     this.addClass('jp-UvmLab');
     this._build();
     model.stateChanged.connect(this._onStateChanged, this);
@@ -116,6 +101,12 @@ export class UvmLabPanel extends Widget {
     title.textContent = 'UVM Lab';
     this._kernelLine = div('jp-UvmLab-kernel');
     header.append(title, this._kernelLine);
+    if (this._openView) {
+      const open = button('Open the full view', 'jp-UvmLab-openViewButton');
+      open.title = 'Device lanes, timeline, page maps and every control, in the main area';
+      open.addEventListener('click', () => this._openView?.());
+      header.append(open);
+    }
 
     this._notice = div('jp-UvmLab-notice');
     this._noticeText = document.createElement('p');
@@ -244,18 +235,7 @@ export class UvmLabPanel extends Widget {
       return;
     }
     this._legendSpec = spec;
-    this._legend.replaceChildren(
-      ...shown.map(name => {
-        const item = document.createElement('span');
-        item.className = 'jp-UvmLab-legendItem';
-        item.dataset.category = name;
-        const swatch = document.createElement('span');
-        swatch.className = 'jp-UvmLab-swatch';
-        swatch.style.background = PALETTE[name];
-        item.append(swatch, document.createTextNode(LABELS[name]));
-        return item;
-      })
-    );
+    this._legend.replaceChildren(...legendItems(shown));
   }
 
   /** The prefetch destinations: one per GPU of the device, then the host; the choice is kept. */
@@ -347,6 +327,7 @@ export class UvmLabPanel extends Widget {
     return this._selected === null ? undefined : this.model.allocations.get(this._selected);
   }
 
+  private _openView: (() => void) | undefined;
   private _kernelLine!: HTMLElement;
   private _notice!: HTMLElement;
   private _noticeText!: HTMLElement;
@@ -403,8 +384,7 @@ function renderItem(item: HTMLElement, allocation: IAllocation): void {
   data.pages = String(info.pages);
   data.cells = String(cells.length);
   data.cellPages = String(info.cell_pages);
-  // Every category, drawn or not: `data-gpu0-pages`, `data-gpus-pages`, `data-unknown-pages` …
-  CATEGORY_NAMES.forEach((name, code) => (data[`${name.replace(':', '')}Pages`] = String(drawn[code])));
+  markPagesDrawn(map, drawn);
   data.readMostly = String(info.advice.read_mostly);
   data.revision = String(allocation.revision);
   map.setAttribute('role', 'img');
@@ -428,8 +408,7 @@ function renderItem(item: HTMLElement, allocation: IAllocation): void {
 
 /**
  * Paint `cells` (category codes) into `canvas`, one pixel each, row by row, and return how many
- * pages it drew in each category, by code (a cell stands for `cellPages` pages; the last one for
- * what is left).
+ * pages it drew in each category, by code.
  */
 function drawMap(canvas: HTMLCanvasElement, cells: Uint8Array, pages: number, cellPages: number): number[] {
   const n = cells.length;
@@ -440,72 +419,14 @@ function drawMap(canvas: HTMLCanvasElement, cells: Uint8Array, pages: number, ce
     canvas.width = cols;
     canvas.height = rows;
   }
-  const counts = new Array<number>(CATEGORY_NAMES.length).fill(0);
   const ctx = canvas.getContext('2d');
-  const image = ctx ? ctx.createImageData(cols, rows) : null;
-  for (let i = 0; i < n; i++) {
-    const code = cells[i] < CATEGORY_NAMES.length ? cells[i] : UNKNOWN_CODE;
-    counts[code] += i === n - 1 ? pages - cellPages * (n - 1) : cellPages;
-    if (image) {
+  if (ctx) {
+    const image = ctx.createImageData(cols, rows);
+    for (let i = 0; i < n; i++) {
+      const code = drawnCode(cells[i]);
       image.data.set(COLOURS.subarray(4 * code, 4 * code + 4), 4 * i);
     }
-  }
-  if (ctx && image) {
     ctx.putImageData(image, 0, 0);
   }
-  return counts;
-}
-
-/** The categories that hold pages, in display order. */
-function nonZero(counts: PageCounts): CategoryName[] {
-  return DISPLAY_ORDER.filter(name => counts[name] > 0);
-}
-
-/**
- * The categories the legend lists for a device of `deviceCount` GPUs: each GPU, "gpus" where there
- * are two or more, host, both, unknown and nowhere; and any other in `present`. As the dashboard's
- * `shown_categories`.
- */
-function shownCategories(deviceCount: number, present: ReadonlySet<CategoryName>): CategoryName[] {
-  const gpus = Math.min(Math.max(deviceCount, 0), GPU_CATEGORIES.length);
-  const wanted = new Set<CategoryName>([...present, ...GPU_CATEGORIES.slice(0, gpus), ...ALWAYS_SHOWN]);
-  if (gpus > 1) {
-    wanted.add('gpus');
-  }
-  return DISPLAY_ORDER.filter(name => wanted.has(name));
-}
-
-/** `PALETTE` as RGBA bytes, four per category code. */
-function paletteBytes(): Uint8ClampedArray {
-  const bytes = new Uint8ClampedArray(4 * CATEGORY_NAMES.length);
-  CATEGORY_NAMES.forEach((name, code) => {
-    const hex = PALETTE[name];
-    bytes.set([1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16)).concat(255), 4 * code);
-  });
-  return bytes;
-}
-
-export function formatBytes(n: number): string {
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
-  let i = 0;
-  let v = n;
-  while (v >= 1024 && i < units.length - 1) {
-    v /= 1024;
-    i++;
-  }
-  return `${i === 0 ? v : v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)} ${units[i]}`;
-}
-
-function div(className: string): HTMLDivElement {
-  const node = document.createElement('div');
-  node.className = className;
-  return node;
-}
-
-function button(label: string, className: string): HTMLButtonElement {
-  const node = document.createElement('button');
-  node.type = 'button';
-  node.className = `jp-Button jp-mod-styled ${className}`;
-  node.textContent = label;
-  return node;
+  return pagesDrawn(cells, pages, cellPages);
 }

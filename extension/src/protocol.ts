@@ -6,11 +6,77 @@
  * module's docstring for the full story; in short, the panel sends only `Command`s, the kernel
  * answers each with a `Result`, and pushes `Snapshot`, `Update` and `Removed`. Residency comes
  * as binary buffers, the i-th buffer for `allocations[i]`, one byte per page or per cell of
- * `cell_pages` pages: the code of the page's (or most of the cell's pages') category.
+ * `cell_pages` pages: the code of the page's (or most of the cell's pages') category; in an
+ * update, mostly only the runs of cells that changed (`encoding: 'runs'`, `applyRuns`). The
+ * timeline is asked for (`Timeline`) and comes back as binary columns (`TIMELINE_COLUMNS`).
  */
 
 export const COMM_TARGET = 'uvm_lab';
-export const PROTOCOL_VERSION = 2;
+export const PROTOCOL_VERSION = 3;
+
+/** The update interval a view may ask for, in milliseconds: [least, most]. */
+export const RATE_LIMITS_MS = [50, 10000] as const;
+/** The widest timeline a view may ask for, in pixels. */
+export const MAX_WIDTH = 16384;
+/** The most lanes one timeline query may name. */
+export const MAX_LANES = 4096;
+
+/**
+ * Why each event happened, by code, as `uvm_lab.events.causes.CAUSE_NAMES`: the timeline's
+ * `cause` column indexes this list.
+ */
+export const CAUSE_NAMES = [
+  'demand fault',
+  'prefetch',
+  'eviction',
+  'coherence',
+  'thrashing',
+  'remote map',
+  'inferred',
+  'allocation',
+  'advice'
+] as const;
+
+export type CauseName = (typeof CAUSE_NAMES)[number];
+
+/** What each `kind` of an event record is called, as `uvm_lab.events.EventKind`. */
+export const EVENT_KINDS: Readonly<Record<number, string>> = {
+  1: 'HTOD',
+  2: 'DTOH',
+  3: 'CPU_PAGE_FAULT',
+  4: 'GPU_PAGE_FAULT',
+  5: 'THRASHING',
+  6: 'THROTTLING',
+  7: 'REMOTE_MAP',
+  8: 'DTOD',
+  16: 'SEGMENT_ALLOC',
+  17: 'SEGMENT_FREE',
+  18: 'ALLOC',
+  19: 'FREE',
+  20: 'ALLOC_FAILURE',
+  21: 'POOL_GROW',
+  22: 'PREFETCH',
+  23: 'ADVICE',
+  24: 'INVALIDATE',
+  25: 'UNOBSERVED',
+  26: 'RESIDENCY'
+};
+
+/** The timeline's columns, in the order of its buffers, with their types (numpy's spelling). */
+export const TIMELINE_COLUMNS = [
+  ['start', '<f8'],
+  ['end', '<f8'],
+  ['lane', '<f8'],
+  ['kind', 'u1'],
+  ['cause', 'u1'],
+  ['src', '<i2'],
+  ['dst', '<i2'],
+  ['bytes', '<f8'],
+  ['address', '<f8'],
+  ['reach', '<f8'],
+  ['source', '<u4'],
+  ['count', '<u4']
+] as const;
 
 /**
  * The page categories by code, as `uvm_lab.page_states.CATEGORY_NAMES`: a residency byte indexes
@@ -48,6 +114,8 @@ export type Prefetch = {
   seq: number;
   id: number;
   location: Location;
+  first_page: number;
+  pages: number | null;
 };
 
 export type SetAdvice = {
@@ -64,7 +132,22 @@ export type Pause = {
   paused: boolean;
 };
 
-export type Command = Hello | Prefetch | SetAdvice | Pause;
+export type Rate = {
+  type: 'rate';
+  seq: number;
+  interval_ms: number;
+};
+
+export type Timeline = {
+  type: 'timeline';
+  seq: number;
+  start: number;
+  end: number;
+  width: number;
+  lanes: number[] | null;
+};
+
+export type Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline;
 
 // --- kernel -> front end ----------------------------------------------------------------------
 
@@ -89,9 +172,18 @@ export type PageCounts = {
   'gpu:5': number;
 };
 
+/** Faults and bytes moved in an allocation since it was made, in all and per cause (CAUSE_NAMES). */
+export type Traffic = {
+  faults: number;
+  htod_bytes: number;
+  dtoh_bytes: number;
+  by_cause: [number, number, number][];
+};
+
 export type AllocationInfo = {
   id: number;
   label: string;
+  address: number;
   size: number;
   is_managed: boolean;
   advice: AdviceState;
@@ -99,6 +191,9 @@ export type AllocationInfo = {
   cell_pages: number;
   cells: number;
   counts: PageCounts;
+  encoding: 'cells' | 'runs';
+  traffic: Traffic;
+  requested: string | null;
 };
 
 export type DeviceInfo = {
@@ -108,6 +203,19 @@ export type DeviceInfo = {
   total: number;
 };
 
+/** One update interval of the device lanes, stamped on the backend's clock (the timeline's). */
+export type DeviceSample = {
+  time: number;
+  used: number;
+  total: number;
+  allocated: number;
+  htod_bytes: number;
+  dtoh_bytes: number;
+  gpu_faults: number;
+  cpu_faults: number;
+  evicted_bytes: number;
+};
+
 export type Snapshot = {
   type: 'snapshot';
   version: number;
@@ -115,17 +223,37 @@ export type Snapshot = {
   cell_limit: number;
   device: DeviceInfo;
   allocations: AllocationInfo[];
+  samples: DeviceSample[];
+  samples_dropped: number;
 };
 
 export type Update = {
   type: 'update';
   device: DeviceInfo;
   allocations: AllocationInfo[];
+  samples: DeviceSample[];
 };
 
 export type Removed = {
   type: 'removed';
   ids: number[];
+};
+
+export type TimelineRows = {
+  type: 'timeline';
+  seq: number;
+  start: number;
+  end: number;
+  width: number;
+  columns: string[];
+  rows: number;
+  events: number;
+  held: number;
+  dropped: number;
+  truncated: number;
+  first: number;
+  last: number;
+  sources: Record<string, string>;
 };
 
 export type ErrorInfo = {
@@ -141,7 +269,7 @@ export type Result = {
   error: ErrorInfo | null;
 };
 
-export type KernelMessage = Snapshot | Update | Removed | Result;
+export type KernelMessage = Snapshot | Update | Removed | TimelineRows | Result;
 
 /** Narrow an incoming comm payload to a kernel message, or undefined for anything else. */
 export function asKernelMessage(data: unknown): KernelMessage | undefined {
@@ -153,6 +281,7 @@ export function asKernelMessage(data: unknown): KernelMessage | undefined {
     case 'snapshot':
     case 'update':
     case 'removed':
+    case 'timeline':
     case 'result':
       return data as KernelMessage;
     default:
@@ -167,3 +296,85 @@ export function bufferBytes(buffer: ArrayBuffer | ArrayBufferView): Uint8Array {
   }
   return new Uint8Array(buffer.buffer, buffer.byteOffset, buffer.byteLength);
 }
+
+/**
+ * `cells` with a `'runs'` buffer's changes applied, in place. Layout (little-endian, as
+ * `uvm_lab.jupyter.protocol.encode_runs` writes it): uint32 n; n uint32 starts; n uint32
+ * lengths; then each run's cells. Returns false, changing nothing, for a buffer that does not fit.
+ */
+export function applyRuns(cells: Uint8Array, runs: Uint8Array): boolean {
+  if (runs.byteLength < 4) {
+    return false;
+  }
+  const view = new DataView(runs.buffer, runs.byteOffset, runs.byteLength);
+  const n = view.getUint32(0, true);
+  const body = 4 + 8 * n;
+  if (runs.byteLength < body) {
+    return false;
+  }
+  let total = 0;
+  for (let i = 0; i < n; i++) {
+    const start = view.getUint32(4 + 4 * i, true);
+    const length = view.getUint32(4 + 4 * (n + i), true);
+    if (start + length > cells.length) {
+      return false;
+    }
+    total += length;
+  }
+  if (body + total !== runs.byteLength) {
+    return false;
+  }
+  let at = body;
+  for (let i = 0; i < n; i++) {
+    const start = view.getUint32(4 + 4 * i, true);
+    const length = view.getUint32(4 + 4 * (n + i), true);
+    cells.set(runs.subarray(at, at + length), start);
+    at += length;
+  }
+  return true;
+}
+
+/** The timeline's columns, by name, as typed arrays over the comm's buffers. */
+export interface ITimelineColumns {
+  start: Float64Array;
+  end: Float64Array;
+  lane: Float64Array;
+  kind: Uint8Array;
+  cause: Uint8Array;
+  src: Int16Array;
+  dst: Int16Array;
+  bytes: Float64Array;
+  address: Float64Array;
+  reach: Float64Array;
+  source: Uint32Array;
+  count: Uint32Array;
+}
+
+/** Read a `timeline` answer's buffers as columns; undefined if they do not match `TIMELINE_COLUMNS`. */
+export function timelineColumns(
+  rows: TimelineRows,
+  buffers: (ArrayBuffer | ArrayBufferView)[]
+): ITimelineColumns | undefined {
+  if (buffers.length !== TIMELINE_COLUMNS.length) {
+    return undefined;
+  }
+  const out: Record<string, ArrayBufferView> = {};
+  for (let i = 0; i < TIMELINE_COLUMNS.length; i++) {
+    const [name, dtype] = TIMELINE_COLUMNS[i];
+    // A copy: the typed array needs its own aligned buffer.
+    const bytes = bufferBytes(buffers[i]).slice();
+    const array = TYPED[dtype](bytes.buffer);
+    if (array.length !== rows.rows) {
+      return undefined;
+    }
+    out[name] = array;
+  }
+  return out as unknown as ITimelineColumns;
+}
+
+const TYPED: Record<(typeof TIMELINE_COLUMNS)[number][1], (b: ArrayBuffer) => ArrayBufferView & { length: number }> = {
+  '<f8': b => new Float64Array(b),
+  u1: b => new Uint8Array(b),
+  '<i2': b => new Int16Array(b),
+  '<u4': b => new Uint32Array(b)
+};

@@ -1,7 +1,6 @@
 """The UVM Lab panel in a real JupyterLab, in a real Chromium, against a real kernel.
 
-A JupyterLab server starts on a free localhost port with a token, in a temporary root holding a
-notebook written here; Debian's Chromium (never a downloaded one) is driven by Playwright. The test
+The JupyterLab server and Chromium are the session's (``conftest.py``); the notebook is written here. The test
 opens the panel before the kernel has loaded uvm_lab (the panel says so), runs the notebook's first
 cell (``%load_ext uvm_lab``, allocate, prefetch to the GPU), and checks the map against the kernel:
 what is drawn, per page category (the map's ``data-*-pages`` attributes), what a cell prints from
@@ -12,36 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
-from pathlib import Path
 
 import pytest
 
 from uvm_lab.jupyter.palette import PALETTE
 from uvm_lab.page_states import CATEGORY_NAMES
 
+from .lab import ARTIFACTS, WAIT_MS, open_notebook, run_cell, write_notebook
+
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-REPO = Path(__file__).resolve().parents[2]
-LABEXTENSION = REPO / "uvm_lab" / "labextension"
-# Beside the failure screenshot, never over the README's picture: tests do not write tracked files.
-SCREENSHOT = REPO / "test-artifacts" / "panel.png"
-WAIT_MS = 30_000  # any one thing the page must do
+SCREENSHOT = ARTIFACTS / "panel.png"
 PAGES = 64 * 1024 * 1024 // 4096  # the "weights" buffer below
 
 SETUP = """\
@@ -72,127 +53,13 @@ for i in range(24):
     time.sleep(0.25)
 print("looped")"""
 
-pytestmark.append(pytest.mark.skipif(not CHROMIUM.exists(), reason=f"Debian's Chromium is not at {CHROMIUM} "
-                                     "(apt-get install chromium); the test never downloads a browser"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
-
-
-def _notebook(path: Path) -> None:
-    cells = [SETUP, STATE, READ_ON_GPU, LOOP]
-    path.write_text(json.dumps({
-        "nbformat": 4, "nbformat_minor": 5,
-        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
-        "cells": [{"cell_type": "code", "id": f"cell{i}", "metadata": {}, "execution_count": None, "outputs": [],
-                   "source": source} for i, source in enumerate(cells)],
-    }))
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    """A JupyterLab server that loads this checkout's built extension; yields (url, token, root)."""
-    if not (LABEXTENSION / "package.json").exists():
-        pytest.fail(f"the lab extension is not built at {LABEXTENSION.relative_to(REPO)}: run "
-                    "`pip install -e .` (or `cd extension && jlpm install && jlpm build`) first")
-    base = tmp_path_factory.mktemp("lab")
-    root, data = base / "root", base / "data"
-    root.mkdir()
-    (data / "labextensions").mkdir(parents=True)
-    # This checkout's build, found first on JUPYTER_PATH, whatever else is installed.
-    (data / "labextensions" / "uvm-lab").symlink_to(LABEXTENSION, target_is_directory=True)
-    _notebook(root / "uvm.ipynb")
-    # No news or update questions over the page: this machine has no internet, and they cover the panel.
-    settings = base / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    port, token = _free_port(), "uvm-lab-browser-test"
-    env = {
-        **os.environ,
-        "JUPYTER_PATH": str(data),
-        "JUPYTER_CONFIG_DIR": str(base / "config"),
-        "JUPYTER_DATA_DIR": str(base / "userdata"),
-        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
-        "IPYTHONDIR": str(base / "ipython"),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
-    }
-    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-           f"--LabApp.user_settings_dir={base / 'settings'}", f"--LabApp.workspaces_dir={base / 'workspaces'}",
-           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-           "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True"]
-    log = (base / "server.log").open("w")
-    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            if server.poll() is not None:
-                pytest.fail(f"jupyter lab exited with {server.returncode}:\n{(base / 'server.log').read_text()}")
-            if _answers(f"{url}/api/status?token={token}"):
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"jupyter lab did not answer in 90 s:\n{(base / 'server.log').read_text()}")
-            time.sleep(0.25)
-        yield url, token, root
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(timeout=5)
-        log.close()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError as err:
-        pytest.fail(f"the browser test needs Playwright for Python (pip install 'uvm_lab[test]'): {err}")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, timeout=60_000)
-        yield browser
-        browser.close()
-
-
-def _run_cell(page, index: int, expect: str) -> str:
-    """Run one cell from the UI (click into it, Ctrl+Enter); return its output once this run has printed ``expect``."""
-    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(index)
-    prompt = cell.locator(".jp-InputPrompt")
-    before = prompt.inner_text()
-    cell.locator(".jp-InputArea-editor").click()
-    page.keyboard.press("Control+Enter")
-    # A re-run shows its old output until it finishes: wait for a new execution count first.
-    page.wait_for_function(
-        "([el, before]) => el.textContent !== before && /\\[\\d+\\]/.test(el.textContent)",
-        arg=[prompt.element_handle(), before], timeout=WAIT_MS)
-    output = cell.locator(".jp-OutputArea-output")
-    output.filter(has_text=expect).first.wait_for(timeout=WAIT_MS)
-    return "\n".join(output.all_inner_texts())
-
-
 NO_PAGES = dict.fromkeys(CATEGORY_NAMES, 0)
 
 
 def _kernel_state(page) -> dict:
     """What the kernel says, printed by a cell: ``ul.residency(b)``'s pages per category and ``b.read_mostly``,
     per buffer."""
-    text = _run_cell(page, 1, "STATE")
+    text = run_cell(page, "uvm.ipynb", 1, "STATE")
     return json.loads(re.search(r"STATE (\{.*\})", text).group(1))
 
 
@@ -214,15 +81,14 @@ def _wait_for_map(page, label: str, **attrs: str) -> dict:
 
 
 def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, browser):
-    url, token, _ = lab
+    url, token, root = lab
+    write_notebook(root / "uvm.ipynb", [SETUP, STATE, READ_ON_GPU, LOOP])
     context = browser.new_context(viewport={"width": 1280, "height": 860}, device_scale_factor=1)
     page = context.new_page()
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "uvm" in m.text.lower() else None)
     try:
-        page.goto(f"{url}/lab/tree/uvm.ipynb?token={token}", timeout=60_000)
-        page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=60_000)
-        page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']").wait_for(timeout=60_000)
+        open_notebook(page, url, token, "uvm.ipynb")
 
         # The panel, opened from the left sidebar before the kernel has loaded uvm_lab, says so.
         tab = page.locator('.jp-SideBar .lm-TabBar-tab[data-id="uvm-lab"]')
@@ -235,7 +101,7 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
         assert notice.get_by_role("button", name="Retry").is_visible()
 
         # Running the cell that loads it attaches the panel (it retries after each execution).
-        assert "ready" in _run_cell(page, 0, "ready")
+        assert "ready" in run_cell(page, "uvm.ipynb", 0, "ready")
         drawn = _wait_for_map(page, "weights", **{"gpu0-pages": PAGES})
         assert notice.is_hidden()
         assert drawn["pages"] == drawn["cells"] == str(PAGES) and drawn["cellPages"] == "1"
@@ -278,7 +144,7 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
         assert _kernel_state(page)["weights"]["read_mostly"] is True
 
         # A cell that reads it on the GPU now duplicates the pages; the map follows on its own.
-        _run_cell(page, 2, "touched")
+        run_cell(page, "uvm.ipynb", 2, "touched")
         drawn = _wait_for_map(page, "weights", **{"both-pages": PAGES})
         assert _kernel_state(page)["weights"] == {**NO_PAGES, "both": PAGES, "read_mostly": True}
         assert _drawn(drawn) == {**NO_PAGES, "both": PAGES}
@@ -323,13 +189,13 @@ def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, brow
         page.locator(".jp-Dialog-button.jp-mod-accept").click()
         notice.filter(has_text="%load_ext uvm_lab").wait_for(state="visible", timeout=WAIT_MS)
         assert page.locator(".jp-UvmLab-map").count() == 0
-        _run_cell(page, 0, "ready")
+        run_cell(page, "uvm.ipynb", 0, "ready")
         drawn = _wait_for_map(page, "weights", **{"gpu0-pages": PAGES})
         assert drawn["readMostly"] == "false"
         assert errors == []
     except Exception:
         with contextlib.suppress(Exception):
-            failure = REPO / "test-artifacts" / "browser-failure.png"
+            failure = ARTIFACTS / "panel-failure.png"
             failure.parent.mkdir(exist_ok=True)
             page.screenshot(path=str(failure), full_page=True)
         raise

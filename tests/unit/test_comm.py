@@ -13,7 +13,9 @@ import pytest
 import uvm_lab as ul
 from uvm_lab.jupyter import comm as lab_comm
 from uvm_lab.jupyter.comm import PanelSession, register_comm_target
-from uvm_lab.jupyter.protocol import CELL_LIMIT
+from uvm_lab.jupyter.dashboard import collect
+from uvm_lab.jupyter.protocol import CELL_LIMIT, apply_runs
+from uvm_lab.jupyter.timeline import DeviceSeries, EventWindow
 from uvm_lab.page_states import CATEGORY_NAMES, categories
 
 PAGE = 4096
@@ -71,7 +73,8 @@ def device():
 
 @pytest.fixture
 def session(device):
-    s = PanelSession(RecordingComm(), start=False)
+    # Its own timeline and device series, unfed and on a stopped clock: the maps are all these tests watch.
+    s = PanelSession(RecordingComm(), start=False, timeline=(EventWindow(), DeviceSeries(clock=lambda: 0.0)))
     yield s
     s.close()
 
@@ -85,6 +88,17 @@ def exact_counts(buf):
     """``ul.residency(buf)``'s pages per category, every category."""
     codes = ul.residency(buf).categories()
     return {name: int((codes == code).sum()) for code, name in enumerate(CATEGORY_NAMES)}
+
+
+def held_by_view(updates, buf, cells):
+    """``buf``'s map as a view holds it after ``updates``, starting from ``cells`` (its changes applied)."""
+    held = np.frombuffer(cells, np.uint8)
+    for data, buffers in updates:
+        for info, payload in zip(data["allocations"], buffers, strict=True):
+            if info["id"] == buf.id:
+                payload = np.frombuffer(payload, np.uint8)
+                held = apply_runs(held, payload) if info["encoding"] == "runs" else payload
+    return held.tobytes()
 
 
 def allocation(message, buf):
@@ -103,7 +117,7 @@ def test_hello_sends_a_snapshot_with_binary_residency_matching_ul_residency(sess
     (snapshot, buffers), (result, _) = session.comm.messages
     assert result == {"type": "result", "seq": 1, "command": "hello", "ok": True, "error": None}
     assert snapshot["type"] == "snapshot"
-    assert snapshot["version"] == 2 and snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
+    assert snapshot["version"] == 3 and snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
     assert snapshot["device"] == {"backend": "sim", "device_count": 1, "free": device.mem_info()[0], "total": 1 << 30}
     assert [x["id"] for x in snapshot["allocations"]] == [a.id, b.id]
     assert len(buffers) == 2
@@ -141,7 +155,8 @@ def test_prefetch_changes_the_buffer_and_the_update_follows_before_the_result(se
     session.handle({"type": "hello", "seq": 1})
     session.comm.clear()
 
-    result = session.handle({"type": "prefetch", "seq": 2, "id": buf.id, "location": "gpu"})
+    result = session.handle({"type": "prefetch", "seq": 2, "id": buf.id, "location": "gpu",
+                             "first_page": 0, "pages": None})
     assert result["ok"] is True
     assert ul.residency(buf).counts()["gpu"] == 1024
     (update, buffers), (sent_result, _) = session.comm.messages
@@ -150,7 +165,7 @@ def test_prefetch_changes_the_buffer_and_the_update_follows_before_the_result(se
     assert buffers[0] == drawn(buf) == bytes([GPU0]) * 1024
 
     session.comm.clear()
-    session.handle({"type": "prefetch", "seq": 3, "id": buf.id, "location": "host"})
+    session.handle({"type": "prefetch", "seq": 3, "id": buf.id, "location": "host", "first_page": 0, "pages": None})
     assert ul.residency(buf).counts()["host"] == 1024
     update, buffers = session.comm.of_type("update")[0]
     assert buffers[0] == drawn(buf) == bytes([HOST]) * 1024
@@ -162,7 +177,8 @@ def test_prefetch_to_a_named_gpu(session, device):
     buf.prefetch("host")
     session.handle({"type": "hello", "seq": 1})
     session.comm.clear()
-    result = session.handle({"type": "prefetch", "seq": 2, "id": buf.id, "location": "gpu:0"})
+    result = session.handle({"type": "prefetch", "seq": 2, "id": buf.id, "location": "gpu:0",
+                             "first_page": 0, "pages": None})
     assert result["ok"] is True
     assert ul.residency(buf).copies() == {"gpu:0": 256}
     update, buffers = session.comm.of_type("update")[0]
@@ -178,13 +194,13 @@ def test_every_category_travels_apart_with_exact_counts(session, device, monkeyp
     buf = ul.DeviceBuffer(size="40KiB", label="mixed")  # ten pages
     #                  nowhere host gpu:0 gpu:1 host+gpu:0 host+gpu:1 unknown host+unknown gpu:0+gpu:1 gpu:1
     states = np.array([0, 1, 2, 4, 3, 5, 0x80, 0x81, 6, 4], dtype=np.uint8)
-    real = lab_comm.describe_buffer
+    real = collect.describe_buffer
 
     def describe(b):
         plain = real(b)
         return {**plain, "states": states} if b.id == buf.id else plain
 
-    monkeypatch.setattr(lab_comm, "describe_buffer", describe)
+    monkeypatch.setattr(collect, "describe_buffer", describe)
     session.handle({"type": "hello", "seq": 1})
     info, cells = allocation(session.comm.of_type("snapshot")[0], buf)
     assert cells == bytes([NOWHERE, HOST, GPU0, GPU1, BOTH, BOTH, UNKNOWN, UNKNOWN, GPUS, GPU1])
@@ -230,16 +246,21 @@ def test_advice_commands_go_through_the_buffer_properties(session, device):
 @pytest.mark.parametrize(
     ("command", "error_type", "mentions"),
     [
-        ({"type": "prefetch", "seq": 5, "id": 999_999, "location": "gpu"}, "InvalidArgumentError", "no live buffer"),
+        ({"type": "prefetch", "seq": 5, "id": 999_999, "location": "gpu",
+          "first_page": 0, "pages": None}, "InvalidArgumentError", "no live buffer"),
         ({"type": "set_advice", "seq": 5, "id": 999_999, "advice": "read_mostly", "value": True},
          "InvalidArgumentError", "999999"),
         ({"type": "set_advice", "seq": 5, "id": "ID", "advice": "preferred_location", "value": "gpu:3"},
          "InvalidLocationError", "gpu:3"),
-        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "nowhere"}, "ProtocolError", "nowhere"),
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "nowhere",
+          "first_page": 0, "pages": None}, "ProtocolError", "nowhere"),
         # A well-formed GPU the simulated device does not have: the backend's typed answer.
-        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:1"}, "InvalidLocationError", "'gpu:1'"),
-        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:x"}, "ProtocolError", "'gpu:x'"),
-        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:-1"}, "ProtocolError", "'gpu:-1'"),
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:1",
+          "first_page": 0, "pages": None}, "InvalidLocationError", "'gpu:1'"),
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:x",
+          "first_page": 0, "pages": None}, "ProtocolError", "'gpu:x'"),
+        ({"type": "prefetch", "seq": 5, "id": "ID", "location": "gpu:-1",
+          "first_page": 0, "pages": None}, "ProtocolError", "'gpu:-1'"),
     ],
 )
 def test_errors_come_back_as_results_and_the_comm_lives_on(session, device, command, error_type, mentions):
@@ -252,7 +273,8 @@ def test_errors_come_back_as_results_and_the_comm_lives_on(session, device, comm
     assert mentions in result["error"]["message"]
     assert not session.closed and not session.comm.closed
 
-    session.comm.deliver({"type": "prefetch", "seq": 6, "id": buf.id, "location": "gpu"})
+    session.comm.deliver({"type": "prefetch", "seq": 6, "id": buf.id, "location": "gpu",
+                          "first_page": 0, "pages": None})
     assert session.comm.of_type("result")[-1][0]["ok"] is True
     assert ul.residency(buf).counts()["gpu"] == 256
 
@@ -266,7 +288,8 @@ def test_a_closed_buffer_is_reported_removed(session, device):
     assert session.flush() is True
     assert [d for d, _ in session.comm.messages] == [{"type": "removed", "ids": [drop.id]}]
     session.comm.clear()
-    result = session.handle({"type": "prefetch", "seq": 2, "id": drop.id, "location": "gpu"})
+    result = session.handle({"type": "prefetch", "seq": 2, "id": drop.id, "location": "gpu",
+                             "first_page": 0, "pages": None})
     assert result["error"]["type"] == "InvalidArgumentError"
     session.comm.clear()
     keep.prefetch("gpu")
@@ -330,9 +353,8 @@ def test_zero_size_buffers_are_not_listed(session, device):
 
 def _failing_once(monkeypatch, error: Exception) -> list:
     """Make describing an allocation fail once, as a send or a read can; returns the calls made."""
-    import uvm_lab.jupyter.comm as comm_module
 
-    real, calls = comm_module.describe_buffer, []
+    real, calls = collect.describe_buffer, []
 
     def describe(buf):
         calls.append(buf.id)
@@ -340,7 +362,7 @@ def _failing_once(monkeypatch, error: Exception) -> list:
             raise error
         return real(buf)
 
-    monkeypatch.setattr(comm_module, "describe_buffer", describe)
+    monkeypatch.setattr(collect, "describe_buffer", describe)
     return calls
 
 
@@ -360,11 +382,10 @@ def test_a_failed_update_is_sent_by_the_next_flush_without_new_events(session, d
 
 
 def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
-    import uvm_lab.jupyter.comm as comm_module
 
     comm = RecordingComm()
     session = PanelSession(comm, interval=0.02)
-    real, broken, calls = comm_module.describe_buffer, threading.Event(), []
+    real, broken, calls = collect.describe_buffer, threading.Event(), []
 
     def describe(buf):
         calls.append(buf.id)
@@ -376,7 +397,7 @@ def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
         buf = ul.DeviceBuffer(size="2MiB")
         session.handle({"type": "hello", "seq": 1})
         comm.clear()
-        monkeypatch.setattr(comm_module, "describe_buffer", describe)
+        monkeypatch.setattr(collect, "describe_buffer", describe)
         broken.set()
         buf.prefetch("gpu")                 # the last event there is: every flush fails while broken
         deadline = time.monotonic() + 5
@@ -400,6 +421,7 @@ def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
     try:
         buf = ul.DeviceBuffer(size="8MiB")
         session.handle({"type": "hello", "seq": 1})
+        before = drawn(buf)
         comm.clear()
         # A "cell": 40 migrations in quick succession on this (main) thread.
         start = time.monotonic()
@@ -409,8 +431,7 @@ def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
         buf.prefetch("gpu")
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline:
-            updates = comm.of_type("update")
-            if updates and updates[-1][1] == [drawn(buf)]:
+            if held_by_view(comm.of_type("update"), buf, before) == drawn(buf):
                 break
             time.sleep(0.01)
         # Updates go on until the last one lands, which on a loaded machine can be well after the cell: the
@@ -418,7 +439,7 @@ def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
         elapsed = time.monotonic() - start
         updates = comm.of_type("update")
         assert updates, "no update came while the cell ran"
-        assert updates[-1][1] == [drawn(buf)] == [bytes([GPU0]) * 2048]
+        assert held_by_view(updates, buf, before) == drawn(buf) == bytes([GPU0]) * 2048
         # Coalesced and throttled: far fewer updates than migrations, at most ~1 per interval.
         assert len(updates) <= elapsed / interval + 3
         assert len(updates) < 41
@@ -471,7 +492,8 @@ def test_commands_from_several_threads_at_once(device):
         try:
             for i in range(n):
                 where = "gpu" if i % 2 else "host"
-                r = session.handle({"type": "prefetch", "seq": i, "id": buf.id, "location": where})
+                r = session.handle({"type": "prefetch", "seq": i, "id": buf.id, "location": where,
+                                    "first_page": 0, "pages": None})
                 if not r["ok"]:
                     errors.append(r)
                 session.handle({"type": "set_advice", "seq": i, "id": buf.id, "advice": "read_mostly",
@@ -561,3 +583,25 @@ def test_a_bad_open_message_is_answered_not_raised(device, monkeypatch):
     for s in lab_comm.sessions():
         if s.comm is comm:
             s.close()
+
+
+def test_an_update_describes_again_only_the_allocations_whose_pages_changed(session, device, monkeypatch):
+    # At 1,000 allocations and 16 M pages an update must cost what the loop changed: the residency tracker's
+    # journal names the buffers to read again, and only those are.
+    buffers = [ul.DeviceBuffer(size="1MiB", label=f"b{i}") for i in range(5)]
+    session.handle({"type": "hello", "seq": 1})
+    real, described = collect.describe_buffer, []
+
+    def describe(buf):
+        described.append(buf.label)
+        return real(buf)
+
+    monkeypatch.setattr(collect, "describe_buffer", describe)
+    ul.touch(buffers[3], on="gpu", mode="write", size="64KiB")
+    session.comm.clear()
+    assert session.flush() is True
+    assert described == ["b3"]
+    (update, _), = session.comm.of_type("update")
+    assert [a["label"] for a in update["allocations"]] == ["b3"]
+    described.clear()
+    assert session.flush() is False and described == []     # nothing changed since: nothing read

@@ -18,7 +18,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import uvm_lab as ul
 from uvm_lab.jupyter import load_ipython_extension, unload_ipython_extension
-from uvm_lab.jupyter.magics import UvmMagics
+from uvm_lab.jupyter.magics import VIEW_MIME_TYPE, UvmMagics
 
 
 @pytest.fixture
@@ -260,6 +260,17 @@ def test_tracing_on_the_simulator_explains_and_starts_nothing(shell, capsys):
 def test_tracing_refuses_bad_input(shell, line, message):
     with pytest.raises(UsageError, match=message):
         shell.run_line_magic("uvm", line)
+
+
+def test_view_magic_outputs_the_bundle_the_lab_extension_opens(shell, monkeypatch):
+    shown = []
+    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: shown.append((objs, kw)))
+    shell.run_line_magic("uvm", "view")
+    ((bundle,), kw), = shown
+    assert kw == {"raw": True}
+    assert set(bundle) == {VIEW_MIME_TYPE, "text/plain"} and "Open the UVM Lab View" in bundle["text/plain"]
+    index_ts = (Path(__file__).resolve().parents[2] / "extension" / "src" / "index.ts").read_text()
+    assert f"const VIEW_MIME_TYPE = '{VIEW_MIME_TYPE}';" in index_ts     # the twin the extension renders
 
 
 def test_events_name_the_cell_and_line_that_caused_them(shell):

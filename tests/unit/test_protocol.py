@@ -13,9 +13,11 @@ import pytest
 
 import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError, ProtocolError
+from uvm_lab.events import EventKind
+from uvm_lab.events.causes import CAUSE_NAMES
 from uvm_lab.jupyter import protocol
 from uvm_lab.jupyter.comm import PanelSession
-from uvm_lab.jupyter.palette import PALETTE
+from uvm_lab.jupyter.palette import CAUSE_PALETTE, PALETTE
 from uvm_lab.jupyter.protocol import CELL_LIMIT, pack_states, parse_command
 from uvm_lab.page_states import CATEGORY_NAMES
 
@@ -25,11 +27,13 @@ PALETTE_TS = REPO / "extension" / "src" / "palette.ts"
 
 VALID = [
     ({"type": "hello", "seq": 0}, {"type": "hello", "seq": 0}),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu"}, None),
-    ({"type": "prefetch", "seq": 2, "id": 7, "location": "host"}, None),
-    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:0"}, None),
-    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:1"}, None),
-    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:999"}, None),  # whether it exists: the backend's call
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu", "first_page": 0, "pages": None}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "host", "first_page": 0, "pages": None}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "host", "first_page": 3, "pages": 5}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:0", "first_page": 0, "pages": None}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:1", "first_page": 0, "pages": None}, None),
+    ({"type": "prefetch", "seq": 2, "id": 7, "location": "gpu:999",
+      "first_page": 0, "pages": None}, None),  # whether it exists: the backend's call
     ({"type": "set_advice", "seq": 3, "id": 7, "advice": "read_mostly", "value": True}, None),
     ({"type": "set_advice", "seq": 3, "id": 7, "advice": "read_mostly", "value": False}, None),
     ({"type": "set_advice", "seq": 4, "id": 7, "advice": "preferred_location", "value": "gpu:0"}, None),
@@ -39,6 +43,12 @@ VALID = [
     ({"type": "set_advice", "seq": 5, "id": 7, "advice": "accessed_by", "value": []}, None),
     ({"type": "pause", "seq": 6, "paused": True}, None),
     ({"type": "pause", "seq": 2**53 - 1, "paused": False}, None),
+    ({"type": "rate", "seq": 7, "interval_ms": 50}, None),
+    ({"type": "rate", "seq": 7, "interval_ms": 10_000}, None),
+    ({"type": "timeline", "seq": 8, "start": 0, "end": 1, "width": 1, "lanes": None}, None),
+    ({"type": "timeline", "seq": 8, "start": 10**12, "end": 2**53 - 1, "width": 16384, "lanes": []}, None),
+    ({"type": "timeline", "seq": 8, "start": 5, "end": 9, "width": 800, "lanes": [0, 3, 2]},
+     {"type": "timeline", "seq": 8, "start": 5, "end": 9, "width": 800, "lanes": [0, 2, 3]}),  # sorted
 ]
 
 
@@ -63,42 +73,51 @@ MALFORMED = [
     ({"seq": 1}, "unknown command type None"),
     ({"type": 3, "seq": 1}, "unknown command type 3"),
     ({"type": "exec", "seq": 1, "code": "import os"}, "unknown command type 'exec'"),
-    ({"type": "__import__", "seq": 1}, "the commands are hello, prefetch, set_advice, pause"),
+    ({"type": "__import__", "seq": 1}, "the commands are hello, prefetch, set_advice, pause, rate, timeline"),
     ({"type": "Hello", "seq": 1}, "unknown command type 'Hello'"),
     ({"type": "hello"}, "missing field 'seq'"),
-    ({"type": "prefetch", "seq": 1, "id": 1}, "missing field 'location'"),
+    ({"type": "prefetch", "seq": 1, "id": 1}, "missing fields 'location', 'first_page', 'pages'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu", "first_page": -1, "pages": None},
+     "first_page must be a whole number from 0"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu", "first_page": "0", "pages": None}, "got '0'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu", "first_page": 0, "pages": 0},
+     "pages must be a whole number from 1 to 2**53-1, got 0"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu", "first_page": 0, "pages": 2.0}, "got 2.0"),
     ({"type": "prefetch", "seq": 1}, "missing fields 'id', 'location'"),
     ({"type": "set_advice", "seq": 1, "id": 1, "advice": "read_mostly"}, "missing field 'value'"),
     ({"type": "pause", "seq": 1}, "missing field 'paused'"),
     ({"type": "hello", "seq": 1, "extra": 0}, "unexpected field 'extra'"),
-    ({"type": "prefetch", "seq": 1, "id": 1, "location": "gpu", "stream": 0}, "unexpected field 'stream'"),
+    ({"type": "prefetch", "seq": 1, "id": 1, "location": "gpu", "stream": 0,
+      "first_page": 0, "pages": None}, "unexpected field 'stream'"),
     ({"type": "pause", "seq": 1, "paused": True, "a": 1, "b": 2}, "unexpected fields 'a', 'b'"),
     ({"type": "hello", "seq": -1}, "seq must be a whole number"),
     ({"type": "hello", "seq": 1.0}, "got 1.0"),
     ({"type": "hello", "seq": "1"}, "got '1'"),
     ({"type": "hello", "seq": True}, "got True"),
     ({"type": "hello", "seq": 2**53}, "seq must be a whole number"),
-    ({"type": "prefetch", "seq": 1, "id": 0, "location": "gpu"}, "id must be a whole number from 1"),
-    ({"type": "prefetch", "seq": 1, "id": -3, "location": "gpu"}, "got -3"),
-    ({"type": "prefetch", "seq": 1, "id": "7", "location": "gpu"}, "got '7'"),
-    ({"type": "prefetch", "seq": 1, "id": 7.0, "location": "gpu"}, "got 7.0"),
-    ({"type": "prefetch", "seq": 1, "id": None, "location": "gpu"}, "got None"),
-    ({"type": "prefetch", "seq": 1, "id": False, "location": "gpu"}, "got False"),
-    ({"type": "prefetch", "seq": 1, "id": [7], "location": "gpu"}, "got [7]"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "tpu"},
+    ({"type": "prefetch", "seq": 1, "id": 0, "location": "gpu",
+      "first_page": 0, "pages": None}, "id must be a whole number from 1"),
+    ({"type": "prefetch", "seq": 1, "id": -3, "location": "gpu", "first_page": 0, "pages": None}, "got -3"),
+    ({"type": "prefetch", "seq": 1, "id": "7", "location": "gpu", "first_page": 0, "pages": None}, "got '7'"),
+    ({"type": "prefetch", "seq": 1, "id": 7.0, "location": "gpu", "first_page": 0, "pages": None}, "got 7.0"),
+    ({"type": "prefetch", "seq": 1, "id": None, "location": "gpu", "first_page": 0, "pages": None}, "got None"),
+    ({"type": "prefetch", "seq": 1, "id": False, "location": "gpu", "first_page": 0, "pages": None}, "got False"),
+    ({"type": "prefetch", "seq": 1, "id": [7], "location": "gpu", "first_page": 0, "pages": None}, "got [7]"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "tpu", "first_page": 0, "pages": None},
      'prefetch location must be "host", "gpu" or "gpu:N", got \'tpu\''),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "GPU"}, "got 'GPU'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:x"}, "prefetch location must be"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:x"}, "got 'gpu:x'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:-1"}, "got 'gpu:-1'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:"}, "got 'gpu:'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1 "}, "got 'gpu:1 '"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1\n"}, "got 'gpu:1\\n'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1000"}, "got 'gpu:1000'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": "nowhere"}, "got 'nowhere'"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": None}, "got None"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": 0}, "got 0"),
-    ({"type": "prefetch", "seq": 1, "id": 7, "location": ["gpu"]}, "got ['gpu']"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "GPU", "first_page": 0, "pages": None}, "got 'GPU'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:x",
+      "first_page": 0, "pages": None}, "prefetch location must be"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:x", "first_page": 0, "pages": None}, "got 'gpu:x'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:-1", "first_page": 0, "pages": None}, "got 'gpu:-1'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:", "first_page": 0, "pages": None}, "got 'gpu:'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1 ", "first_page": 0, "pages": None}, "got 'gpu:1 '"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1\n", "first_page": 0, "pages": None}, "got 'gpu:1\\n'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu:1000", "first_page": 0, "pages": None}, "got 'gpu:1000'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": "nowhere", "first_page": 0, "pages": None}, "got 'nowhere'"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": None, "first_page": 0, "pages": None}, "got None"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": 0, "first_page": 0, "pages": None}, "got 0"),
+    ({"type": "prefetch", "seq": 1, "id": 7, "location": ["gpu"], "first_page": 0, "pages": None}, "got ['gpu']"),
     ({"type": "set_advice", "seq": 1, "id": 7, "advice": "evict", "value": True}, "advice must be one of"),
     ({"type": "set_advice", "seq": 1, "id": 7, "advice": "set_read_mostly", "value": True}, "got 'set_read_mostly'"),
     ({"type": "set_advice", "seq": 1, "id": 7, "advice": None, "value": True}, "got None"),
@@ -117,6 +136,28 @@ MALFORMED = [
     ({"type": "set_advice", "seq": 1, "id": 7, "advice": "accessed_by", "value": ["host"] * 65}, "at most 64"),
     ({"type": "pause", "seq": 1, "paused": 0}, "paused must be true or false, got 0"),
     ({"type": "pause", "seq": 1, "paused": "yes"}, "got 'yes'"),
+    ({"type": "rate", "seq": 1}, "missing field 'interval_ms'"),
+    ({"type": "rate", "seq": 1, "interval_ms": 49}, "interval_ms must be a whole number from 50 to 10000, got 49"),
+    ({"type": "rate", "seq": 1, "interval_ms": 10_001}, "got 10001"),
+    ({"type": "rate", "seq": 1, "interval_ms": 100.0}, "got 100.0"),
+    ({"type": "rate", "seq": 1, "interval_ms": "fast"}, "got 'fast'"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 9, "width": 10}, "missing field 'lanes'"),
+    ({"type": "timeline", "seq": 1, "start": 9, "end": 9, "width": 10, "lanes": None},
+     "timeline end must be after its start, got start 9 and end 9"),
+    ({"type": "timeline", "seq": 1, "start": 9, "end": 3, "width": 10, "lanes": None}, "after its start"),
+    ({"type": "timeline", "seq": 1, "start": -1, "end": 3, "width": 10, "lanes": None}, "start must be a whole"),
+    ({"type": "timeline", "seq": 1, "start": 0.5, "end": 3, "width": 10, "lanes": None}, "got 0.5"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 2**53, "width": 10, "lanes": None}, "end must be a whole"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 0, "lanes": None},
+     "width must be a whole number from 1 to 16384, got 0"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 16385, "lanes": None}, "got 16385"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 10, "lanes": 3}, "lanes must be a list"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 10, "lanes": [1, "2"]},
+     "a timeline lane must be an allocation id (0 to 2**53-1), got '2'"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 10, "lanes": [-1]}, "got -1"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 10, "lanes": [True]}, "got True"),
+    ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 10, "lanes": list(range(4097))},
+     "at most 4096 ids, got 4097"),
 ]
 
 
@@ -185,7 +226,8 @@ def test_a_valid_twin_of_a_malformed_message_does_act(buffer):
     # The control for the test above: the same buffer and session, a well-formed command, an effect.
     session = PanelSession(_Recorder(), start=False)
     try:
-        result = session.handle({"type": "prefetch", "seq": 9, "id": buffer.id, "location": "host"})
+        result = session.handle({"type": "prefetch", "seq": 9, "id": buffer.id, "location": "host",
+                                 "first_page": 0, "pages": None})
     finally:
         session.close()
     assert result == {"type": "result", "seq": 9, "command": "prefetch", "ok": True, "error": None}
@@ -299,7 +341,7 @@ def _py_typeddicts() -> dict[str, set[str]]:
 
 def test_every_message_has_a_same_named_twin_with_the_same_fields():
     ts, py = _ts_types(), _py_typeddicts()
-    assert len(py) == 13  # 4 commands, 4 kernel messages, 5 parts
+    assert len(py) == 18  # 6 commands, 5 kernel messages, 7 parts
     assert ts == py
 
 
@@ -316,7 +358,7 @@ def _ts_list(source: str, name: str) -> list[str]:
 def test_constants_and_literals_match_the_twin():
     source = PROTOCOL_TS.read_text()
     assert f"export const COMM_TARGET = '{protocol.COMM_TARGET}';" in source
-    assert protocol.PROTOCOL_VERSION == 2
+    assert protocol.PROTOCOL_VERSION == 3
     assert f"export const PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION};" in source
     assert _ts_list(source, "CATEGORY_NAMES") == list(CATEGORY_NAMES) == list(protocol.CATEGORY_NAMES)
     assert "export type Location = 'host' | 'gpu' | `gpu:${number}`;" in source
@@ -324,16 +366,24 @@ def test_constants_and_literals_match_the_twin():
     assert f"export type AdviceName = {advice};" in source
     commands = " | ".join(name.title().replace("_", "") for name in protocol.COMMANDS)
     assert f"export type Command = {commands};" in source
+    assert _ts_list(source, "CAUSE_NAMES") == list(protocol.CAUSE_NAMES)
+    columns = re.search(r"export const TIMELINE_COLUMNS = \[(.*?)\] as const;", source, flags=re.S).group(1)
+    assert re.findall(r"\['(\w+)', '([<\w]+)'\]", columns) == list(protocol.TIMELINE_COLUMNS)
+    assert f"export const RATE_LIMITS_MS = [{', '.join(map(str, protocol.RATE_LIMITS_MS))}] as const;" in source
+    assert f"export const MAX_WIDTH = {protocol.MAX_WIDTH};" in source
+    assert f"export const MAX_LANES = {protocol.MAX_LANES};" in source
+    kinds = re.search(r"export const EVENT_KINDS: [^=]+= \{(.*?)\n\};", source, flags=re.S).group(1)
+    assert {int(k): v for k, v in re.findall(r"(\d+): '(\w+)'", kinds)} == {int(k): k.name for k in EventKind}
 
 
 # --- the palette ----------------------------------------------------------------------------------
 
 
-def _ts_palette() -> dict[str, str]:
+def _ts_palette(name: str = "PALETTE") -> dict[str, str]:
     source = PALETTE_TS.read_text()
-    body = re.search(r"export const PALETTE: [^=]+= \{(.*?)\n\};", source, flags=re.S).group(1)
+    body = re.search(rf"export const {name}: [^=]+= \{{(.*?)\n\}};", source, flags=re.S).group(1)
     entries = [line.strip() for line in body.splitlines() if line.strip()]
-    pairs = [re.fullmatch(r"'?([\w:]+)'?: '(#[0-9a-f]{6})',?", line) for line in entries]
+    pairs = [re.fullmatch(r"'?([\w: ]+)'?: '(#[0-9a-f]{6})',?", line) for line in entries]
     assert all(pairs), f"palette.ts has an entry this test cannot read: {entries}"
     return {m.group(1): m.group(2) for m in pairs}
 
@@ -347,9 +397,18 @@ def test_the_palette_colours_every_category_once_and_its_twin_agrees():
         PALETTE["host"] = "#ff0000"  # type: ignore[index]  # read-only: one palette for every view
 
 
+def test_the_cause_palette_colours_every_cause_once_and_its_twin_agrees():
+    assert list(CAUSE_PALETTE) == list(CAUSE_NAMES)
+    assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in CAUSE_PALETTE.values())
+    assert len(set(CAUSE_PALETTE.values())) == len(CAUSE_PALETTE)
+    assert _ts_palette("CAUSE_PALETTE") == dict(CAUSE_PALETTE)
+    with pytest.raises(TypeError):
+        CAUSE_PALETTE["prefetch"] = "#ff0000"  # type: ignore[index]
+
+
 def test_the_palette_is_written_once_per_language():
     """No view spells a category colour itself: they all read PALETTE (palette.py, palette.ts)."""
-    colours = set(PALETTE.values())
+    colours = set(PALETTE.values()) | set(CAUSE_PALETTE.values())
     sources = [*(REPO / "uvm_lab" / "jupyter").rglob("*.py"), *(REPO / "extension" / "src").glob("*.ts"),
                *(REPO / "extension" / "style").glob("*.css")]
     spelled = {str(path.relative_to(REPO)): sorted(colours & {c.lower() for c in
@@ -387,11 +446,12 @@ def _lab(linear_rgb: np.ndarray) -> np.ndarray:
     return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
 
 
+@pytest.mark.parametrize("palette", ["categories", "causes"])
 @pytest.mark.parametrize("vision", ["trichromacy", *_DICHROMACY])
-def test_every_two_categories_stay_apart_for_colour_blind_eyes(vision):
+def test_every_two_categories_stay_apart_for_colour_blind_eyes(vision, palette):
     matrix = np.array(_DICHROMACY.get(vision, np.eye(3)))
     seen = {}
-    for name, colour in PALETTE.items():
+    for name, colour in (PALETTE if palette == "categories" else CAUSE_PALETTE).items():
         rgb = np.array([int(colour[i:i + 2], 16) for i in (1, 3, 5)]) / 255
         seen[name] = _lab(matrix @ np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4))
     closest = min((float(np.linalg.norm(seen[a] - seen[b])), a, b) for a in seen for b in seen if a < b)

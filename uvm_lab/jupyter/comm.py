@@ -7,8 +7,10 @@ The panel opens a comm to target ``"uvm_lab"`` with a ``hello``; each open comm 
   entry points user code calls (``DeviceBuffer.prefetch`` and the advice properties); a bad
   command or a failing call comes back as an error result and never closes the comm;
 - listens to the event bus, and from a background thread sends at most one ``update`` per
-  ``interval`` (0.1 s) holding only the allocations whose residency or advice changed, so the
-  map follows a cell while it runs;
+  ``interval`` (0.1 s, or what the view asks with ``rate``) holding only the allocations whose
+  residency or advice changed, each as the cells that changed (``"runs"``), and the device lanes'
+  new samples, so the map follows a cell while it runs;
+- answers ``timeline`` queries from the kernel's shared event window (:mod:`.timeline`);
 - stops sending while the panel says it is hidden (``pause``), and sends a full snapshot when it
   is shown again.
 
@@ -21,7 +23,7 @@ update sent during a cell would pin the panel's commands behind that cell.
 Locks, in the only order they are taken::
 
     _command_lock  (one command at a time)  ->  the core's own locks
-    _send_lock     (one snapshot/update at a time, owns _sent)  ->  the core's own locks
+    _send_lock     (one snapshot/update at a time, owns _sent and _next_sample)  ->  the core's own locks
     _lock          (the dirty ranges and the pause flag; held only for a few assignments)
 
 The bus callback takes only ``_lock``, so a producer publishing under the core's locks never
@@ -40,15 +42,17 @@ import numpy as np
 
 import uvm_lab as ul
 
-from ..errors import BufferClosedError, InvalidArgumentError
+from ..errors import InvalidArgumentError
 from ..events import get_bus
 from ..events.bus import EventBus
+from ..events.sources import texts as source_texts
 from ..units import PAGE_SIZE
-from .dashboard.collect import describe_buffer
+from .dashboard.collect import LiveAllocations
 from .protocol import (
     CELL_LIMIT,
     COMM_TARGET,
     PROTOCOL_VERSION,
+    TIMELINE_COLUMNS,
     AdviceState,
     AllocationInfo,
     Command,
@@ -57,10 +61,14 @@ from .protocol import (
     Removed,
     Result,
     Snapshot,
+    Timeline,
+    TimelineRows,
     Update,
+    encode_runs,
     pack_states,
     parse_command,
 )
+from .timeline import DeviceSeries, EventWindow, shared
 
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
 
@@ -68,8 +76,6 @@ log = logging.getLogger("uvm_lab.jupyter.comm")
 
 #: The least time between two updates, in seconds: about 10 a second at most.
 UPDATE_INTERVAL = 0.1
-# Past this many dirty ranges between two updates, treat every allocation as dirty.
-_MAX_DIRTY_RANGES = 256
 
 
 class CommLike(Protocol):
@@ -88,17 +94,23 @@ class PanelSession:
     """One panel's comm: validated commands in, throttled residency updates out."""
 
     def __init__(self, comm: CommLike, *, interval: float = UPDATE_INTERVAL, bus: EventBus | None = None,
-                 start: bool = True) -> None:
+                 start: bool = True, timeline: tuple[EventWindow, DeviceSeries] | None = None) -> None:
         self.comm = comm
         self.interval = interval
         self._command_lock = threading.Lock()
         self._send_lock = threading.RLock()
         self._lock = threading.Lock()
-        self._dirty: list[tuple[int, int]] = []  # [start, end) address ranges events touched
+        # Which buffers to describe again: those the residency tracker's journal says changed (the rule the
+        # dashboard reads too), so an update costs what changed, not what the device holds.
+        self._live = LiveAllocations()
+        self._packed: dict[int, tuple[dict[str, Any], dict[str, Any], np.ndarray]] = {}  # by id, per description
         self._everything_dirty = False
         self._paused = False
         self._snapshot_sent = False
-        self._sent: dict[int, tuple[AllocationInfo, bytes]] = {}  # what the panel holds, by id
+        self._sent: dict[int, tuple[AllocationInfo, np.ndarray]] = {}  # what the panel holds, by id
+        # The kernel's shared ones unless given (a test's, fed and clocked by the test).
+        self._window, self._series = timeline or shared(bus)
+        self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
         self._closed = threading.Event()
         self._context = contextvars.copy_context()  # where the panel's last message was handled
@@ -142,60 +154,89 @@ class PanelSession:
             # Before the first snapshot the panel holds nothing an update could change.
             if self._paused or self.closed or not self._snapshot_sent:
                 return False
-            dirty, self._dirty = self._dirty, []
             everything, self._everything_dirty = self._everything_dirty, False
         with self._send_lock:
             try:
-                buffers = _panel_buffers()
-                touched = [b for b in buffers if everything or b.id not in self._sent or _touches(b, dirty)]
-                infos, cells, held = self._describe_changed(touched)
-                gone = sorted(set(self._sent) - {b.id for b in buffers})
-                if infos:
-                    self._send(Update(type="update", device=_device_info(), allocations=infos), cells)
+                buffers = _panel_buffers(self._live)
+                infos, cells, held = self._describe_changed(buffers, force=everything)
+                gone = sorted(set(self._sent) - {b["id"] for b in buffers})
+                device = _device_info()
+                self._sample(device, buffers)
+                samples, next_sample = self._series.since(self._next_sample)
+                if infos or samples:
+                    self._send(Update(type="update", device=device, allocations=infos, samples=samples), cells)
                 if gone:
                     self._send(Removed(type="removed", ids=gone))
             except BaseException:
                 # What changed was taken and not sent: dropped, the panel would keep a stale map until
                 # those pages moved again. The next flush describes every allocation.
+                self._live = LiveAllocations()
                 with self._lock:
                     self._everything_dirty = True
                 raise
             self._sent.update(held)
+            self._next_sample = next_sample
             for alloc_id in gone:
                 del self._sent[alloc_id]
-            return bool(infos or gone)
+            return bool(infos or gone or samples)
 
     def send_snapshot(self) -> None:
         """Send every live allocation, replacing whatever the panel holds."""
         with self._lock:
-            self._dirty, self._everything_dirty = [], False
+            self._everything_dirty = False
             self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
-            infos, cells, held = self._describe_changed(_panel_buffers())
+            buffers = _panel_buffers(self._live)
+            infos, cells, held = self._describe_changed(buffers)
+            device = _device_info()
+            self._sample(device, buffers)
+            samples, next_sample = self._series.since(0)
             snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, page_size=PAGE_SIZE,
-                                cell_limit=CELL_LIMIT, device=_device_info(), allocations=infos)
+                                cell_limit=CELL_LIMIT, device=device, allocations=infos, samples=samples,
+                                samples_dropped=self._series.dropped)
             self._send(snapshot, cells)
             self._sent.update(held)
+            self._next_sample = next_sample
 
-    def _describe_changed(self, buffers: list[ul.DeviceBuffer]) -> tuple[list[AllocationInfo], list[np.ndarray],
-                                                                           dict[int, tuple[AllocationInfo, bytes]]]:
-        """Describe those of ``buffers`` that differ from what the panel holds; with what it will hold once
-        they are sent (noted by the caller after sending, so that a failed send leaves nothing noted)."""
+    def _sample(self, device: DeviceInfo, buffers: list[dict[str, Any]]) -> None:
+        allocated = sum(buf["size"] for buf in buffers if buf["is_managed"])
+        self._series.close_interval(ul.get_backend().now_ns(), device["total"] - device["free"], device["total"],
+                                    allocated)
+
+    def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False) -> tuple[
+            list[AllocationInfo], list[np.ndarray], dict[int, tuple[AllocationInfo, np.ndarray]]]:
+        """Describe those of ``buffers`` that differ from what the panel holds, each as its changed runs where
+        the panel holds it; with what it will hold once they are sent (noted by the caller after sending, so
+        that a failed send leaves nothing noted). A description the journal left as it was is not packed
+        again (``force``: pack every one)."""
         infos: list[AllocationInfo] = []
-        cells: list[np.ndarray] = []
-        held: dict[int, tuple[AllocationInfo, bytes]] = {}
-        for buf in buffers:
-            described = _describe(buf)
-            if described is None:
+        payloads: list[np.ndarray] = []
+        held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
+        packed_now: dict[int, tuple[dict[str, Any], dict[str, Any], np.ndarray]] = {}
+        for plain in buffers:
+            alloc_id = plain["id"]
+            packed = self._packed.get(alloc_id)
+            if force or packed is None or packed[0] is not plain:
+                packed = (plain, *_pack(plain))
+            packed_now[alloc_id] = packed
+            # What the events say of it changes without its pages: read it every time (two lookups).
+            info = AllocationInfo(**packed[1], traffic=self._window.traffic(alloc_id),  # type: ignore[typeddict-item]
+                                  requested=self._window.requested(alloc_id))
+            cells = packed[2]
+            before = self._sent.get(alloc_id)
+            if before is not None and before[0] == info and np.array_equal(before[1], cells):
                 continue
-            info, data = described
-            now = (info, data.tobytes())
-            if self._sent.get(buf.id) != now:
-                held[buf.id] = now
-                infos.append(info)
-                cells.append(data)
-        return infos, cells, held
+            held[alloc_id] = (info, cells)
+            payload = cells
+            if before is not None and len(before[1]) == len(cells):
+                runs = encode_runs(before[1], cells)
+                if len(runs) < len(cells):
+                    info, payload = AllocationInfo(**{**info, "encoding": "runs"}), runs  # type: ignore[typeddict-item]
+            infos.append(info)
+            payloads.append(payload)
+        self._packed = packed_now
+        return infos, payloads, held
 
     def close(self) -> None:
         """Stop listening and sending (the comm closed, or the kernel is shutting down)."""
@@ -217,8 +258,14 @@ class PanelSession:
                 self._paused = command["paused"]
             if not command["paused"]:
                 self.send_snapshot()
+        elif command["type"] == "rate":
+            self.interval = command["interval_ms"] / 1000
+        elif command["type"] == "timeline":
+            self._answer_timeline(command)
         elif command["type"] == "prefetch":
-            ul.find_buffer(command["id"]).prefetch(command["location"])
+            buf = ul.find_buffer(command["id"])
+            offset, size = _byte_range(buf, command["first_page"], command["pages"])
+            buf.prefetch(command["location"], offset=offset, size=size)
             self.flush()
         elif command["type"] == "set_advice":
             buf = ul.find_buffer(command["id"])
@@ -231,6 +278,20 @@ class PanelSession:
                 buf.accessed_by = value
             self.flush()
 
+    def _answer_timeline(self, query: Timeline) -> None:
+        get_bus().flush()   # what the hardware has reported, in the window
+        columns, events, truncated = self._window.query(query["start"], query["end"], query["width"], query["lanes"])
+        first, last = self._window.extent()
+        ids = np.unique(columns["source"])
+        ids = ids[ids != 0]
+        sources = dict(zip((str(i) for i in ids.tolist()), source_texts(ids), strict=True))
+        rows = TimelineRows(type="timeline", seq=query["seq"], start=query["start"], end=query["end"],
+                            width=query["width"], columns=[name for name, _ in TIMELINE_COLUMNS],
+                            rows=len(columns["start"]), events=events, held=self._window.held,
+                            dropped=self._window.dropped, truncated=truncated, first=first, last=last,
+                            sources=sources)
+        self._send(rows, [columns[name] for name, _ in TIMELINE_COLUMNS])
+
     # -- comm and bus callbacks ------------------------------------------------------------------------
     def _on_msg(self, msg: dict[str, Any]) -> None:
         self._context = contextvars.copy_context()
@@ -241,14 +302,8 @@ class PanelSession:
         self.close()
 
     def _on_events(self, records: np.ndarray) -> None:
-        # On the publisher's thread, under the bus's lock: note the touched range, nothing more.
-        lo = int(records["address"].min())
-        hi = int((records["address"] + records["bytes"]).max())
-        with self._lock:
-            if len(self._dirty) < _MAX_DIRTY_RANGES:
-                self._dirty.append((lo, max(hi, lo + 1)))
-            else:
-                self._everything_dirty = True
+        # On the publisher's thread, under the bus's lock: wake the sender, nothing more. What changed is
+        # the residency tracker's journal to say when the sender reads it.
         self._wake.set()
 
     def _run(self) -> None:
@@ -275,38 +330,47 @@ class PanelSession:
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:
             return
-        buffers = [c.data for c in cells] if cells else None
+        # As bytes: a float column's memoryview would otherwise carry its item format to the wire.
+        buffers = [np.ascontiguousarray(c).view(np.uint8).data for c in cells] if cells else None
         self.comm.send(data=message, buffers=buffers)
 
 
 # -- reading the core --------------------------------------------------------------------------------------
 
 
-def _panel_buffers() -> list[ul.DeviceBuffer]:
+def _panel_buffers(live: LiveAllocations) -> list[dict[str, Any]]:
     # A zero-size buffer holds no pages: there is nothing to draw or to move.
-    return [buf for buf in ul.live_buffers() if buf.size]
+    return [plain for plain in live.refresh() if plain["size"]]
 
 
-def _describe(buf: ul.DeviceBuffer) -> tuple[AllocationInfo, np.ndarray] | None:
-    """An allocation's metadata and its residency bytes, or None if it was freed meanwhile."""
-    try:
-        plain = describe_buffer(buf)
-    except (BufferClosedError, InvalidArgumentError):
-        return None
+def _pack(plain: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
+    """An allocation's metadata (its AllocationInfo but for what the events say) and its residency bytes."""
     cell_pages, cells, counts = pack_states(plain["states"])
     advice = plain["advice"] or {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
-    info = AllocationInfo(
-        id=plain["id"], label=plain["label"], size=plain["size"], is_managed=plain["is_managed"],
+    info = dict(
+        id=plain["id"], label=plain["label"], address=plain["address"], size=plain["size"],
+        is_managed=plain["is_managed"],
         advice=AdviceState(read_mostly=advice["read_mostly"], preferred_location=advice["preferred_location"],
                            accessed_by=list(advice["accessed_by"])),
-        pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts,
+        pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts, encoding="cells",
     )
     return info, cells
 
 
-def _touches(buf: ul.DeviceBuffer, ranges: list[tuple[int, int]]) -> bool:
-    start, end = buf.ptr, buf.ptr + buf.size
-    return any(lo < end and start < hi for lo, hi in ranges)
+def _byte_range(buf: ul.DeviceBuffer, first_page: int, pages: int | None) -> tuple[int, int | None]:
+    """A prefetch's pages as the ``offset`` and ``size`` the buffer takes; the last page may be short."""
+    total = -(-buf.size // PAGE_SIZE)
+    if first_page >= total:
+        raise InvalidArgumentError(f"first_page {first_page} is past the last page of {buf.label or buf.id!r} "
+                                   f"({total} pages)", value=first_page, expected=f"a page from 0 to {total - 1}")
+    offset = first_page * PAGE_SIZE
+    if pages is None:
+        return offset, None
+    if first_page + pages > total:
+        raise InvalidArgumentError(f"pages {first_page} to {first_page + pages - 1} run past the last page of "
+                                   f"{buf.label or buf.id!r} ({total} pages)", value=pages,
+                                   expected=f"at most {total - first_page} pages from page {first_page}")
+    return offset, min(pages * PAGE_SIZE, buf.size - offset)
 
 
 def _device_info() -> DeviceInfo:

@@ -4,6 +4,7 @@
 
     %uvm status                      backend, device memory, live allocations and their residency
     %uvm dashboard [--close]         the widget dashboard (ipywidgets + bokeh)
+    %uvm view                        open the UVM Lab view in JupyterLab's main area
     %uvm resource                    the current device resource chain, top first
     %uvm resource pool --pool-size 1GiB --prefetch
                                      set a simple one: managed | cuda | pool, optionally wrapped
@@ -31,7 +32,11 @@ from uvm_lab.units import parse_size
 from .dashboard.collect import collect_snapshot
 from .dashboard.text import format_status, format_top_sources, format_trace_summary
 
-__all__ = ["RESOURCE_KINDS", "UvmMagics"]
+__all__ = ["RESOURCE_KINDS", "VIEW_MIME_TYPE", "UvmMagics"]
+
+#: What ``%uvm view`` outputs: the lab extension renders it by opening its main-area view. Twin of
+#: ``VIEW_MIME_TYPE`` in ``extension/src/index.ts``.
+VIEW_MIME_TYPE = "application/vnd.uvm-lab.view+json"
 
 #: ``%uvm resource KIND``: what each kind builds (the bottom of the chain).
 RESOURCE_KINDS = {
@@ -59,10 +64,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _uvm_parser() -> _Parser:
     parser = _Parser(prog="%uvm", description="uvm_lab: see and steer CUDA unified memory.")
-    sub = parser.add_subparsers(dest="command", metavar="{status,dashboard,resource,tracing}")
+    sub = parser.add_subparsers(dest="command", metavar="{status,dashboard,view,resource,tracing}")
     sub.add_parser("status", help="backend, device memory, live allocations with residency, event counters")
     dash = sub.add_parser("dashboard", help="show the widget dashboard")
     dash.add_argument("--close", action="store_true", help="close the dashboard and stop its updates")
+    sub.add_parser("view", help="open the UVM Lab view (device lanes, timeline, page maps, controls) in JupyterLab")
     res = sub.add_parser("resource", help="print the current device resource chain, or set a simple one",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
                          epilog="kinds:\n" + "\n".join(f"  {k:<9}{v}" for k, v in RESOURCE_KINDS.items()))
@@ -184,6 +190,13 @@ class UvmMagics(Magics):
 
             self.dashboard = Dashboard()
         display(self.dashboard)
+
+    def _view(self, args: argparse.Namespace) -> None:
+        from IPython.display import display
+
+        # Outside JupyterLab (or without the extension) only the text shows: it says what to do instead.
+        display({VIEW_MIME_TYPE: {}, "text/plain": "UVM Lab view: open it in JupyterLab with the command "
+                 "palette's \"Open the UVM Lab View\" (needs the uvm-lab lab extension)."}, raw=True)
 
     def close_dashboard(self) -> None:
         if self.dashboard is not None:

@@ -3,22 +3,32 @@
 Its twin is ``extension/src/protocol.ts``: every message below has a same-named type there, with
 the same fields, and ``tests/unit/test_protocol.py`` checks that the two stay in step.
 
-Every message is a JSON object with a ``type``. The front end may send only the four commands
-below; :func:`parse_command` checks every field of each before the kernel acts on it, and nothing
-a message carries is ever evaluated::
+Every message is a JSON object with a ``type``. The front end may send only the commands below;
+:func:`parse_command` checks every field of each before the kernel acts on it, and nothing a message
+carries is ever evaluated::
 
     front end -> kernel (commands)
         hello       {seq}                      send a full snapshot
-        prefetch    {seq, id, location}        location: "host" | "gpu" | "gpu:N"
+        prefetch    {seq, id, location, first_page, pages}
+                                               location: "host" | "gpu" | "gpu:N"; the pages from
+                                               first_page on, ``pages`` of them (null: to the end)
         set_advice  {seq, id, advice, value}   read_mostly: bool
                                                preferred_location: "host" | "gpu" | "gpu:N" | null
                                                accessed_by: a list of those locations ([] unsets)
         pause       {seq, paused}              stop (true) or restart (false) updates
+        rate        {seq, interval_ms}         the least time between two updates, 50 to 10000 ms
+        timeline    {seq, start, end, width, lanes}
+                                               the events of [start, end] ns for a view ``width``
+                                               pixels wide; lanes: allocation ids (0: none known) or null
 
     kernel -> front end
-        snapshot    {version, page_size, cell_limit, device, allocations}   + one buffer each
-        update      {device, allocations}                                   + one buffer each
+        snapshot    {version, page_size, cell_limit, device, allocations, samples, samples_dropped}
+                                               + one buffer per allocation
+        update      {device, allocations, samples}   + one buffer per allocation
         removed     {ids}
+        timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
+                     sources}
+                                               + one buffer per column (TIMELINE_COLUMNS)
         result      {seq, command, ok, error}  one per command; error: {type, message} or null
 
 A location is checked for its shape only: whether GPU N exists is the backend's question, and its
@@ -33,6 +43,22 @@ sent as ``cells`` bytes, each standing for ``cell_pages`` consecutive pages (the
 fewer) and holding the category most of those pages are in; ``counts`` always gives the exact number
 of pages in every category (zero included), so nothing is lost to the downsampling but the
 picture's resolution.
+
+Maps travel as changes (version 3). An allocation's ``encoding`` says what its buffer holds: ``"cells"``,
+the whole map as above (always so in a snapshot, and for an allocation the view does not hold yet), or
+``"runs"``, only the cells that changed since the last message that carried it (:func:`encode_runs`,
+decoded by :func:`apply_runs` and its twin). A busy loop that moves a few pages of a large buffer sends
+those cells, not the buffer's sixteen thousand.
+
+The device lanes are ``samples``: one small row per update interval (memory used against capacity, bytes
+each way, faults, evictions), stamped on the backend's clock, the timeline's clock. A snapshot carries
+the ones the kernel still holds and how many it dropped.
+
+The timeline is asked for, never pushed: the view sends the window it shows and its width in pixels, and
+the kernel answers with binary columns (:data:`TIMELINE_COLUMNS`) in which the events of one lane that
+are narrower than a pixel and fall in the same pixel, with the same kind and cause, are one row
+(``count`` says how many). What one answer carries is bounded by the view's pixels, not by the rate of
+events.
 """
 
 from __future__ import annotations
@@ -44,42 +70,77 @@ from typing import Any, Final, Literal, TypedDict, cast
 import numpy as np
 
 from ..errors import InvalidArgumentError, ProtocolError
+from ..events.causes import CAUSE_NAMES
 from ..page_states import CATEGORY_NAMES
 from .dashboard.collect import bin_states
 
 __all__ = [
     "ADVICE_NAMES",
     "CATEGORY_NAMES",
+    "CAUSE_NAMES",
     "CELL_LIMIT",
     "COMMANDS",
     "COMM_TARGET",
+    "MAX_LANES",
+    "MAX_WIDTH",
     "PROTOCOL_VERSION",
+    "RATE_LIMITS_MS",
+    "TIMELINE_COLUMNS",
     "AdviceState",
     "AllocationInfo",
     "Command",
     "DeviceInfo",
+    "DeviceSample",
     "ErrorInfo",
     "Hello",
     "PageCounts",
     "Pause",
     "Prefetch",
+    "Rate",
     "Removed",
     "Result",
     "SetAdvice",
     "Snapshot",
+    "Timeline",
+    "TimelineRows",
+    "Traffic",
     "Update",
+    "apply_runs",
+    "encode_runs",
     "pack_states",
     "parse_command",
 ]
 
 COMM_TARGET: Final = "uvm_lab"
 # 2: cells carry category codes (one per GPU, "unknown"); counts are per category; device_count.
-PROTOCOL_VERSION: Final = 2
+# 3: maps travel as changed runs; device samples; the timeline query; the update rate.
+PROTOCOL_VERSION: Final = 3
 
 #: Above this many pages an allocation's map is sent downsampled, in cells of several pages.
 CELL_LIMIT: Final = 16384
 
 ADVICE_NAMES: Final = ("read_mostly", "preferred_location", "accessed_by")
+
+#: The update interval a view may ask for, in milliseconds: (least, most).
+RATE_LIMITS_MS: Final = (50, 10_000)
+#: The widest timeline a view may ask for, in pixels (a wide screen at twice the density).
+MAX_WIDTH: Final = 16_384
+#: The most lanes one timeline query may name.
+MAX_LANES: Final = 4096
+
+#: The timeline's columns, in the order of its buffers, with their little-endian numpy types. Times are
+#: nanoseconds on the backend's clock; ``lane`` is the allocation id (0: none known); ``kind`` an
+#: ``EventKind``; ``cause`` an index into ``CAUSE_NAMES``; ``src``/``dst`` processors (-1 the host, -2 none,
+#: -3 several, in a merged row); ``address`` to ``reach`` the bytes the row's events concern (in a merged row,
+#: the lowest first byte to the highest last); ``count`` the events the row stands for. Floats where a value
+#: may pass 2**32 (addresses stay below 2**53 on both backends' address spaces). ``source`` is the line of
+#: user code the events came from (an id of ``uvm_lab.events.sources``; 0 unknown, or several in a merged
+#: row); the answer's ``sources`` gives each id's text.
+TIMELINE_COLUMNS: Final = (
+    ("start", "<f8"), ("end", "<f8"), ("lane", "<f8"), ("kind", "u1"), ("cause", "u1"),
+    ("src", "<i2"), ("dst", "<i2"), ("bytes", "<f8"), ("address", "<f8"), ("reach", "<f8"), ("source", "<u4"),
+    ("count", "<u4"),
+)
 
 # JavaScript numbers are exact only up to 2**53; ids and sequence numbers stay below.
 _MAX_INT = 2**53 - 1
@@ -102,6 +163,8 @@ class Prefetch(TypedDict):
     seq: int
     id: int
     location: str  # "host" | "gpu" | "gpu:N"
+    first_page: int
+    pages: int | None  # None: to the end of the allocation
 
 
 class SetAdvice(TypedDict):
@@ -118,7 +181,22 @@ class Pause(TypedDict):
     paused: bool
 
 
-Command = Hello | Prefetch | SetAdvice | Pause
+class Rate(TypedDict):
+    type: Literal["rate"]
+    seq: int
+    interval_ms: int
+
+
+class Timeline(TypedDict):
+    type: Literal["timeline"]
+    seq: int
+    start: int  # ns, on the backend's clock
+    end: int
+    width: int  # pixels
+    lanes: list[int] | None  # allocation ids; None: every lane
+
+
+Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline
 
 
 # --- kernel -> front end ------------------------------------------------------------------------
@@ -138,9 +216,17 @@ PageCounts = TypedDict("PageCounts", {
 })
 
 
+class Traffic(TypedDict):
+    faults: int  # GPU and CPU page faults in the allocation
+    htod_bytes: int
+    dtoh_bytes: int
+    by_cause: list[list[int]]  # per cause (CAUSE_NAMES): [faults, htod_bytes, dtoh_bytes]
+
+
 class AllocationInfo(TypedDict):
     id: int
     label: str
+    address: int
     size: int
     is_managed: bool
     advice: AdviceState
@@ -148,6 +234,9 @@ class AllocationInfo(TypedDict):
     cell_pages: int
     cells: int
     counts: PageCounts
+    encoding: Literal["cells", "runs"]
+    traffic: Traffic
+    requested: str | None  # where the last prefetch sent it ("host", "gpu:N"), whoever asked; None: never
 
 
 class DeviceInfo(TypedDict):
@@ -157,6 +246,18 @@ class DeviceInfo(TypedDict):
     total: int
 
 
+class DeviceSample(TypedDict):
+    time: int  # ns on the backend's clock, the end of the interval
+    used: int  # bytes of the current device's memory in use
+    total: int
+    allocated: int  # bytes of the live allocations: more than total is oversubscription
+    htod_bytes: int  # moved in the interval
+    dtoh_bytes: int
+    gpu_faults: int
+    cpu_faults: int
+    evicted_bytes: int
+
+
 class Snapshot(TypedDict):
     type: Literal["snapshot"]
     version: int
@@ -164,17 +265,37 @@ class Snapshot(TypedDict):
     cell_limit: int
     device: DeviceInfo
     allocations: list[AllocationInfo]
+    samples: list[DeviceSample]
+    samples_dropped: int
 
 
 class Update(TypedDict):
     type: Literal["update"]
     device: DeviceInfo
     allocations: list[AllocationInfo]
+    samples: list[DeviceSample]
 
 
 class Removed(TypedDict):
     type: Literal["removed"]
     ids: list[int]
+
+
+class TimelineRows(TypedDict):
+    type: Literal["timeline"]
+    seq: int
+    start: int
+    end: int
+    width: int
+    columns: list[str]  # the names of TIMELINE_COLUMNS, the order of the buffers
+    rows: int
+    events: int  # the events of the window the rows stand for
+    held: int  # events the kernel holds for timelines
+    dropped: int  # events it no longer holds (the oldest, past its capacity)
+    truncated: int  # rows left out past the most one answer carries
+    first: int  # ns: the start of the oldest event held (0 if none): where a view's "everything" begins
+    last: int  # ns: the latest end of an event held
+    sources: dict[str, str]  # each source id of the rows (as a string: a JSON key) -> its line: "In [3] line 5"
 
 
 class ErrorInfo(TypedDict):
@@ -194,9 +315,11 @@ class Result(TypedDict):
 
 COMMANDS: Final[dict[str, tuple[str, ...]]] = {
     "hello": ("seq",),
-    "prefetch": ("seq", "id", "location"),
+    "prefetch": ("seq", "id", "location", "first_page", "pages"),
     "set_advice": ("seq", "id", "advice", "value"),
     "pause": ("seq", "paused"),
+    "rate": ("seq", "interval_ms"),
+    "timeline": ("seq", "start", "end", "width", "lanes"),
 }
 
 
@@ -226,15 +349,41 @@ def parse_command(data: object) -> Command:
         return Hello(type="hello", seq=seq)
     if kind == "pause":
         return Pause(type="pause", seq=seq, paused=_boolean(data, "paused"))
+    if kind == "rate":
+        low, high = RATE_LIMITS_MS
+        return Rate(type="rate", seq=seq, interval_ms=_integer(data, "interval_ms", low=low, high=high))
+    if kind == "timeline":
+        return _timeline(data, seq)
     alloc_id = _integer(data, "id", low=1)
     if kind == "prefetch":
         location = _location(data["location"], data, "prefetch location")
-        return Prefetch(type="prefetch", seq=seq, id=alloc_id, location=location)
+        first_page = _integer(data, "first_page", low=0)
+        pages = None if data["pages"] is None else _integer(data, "pages", low=1)
+        return Prefetch(type="prefetch", seq=seq, id=alloc_id, location=location, first_page=first_page, pages=pages)
     advice = data["advice"]
     if advice not in ADVICE_NAMES or not isinstance(advice, str):
         raise ProtocolError(f"advice must be one of {_choices(ADVICE_NAMES)}, got {advice!r}", command=data)
     value = _advice_value(data, advice)
     return SetAdvice(type="set_advice", seq=seq, id=alloc_id, advice=advice, value=value)  # type: ignore[typeddict-item]
+
+
+def _timeline(data: Mapping[str, Any], seq: int) -> Timeline:
+    start, end = _integer(data, "start", low=0), _integer(data, "end", low=0)
+    if end <= start:
+        raise ProtocolError(f"timeline end must be after its start, got start {start} and end {end}", command=data)
+    width = _integer(data, "width", low=1, high=MAX_WIDTH)
+    lanes = data["lanes"]
+    if lanes is not None:
+        if not isinstance(lanes, list):
+            raise ProtocolError(f"timeline lanes must be a list of allocation ids or null, got {lanes!r}", command=data)
+        if len(lanes) > MAX_LANES:
+            raise ProtocolError(f"timeline lanes takes at most {MAX_LANES} ids, got {len(lanes)}", command=data)
+        for lane in lanes:
+            if type(lane) is not int or not 0 <= lane <= _MAX_INT:
+                raise ProtocolError(f"a timeline lane must be an allocation id (0 to 2**53-1), got {lane!r}",
+                                    command=data)
+        lanes = sorted(set(lanes))
+    return Timeline(type="timeline", seq=seq, start=start, end=end, width=width, lanes=lanes)
 
 
 def _advice_value(data: Mapping[str, Any], advice: str) -> bool | str | list[str] | None:
@@ -261,11 +410,12 @@ def _location(value: object, data: Mapping[str, Any], what: str) -> str:
     return value
 
 
-def _integer(data: Mapping[str, Any], name: str, *, low: int) -> int:
+def _integer(data: Mapping[str, Any], name: str, *, low: int, high: int = _MAX_INT) -> int:
     value = data[name]
     # bool is an int in Python but never a valid id; floats such as 3.0 are not accepted either.
-    if type(value) is not int or not low <= value <= _MAX_INT:
-        raise ProtocolError(f"{name} must be a whole number from {low} to 2**53-1, got {value!r}", command=data)
+    if type(value) is not int or not low <= value <= high:
+        most = "2**53-1" if high == _MAX_INT else str(high)
+        raise ProtocolError(f"{name} must be a whole number from {low} to {most}, got {value!r}", command=data)
     return value
 
 
@@ -302,3 +452,67 @@ def pack_states(states: np.ndarray, limit: int = CELL_LIMIT) -> tuple[int, np.nd
     counts = cast(PageCounts, {name: int(bins[name].sum()) for name in CATEGORY_NAMES})
     cell_pages = int(bins["last"][0] - bins["first"][0] + 1) if len(bins["first"]) else 1
     return cell_pages, bins["category"], counts
+
+
+# --- map changes --------------------------------------------------------------------------------
+
+# Unchanged cells between two changed ones are sent along when that is cheaper than a second run's
+# header (a start and a length, 4 bytes each).
+_RUN_GAP = 8
+
+
+def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
+    """The cells of ``new`` that differ from ``old``, as the bytes of a ``"runs"`` buffer.
+
+    Layout, little-endian: ``uint32 n``; ``n`` uint32 starts; ``n`` uint32 lengths; then the cells of
+    every run, run after run. Runs are sorted, apart, and cover every changed cell; two changes at most
+    ``_RUN_GAP`` cells apart share one run. Both maps must have the same number of cells.
+    """
+    old, new = _cell_array(old, "old"), _cell_array(new, "new")
+    if len(old) != len(new):
+        raise InvalidArgumentError(f"runs compare maps of one size, got {len(old)} and {len(new)} cells",
+                                   value=(len(old), len(new)), expected="two maps of the same number of cells")
+    changed = np.flatnonzero(old != new)
+    if not len(changed):
+        return np.zeros(4, dtype=np.uint8)
+    breaks = np.flatnonzero(np.diff(changed) > _RUN_GAP + 1)
+    starts = changed[np.r_[0, breaks + 1]]
+    ends = changed[np.r_[breaks, len(changed) - 1]] + 1
+    inside = np.zeros(len(new) + 1, dtype=np.int32)
+    np.add.at(inside, starts, 1)
+    np.add.at(inside, ends, -1)
+    header = np.concatenate([[len(starts)], starts, ends - starts]).astype("<u4")
+    return np.concatenate([header.view(np.uint8), new[np.cumsum(inside[:-1]) > 0]])
+
+
+def apply_runs(cells: np.ndarray, runs: bytes | np.ndarray) -> np.ndarray:
+    """``cells`` with the changes of a ``"runs"`` buffer applied (a new array), as the view decodes it.
+
+    Raises :class:`~uvm_lab.errors.InvalidArgumentError` for a buffer that does not fit ``cells``.
+    """
+    cells = _cell_array(cells, "cells")
+    data = np.frombuffer(runs if isinstance(runs, bytes) else np.ascontiguousarray(runs, np.uint8).tobytes(),
+                         dtype=np.uint8)
+    n = int(data[:4].view("<u4")[0]) if len(data) >= 4 else -1
+    if n < 0 or len(data) < 4 + 8 * n:
+        raise InvalidArgumentError(f"a runs buffer of {len(data)} bytes cannot hold its header",
+                                   value=len(data), expected="4 + 8 n bytes, then the cells")
+    header = data[4:4 + 8 * n].view("<u4").astype(np.int64)
+    starts, lengths = header[:n], header[n:]
+    body = data[4 + 8 * n:]
+    if lengths.sum() != len(body) or (n and (starts + lengths).max() > len(cells)):
+        raise InvalidArgumentError(f"runs of {int(lengths.sum())} cells do not fit a body of {len(body)} bytes and "
+                                   f"a map of {len(cells)} cells", value=len(data), expected="runs inside the map")
+    out = cells.copy()
+    at = 0
+    for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+        out[start:start + length] = body[at:at + length]
+        at += length
+    return out
+
+
+def _cell_array(cells: object, name: str) -> np.ndarray:
+    if not isinstance(cells, np.ndarray) or cells.dtype != np.uint8 or cells.ndim != 1:
+        raise InvalidArgumentError(f"{name} must be a 1-D uint8 array of cells, got {cells!r:.60}", value=cells,
+                                   expected="a 1-D numpy uint8 array")
+    return cells

@@ -1,0 +1,162 @@
+/**
+ * What every UVM Lab view says and draws of a page category, written once: its label, the order
+ * categories are listed in, which the legend shows, their colours as bytes, and how many pages a
+ * map of cells stands for in each. The sidebar panel and the main-area view both read these.
+ */
+
+import { CAUSE_PALETTE, PALETTE } from './palette';
+import { CATEGORY_NAMES, CAUSE_NAMES, CategoryName, PageCounts } from './protocol';
+
+/** What the legend and the counts call each category. */
+export const LABELS: Readonly<Record<CategoryName, string>> = {
+  nowhere: 'Nowhere (not populated)',
+  host: 'Host',
+  both: 'Both (read-duplicated)',
+  unknown: 'Unknown (whether a GPU holds it)',
+  gpus: 'GPUs (several)',
+  'gpu:0': 'GPU 0',
+  'gpu:1': 'GPU 1',
+  'gpu:2': 'GPU 2',
+  'gpu:3': 'GPU 3',
+  'gpu:4': 'GPU 4',
+  'gpu:5': 'GPU 5'
+};
+
+export const GPU_CATEGORIES = CATEGORY_NAMES.filter(name => name.startsWith('gpu:'));
+
+/** The order the legend and the counts list categories in: the GPUs, then the host, both, and no known copy. */
+export const DISPLAY_ORDER: ReadonlyArray<CategoryName> = [
+  ...GPU_CATEGORIES,
+  'gpus',
+  'host',
+  'both',
+  'unknown',
+  'nowhere'
+];
+
+/** Listed on every device, whatever its GPUs. */
+const ALWAYS_SHOWN: ReadonlyArray<CategoryName> = ['host', 'both', 'unknown', 'nowhere'];
+
+/** A code the views cannot name (a newer kernel's) is drawn as what it is to us: unknown. */
+export const UNKNOWN_CODE = CATEGORY_NAMES.indexOf('unknown');
+
+/** The category code of a residency byte, as drawn. */
+export function drawnCode(byte: number): number {
+  return byte < CATEGORY_NAMES.length ? byte : UNKNOWN_CODE;
+}
+
+/** Every category's colour as RGBA bytes, four per code. */
+export const COLOURS = rgbaBytes(CATEGORY_NAMES.map(name => PALETTE[name]));
+
+/** Every cause's colour as RGBA bytes, four per cause code (the timeline's `cause` column). */
+export const CAUSE_COLOURS = rgbaBytes(CAUSE_NAMES.map(name => CAUSE_PALETTE[name]));
+
+/** The categories that hold pages, in display order. */
+export function nonZero(counts: PageCounts): CategoryName[] {
+  return DISPLAY_ORDER.filter(name => counts[name] > 0);
+}
+
+/**
+ * The categories the legend lists for a device of `deviceCount` GPUs: each GPU, "gpus" where there
+ * are two or more, host, both, unknown and nowhere; and any other in `present`. As the dashboard's
+ * `shown_categories`.
+ */
+export function shownCategories(deviceCount: number, present: ReadonlySet<CategoryName>): CategoryName[] {
+  const gpus = Math.min(Math.max(deviceCount, 0), GPU_CATEGORIES.length);
+  const wanted = new Set<CategoryName>([...present, ...GPU_CATEGORIES.slice(0, gpus), ...ALWAYS_SHOWN]);
+  if (gpus > 1) {
+    wanted.add('gpus');
+  }
+  return DISPLAY_ORDER.filter(name => wanted.has(name));
+}
+
+/** The pages of page `first` to `last` (inclusive) of a map of `pages` pages in cells of `cellPages`. */
+export function cellPageRange(cell: number, pages: number, cellPages: number): [number, number] {
+  const first = cell * cellPages;
+  return [first, Math.min(pages, first + cellPages) - 1];
+}
+
+/** How many pages `cells` stand for in each category, by code (the last cell holds what is left). */
+export function pagesDrawn(cells: Uint8Array, pages: number, cellPages: number): number[] {
+  const counts = new Array<number>(CATEGORY_NAMES.length).fill(0);
+  const n = cells.length;
+  for (let i = 0; i < n; i++) {
+    counts[drawnCode(cells[i])] += i === n - 1 ? pages - cellPages * (n - 1) : cellPages;
+  }
+  return counts;
+}
+
+/**
+ * Carry the pages drawn per category on `node` as data attributes (`data-gpu0-pages`,
+ * `data-unknown-pages` …, every category, zero included), so a test can read the picture.
+ */
+export function markPagesDrawn(node: HTMLElement, drawn: number[]): void {
+  CATEGORY_NAMES.forEach((name, code) => (node.dataset[`${name.replace(':', '')}Pages`] = String(drawn[code])));
+}
+
+/** A legend: a swatch in the category's colour and its label, per category. */
+export function legendItems(shown: ReadonlyArray<CategoryName>): HTMLElement[] {
+  return shown.map(name => {
+    const item = document.createElement('span');
+    item.className = 'jp-UvmLab-legendItem';
+    item.dataset.category = name;
+    const swatch = document.createElement('span');
+    swatch.className = 'jp-UvmLab-swatch';
+    swatch.style.background = PALETTE[name];
+    item.append(swatch, document.createTextNode(LABELS[name]));
+    return item;
+  });
+}
+
+export function formatBytes(n: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  let v = n;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${i === 0 ? v : v.toFixed(v < 10 ? 2 : v < 100 ? 1 : 0)} ${units[i]}`;
+}
+
+/** A duration in nanoseconds, in the unit that reads best. */
+export function formatNs(ns: number): string {
+  const a = Math.abs(ns);
+  if (a >= 1e9) {
+    return `${(ns / 1e9).toFixed(a >= 1e10 ? 1 : 3)} s`;
+  }
+  if (a >= 1e6) {
+    return `${(ns / 1e6).toFixed(a >= 1e7 ? 1 : 3)} ms`;
+  }
+  if (a >= 1e3) {
+    return `${(ns / 1e3).toFixed(a >= 1e4 ? 1 : 3)} µs`;
+  }
+  return `${Math.round(ns)} ns`;
+}
+
+/** What a processor id of an event record names: -1 the host, -2 none, -3 several (a merged row). */
+export function processorName(id: number): string {
+  return id === -1 ? 'host' : id === -2 ? '—' : id === -3 ? 'several' : `GPU ${id}`;
+}
+
+export function div(className: string): HTMLDivElement {
+  const node = document.createElement('div');
+  node.className = className;
+  return node;
+}
+
+export function button(label: string, className: string): HTMLButtonElement {
+  const node = document.createElement('button');
+  node.type = 'button';
+  node.className = `jp-Button jp-mod-styled ${className}`;
+  node.textContent = label;
+  return node;
+}
+
+function rgbaBytes(colours: string[]): Uint8ClampedArray {
+  const bytes = new Uint8ClampedArray(4 * colours.length);
+  colours.forEach((hex, code) => {
+    bytes.set([1, 3, 5].map(i => parseInt(hex.slice(i, i + 2), 16)).concat(255), 4 * code);
+  });
+  return bytes;
+}

@@ -1,0 +1,133 @@
+/**
+ * The device lanes: memory in use against capacity (and what is allocated, so oversubscription
+ * shows), bytes moved each way, faults, and bytes evicted, per update interval, on one time axis
+ * (the backend's clock, the timeline's). Drawn with uPlot, one chart per lane, cursors in step.
+ */
+
+import uPlot from 'uplot';
+
+import { formatBytes, formatNs } from './categories';
+import { DeviceSample } from './protocol';
+import { CAUSE_PALETTE, PALETTE } from './palette';
+
+type Lane = {
+  title: string;
+  unit: 'bytes' | 'count';
+  series: { label: string; colour: string; value: (s: DeviceSample) => number; fill?: boolean; dash?: number[] }[];
+};
+
+const LANES: Lane[] = [
+  {
+    title: 'Device memory',
+    unit: 'bytes',
+    series: [
+      { label: 'used', colour: PALETTE['gpu:0'], value: s => s.used, fill: true },
+      { label: 'allocated', colour: PALETTE['host'], value: s => s.allocated },
+      { label: 'capacity', colour: PALETTE['gpus'], value: s => s.total, dash: [4, 4] }
+    ]
+  },
+  {
+    title: 'Moved per interval',
+    unit: 'bytes',
+    // Coloured by where the bytes went.
+    series: [
+      { label: 'HtoD', colour: PALETTE['gpu:0'], value: s => s.htod_bytes },
+      { label: 'DtoH', colour: PALETTE['host'], value: s => s.dtoh_bytes }
+    ]
+  },
+  {
+    title: 'Faults per interval',
+    unit: 'count',
+    series: [
+      { label: 'GPU', colour: PALETTE['gpu:0'], value: s => s.gpu_faults },
+      { label: 'CPU', colour: PALETTE['host'], value: s => s.cpu_faults }
+    ]
+  },
+  {
+    title: 'Evicted per interval',
+    unit: 'bytes',
+    series: [{ label: 'evicted', colour: CAUSE_PALETTE['eviction'], value: s => s.evicted_bytes, fill: true }]
+  }
+];
+
+const SYNC_KEY = 'uvm-lab-lanes';
+
+export class DeviceLanes {
+  constructor(readonly node: HTMLElement) {
+    node.classList.add('jp-UvmLab-lanes');
+  }
+
+  /** Draw `samples` (oldest first) over [start, end] ns, or over all of them when no window is given. */
+  render(samples: ReadonlyArray<DeviceSample>, window: [number, number] | null, fullWidth: number): void {
+    if (fullWidth < 50) {
+      return;
+    }
+    // Two lanes a row where there is room.
+    const width = fullWidth >= 700 ? Math.floor(fullWidth / 2) - 8 : fullWidth;
+    const xs = samples.map(s => s.time);
+    if (!this._plots.length) {
+      this._plots = LANES.map(lane => this._makePlot(lane, width));
+    }
+    this._plots.forEach((plot, i) => {
+      const lane = LANES[i];
+      const data: uPlot.AlignedData = [xs, ...lane.series.map(s => samples.map(s.value))];
+      plot.setData(data, !window);
+      if (window) {
+        plot.setScale('x', { min: window[0], max: window[1] });
+      }
+      if (plot.width !== width) {
+        plot.setSize({ width, height: HEIGHT });
+      }
+    });
+    this.node.dataset.samples = String(samples.length);
+    const last = samples[samples.length - 1];
+    if (last) {
+      this.node.dataset.used = String(last.used);
+      this.node.dataset.total = String(last.total);
+      this.node.dataset.allocated = String(last.allocated);
+      this.node.dataset.oversubscribed = String(last.allocated > last.total);
+    }
+  }
+
+  dispose(): void {
+    this._plots.forEach(plot => plot.destroy());
+    this._plots = [];
+  }
+
+  private _makePlot(lane: Lane, width: number): uPlot {
+    const holder = document.createElement('div');
+    holder.className = 'jp-UvmLab-lane';
+    holder.dataset.lane = lane.title;
+    this.node.appendChild(holder);
+    const format = lane.unit === 'bytes' ? formatBytes : (n: number) => String(Math.round(n));
+    const opts: uPlot.Options = {
+      title: lane.title,
+      width,
+      height: HEIGHT,
+      cursor: { sync: { key: SYNC_KEY }, drag: { x: false, y: false } },
+      legend: { live: true },
+      scales: { x: { time: false } },
+      axes: [
+        { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, stroke: 'var(--jp-ui-font-color2)' },
+        { values: (_u, ticks) => ticks.map(format), size: 70, stroke: 'var(--jp-ui-font-color2)' }
+      ],
+      series: [
+        { label: 'time', value: (_u, v) => (v === null ? '—' : formatNs(v)) },
+        ...lane.series.map(s => ({
+          label: s.label,
+          stroke: s.colour,
+          width: 1.5,
+          dash: s.dash,
+          fill: s.fill ? s.colour + '40' : undefined,
+          paths: lane.unit === 'count' || lane.title.includes('per interval') ? uPlot.paths.stepped?.({ align: 1 }) : undefined,
+          value: (_u: uPlot, v: number | null) => (v === null ? '—' : format(v))
+        }))
+      ]
+    };
+    return new uPlot(opts, [[], ...lane.series.map(() => [])], holder);
+  }
+
+  private _plots: uPlot[] = [];
+}
+
+const HEIGHT = 90;

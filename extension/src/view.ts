@@ -1,0 +1,567 @@
+/**
+ * The UVM Lab view in the main area: device lanes, a timeline of events by allocation and cause,
+ * the allocation list, the selected allocation's page map with its traffic, and the controls for
+ * everything a buffer does. It follows the current notebook's kernel through its own model (one
+ * comm); it only renders and sends commands, and shows each command's result.
+ */
+
+import { Message } from '@lumino/messaging';
+import { Widget } from '@lumino/widgets';
+
+import { AllocationList } from './alloclist';
+import {
+  GPU_CATEGORIES,
+  LABELS,
+  button,
+  div,
+  formatBytes,
+  formatNs,
+  legendItems,
+  nonZero,
+  shownCategories
+} from './categories';
+import { MapHistory } from './history';
+import { DeviceLanes } from './lanes';
+import { IAllocation, UvmLabModel } from './model';
+import { PageMap } from './pagemap';
+import { CAUSE_PALETTE } from './palette';
+import { CAUSE_NAMES, CategoryName, Location, RATE_LIMITS_MS, Result } from './protocol';
+import { Timeline } from './timeline';
+
+/** The update intervals offered, in ms (within the protocol's limits). */
+const RATES = [100, 250, 500, 1000, 2000].filter(ms => ms >= RATE_LIMITS_MS[0] && ms <= RATE_LIMITS_MS[1]);
+
+export class UvmLabView extends Widget {
+  constructor(model: UvmLabModel) {
+    super();
+    this.model = model;
+    this.addClass('jp-UvmLabView');
+    this.node.tabIndex = -1;
+    this._build();
+    model.stateChanged.connect(this._schedule, this);
+    model.allocationsChanged.connect(this._schedule, this);
+    model.samplesChanged.connect(this._schedule, this);
+    model.setPaused(true); // until shown
+  }
+
+  readonly model: UvmLabModel;
+
+  /** The allocation the map and the controls show. */
+  get selectedId(): number | null {
+    return this._selected;
+  }
+
+  select(id: number): void {
+    if (this.model.allocations.has(id)) {
+      this._selected = id;
+      this._schedule();
+    }
+  }
+
+  dispose(): void {
+    if (this.isDisposed) {
+      return;
+    }
+    cancelAnimationFrame(this._frame);
+    this._list.dispose();
+    this._lanes.dispose();
+    this.model.dispose();
+    super.dispose();
+  }
+
+  protected onAfterShow(msg: Message): void {
+    this._hidden = false;
+    this.model.setPaused(this._userPaused);
+    this._schedule();
+  }
+
+  protected onAfterAttach(msg: Message): void {
+    // A widget attached visible is never "shown": it starts here.
+    if (this.isVisible) {
+      this.onAfterShow(msg);
+    }
+  }
+
+  protected onAfterHide(msg: Message): void {
+    this._hidden = true;
+    this.model.setPaused(true);
+  }
+
+  protected onResize(msg: Widget.ResizeMessage): void {
+    this._schedule();
+  }
+
+  protected onActivateRequest(msg: Message): void {
+    this.node.focus();
+  }
+
+  /** Draw once per animation frame however many messages arrived. */
+  private _schedule(): void {
+    if (this._frame) {
+      return;
+    }
+    this._frame = requestAnimationFrame(() => {
+      this._frame = 0;
+      this._render();
+    });
+  }
+
+  // --- building ---------------------------------------------------------------------------------
+
+  private _build(): void {
+    const header = div('jp-UvmLabView-header');
+    const title = div('jp-UvmLab-title');
+    title.textContent = 'UVM Lab';
+    this._kernelLine = div('jp-UvmLab-kernel');
+    this._pause = button('Pause', 'jp-UvmLab-pause');
+    this._pause.setAttribute('aria-pressed', 'false');
+    this._pause.title = 'Stop the updates (the kernel keeps recording)';
+    this._pause.addEventListener('click', () => this._togglePause());
+    this._rate = document.createElement('select');
+    this._rate.setAttribute('aria-label', 'Update interval');
+    this._rate.title = 'The least time between two updates';
+    for (const ms of RATES) {
+      const option = document.createElement('option');
+      option.value = String(ms);
+      option.textContent = ms < 1000 ? `every ${ms} ms` : `every ${ms / 1000} s`;
+      this._rate.appendChild(option);
+    }
+    this._rate.addEventListener('change', () => {
+      const ms = Number(this._rate.value);
+      void this._run(`Asking for updates every ${ms} ms…`, `Updates every ${ms} ms.`, () => this.model.setRate(ms));
+    });
+    header.append(title, this._kernelLine, this._pause, this._rate);
+
+    this._notice = div('jp-UvmLab-notice');
+    this._noticeText = document.createElement('p');
+    const retry = button('Retry', 'jp-UvmLab-retry');
+    retry.addEventListener('click', () => void this.model.attach());
+    this._notice.append(this._noticeText, retry);
+
+    const body = div('jp-UvmLabView-body');
+    const side = div('jp-UvmLabView-side');
+    this._list = new AllocationList(
+      div(''),
+      id => this.select(id),
+      () => this._schedule()
+    );
+    side.append(this._list.node);
+
+    const main = div('jp-UvmLabView-main');
+    this._lanes = new DeviceLanes(div(''));
+    this._lanesNote = div('jp-UvmLab-lanesNote');
+    this._timeline = new Timeline(div(''), this.model, id => this.select(id));
+    const causes = div('jp-UvmLab-legend jp-UvmLab-causes');
+    causes.append(
+      ...CAUSE_NAMES.map(name => {
+        const item = document.createElement('span');
+        item.className = 'jp-UvmLab-legendItem';
+        item.dataset.cause = name;
+        const swatch = document.createElement('span');
+        swatch.className = 'jp-UvmLab-swatch';
+        swatch.style.background = CAUSE_PALETTE[name];
+        item.append(swatch, document.createTextNode(name));
+        return item;
+      })
+    );
+
+    const selected = div('jp-UvmLab-selection');
+    this._selectedTitle = div('jp-UvmLab-selectionTitle');
+    this._legend = div('jp-UvmLab-legend');
+    const zoom = div('jp-UvmLab-zoom');
+    const zoomIn = button('+', 'jp-UvmLab-zoomIn');
+    zoomIn.setAttribute('aria-label', 'Zoom the page map in');
+    const zoomOut = button('−', 'jp-UvmLab-zoomOut');
+    zoomOut.setAttribute('aria-label', 'Zoom the page map out');
+    zoomIn.addEventListener('click', () => this._map.zoom(1));
+    zoomOut.addEventListener('click', () => this._map.zoom(-1));
+    zoom.append(zoomOut, zoomIn);
+    this._map = new PageMap(div(''), (lane, first, end) => this._timeline.lastEventAt(lane, first, end));
+    this._placement = div('jp-UvmLab-placement');
+    const cursorRow = div('jp-UvmLab-controlRow jp-UvmLab-cursor');
+    this._cursor = document.createElement('input');
+    this._cursor.type = 'range';
+    this._cursor.min = '0';
+    this._cursor.setAttribute('aria-label', 'Time cursor');
+    this._cursor.title = 'Show the map as it was; all the way right is live';
+    this._cursor.addEventListener('input', () => {
+      this._cursorLive = Number(this._cursor.value) >= Number(this._cursor.max);
+      this._schedule();
+    });
+    this._cursorText = div('jp-UvmLab-cursorText');
+    this._cursorText.setAttribute('aria-label', 'Time cursor position');
+    cursorRow.append(label('Time cursor'), this._cursor, this._cursorText);
+    this._traffic = document.createElement('table');
+    this._traffic.className = 'jp-UvmLab-traffic';
+    this._controls = this._buildControls();
+    selected.append(
+      this._selectedTitle,
+      this._placement,
+      this._legend,
+      cursorRow,
+      zoom,
+      this._map.node,
+      this._traffic,
+      this._controls
+    );
+
+    main.append(this._lanes.node, this._lanesNote, this._timeline.node, causes, selected);
+    body.append(side, main);
+
+    this._status = div('jp-UvmLab-status');
+    this._status.setAttribute('role', 'status');
+    this.node.append(header, this._notice, body, this._status);
+  }
+
+  private _buildControls(): HTMLElement {
+    const controls = div('jp-UvmLab-controls');
+    // Prefetch: where, and which pages.
+    const prefetch = div('jp-UvmLab-controlRow');
+    this._destination = document.createElement('select');
+    this._destination.setAttribute('aria-label', 'Prefetch destination');
+    this._firstPage = numberInput('First page', '0');
+    this._pageCount = numberInput('Page count', 'all');
+    const go = button('Prefetch', 'jp-mod-accept jp-UvmLab-prefetch');
+    go.title = 'cudaMemPrefetchAsync: move the pages to the chosen place';
+    go.addEventListener('click', () => this._prefetch());
+    prefetch.append(label('Prefetch to'), this._destination, label('pages from'), this._firstPage, label('count'), this._pageCount, go);
+
+    // Advice: each kind, set and unset.
+    const advice = div('jp-UvmLab-controlRow');
+    this._readMostly = button('ReadMostly', 'jp-UvmLab-toggle');
+    this._readMostly.setAttribute('role', 'switch');
+    this._readMostly.setAttribute('aria-checked', 'false');
+    this._readMostly.title = 'cudaMemAdviseSetReadMostly: reads duplicate pages instead of moving them';
+    this._readMostly.addEventListener('click', () => this._toggleReadMostly());
+    this._preferred = document.createElement('select');
+    this._preferred.setAttribute('aria-label', 'Preferred location');
+    this._preferred.title = 'cudaMemAdviseSetPreferredLocation (none unsets it)';
+    this._preferred.addEventListener('change', () => this._setPreferred());
+    this._accessedBy = div('jp-UvmLab-accessedBy');
+    this._accessedBy.setAttribute('role', 'group');
+    this._accessedBy.setAttribute('aria-label', 'Accessed by');
+    advice.append(this._readMostly, label('Preferred location'), this._preferred, label('Accessed by'), this._accessedBy);
+
+    this._result = div('jp-UvmLab-result');
+    this._result.setAttribute('role', 'status');
+    this._result.setAttribute('aria-label', 'Last command');
+    controls.append(prefetch, advice, this._result);
+    return controls;
+  }
+
+  // --- rendering --------------------------------------------------------------------------------
+
+  private _render(): void {
+    if (!this.isVisible) {
+      return;
+    }
+    const model = this.model;
+    const device = model.device;
+    const parts = [model.kernelName || 'no kernel'];
+    if (device) {
+      parts.push(`${device.backend} backend`, `${formatBytes(device.total - device.free)} of ${formatBytes(device.total)} in use`);
+    }
+    this._kernelLine.textContent = parts.join(' · ');
+    this.node.dataset.state = model.state;
+    const showNotice = model.state === 'not-loaded' || model.state === 'no-kernel' || model.state === 'no-notebook';
+    this._notice.hidden = !showNotice;
+    this._noticeText.textContent = model.status;
+    this._status.textContent = model.status;
+    this._pause.textContent = this._userPaused ? 'Resume' : 'Pause';
+    this._pause.setAttribute('aria-pressed', String(this._userPaused));
+
+    const allocations = model.allocations;
+    if (this._selected !== null && !allocations.has(this._selected)) {
+      this._selected = null;
+    }
+    if (this._selected === null && allocations.size) {
+      this._selected = allocations.keys().next().value ?? null;
+    }
+    this._list.setData(allocations, this._selected);
+
+    const width = Math.max(0, (this.node.querySelector('.jp-UvmLabView-main') as HTMLElement)?.clientWidth - 24);
+    const window = this._timeline.following ? null : this._timeline.window;
+    this._lanes.render(model.samples, window, width);
+    this._lanesNote.textContent = model.samplesDropped
+      ? `${model.samplesDropped} older samples no longer held`
+      : '';
+    if (model.state !== 'connected') {
+      this._timeline.clear();
+    }
+    const labels = new Map([...allocations.values()].map(a => [a.info.id, a.info.label]));
+    this._timeline.render(this._list.shownIds, labels, this._selected, width);
+
+    const selected = this._selectedAllocation();
+    this._renderSelection(selected, width);
+    this._renderControls(selected);
+  }
+
+  private _renderSelection(selected: IAllocation | undefined, width: number): void {
+    this._selectedTitle.textContent = selected
+      ? `${selected.info.label} (#${selected.info.id}, ${formatBytes(selected.info.size)}, ${selected.info.pages} pages)`
+      : this.model.state === 'connected'
+        ? 'No live allocations. Create a uvm_lab.DeviceBuffer in the notebook.'
+        : '';
+    const present = new Set<CategoryName>(selected ? nonZero(selected.info.counts) : []);
+    const spec = shownCategories(this._deviceCount(), present);
+    if (spec.join('|') !== this._legendSpec) {
+      this._legendSpec = spec.join('|');
+      this._legend.replaceChildren(...legendItems(spec));
+    }
+    this._map.render(this._atCursor(selected), Math.min(width, 900));
+    if (!selected) {
+      this._placement.textContent = '';
+      this._traffic.replaceChildren();
+      return;
+    }
+    const { info } = selected;
+    // Requested (the last prefetch, whoever asked) beside observed (where the pages are).
+    const requested = info.requested ? LABELS[info.requested as CategoryName] ?? info.requested : 'no prefetch yet';
+    const observed = nonZero(info.counts)
+      .map(name => `${LABELS[name].split(' (')[0]} ${((100 * info.counts[name]) / Math.max(info.pages, 1)).toFixed(1)}%`)
+      .join(' · ');
+    this._placement.textContent = `Requested: ${requested} · Observed: ${observed || 'no pages'}`;
+    this._placement.dataset.requested = info.requested ?? '';
+    // Traffic by cause: faults and bytes each way, the causes that have any.
+    const rows: HTMLTableRowElement[] = [tableRow(['cause', 'faults', 'to GPU', 'to host'], 'th')];
+    info.traffic.by_cause.forEach(([faults, htod, dtoh], i) => {
+      if (faults || htod || dtoh) {
+        const row = tableRow([CAUSE_NAMES[i], String(faults), formatBytes(htod), formatBytes(dtoh)], 'td');
+        row.dataset.cause = CAUSE_NAMES[i];
+        rows.push(row);
+      }
+    });
+    rows.push(
+      tableRow(['all', String(info.traffic.faults), formatBytes(info.traffic.htod_bytes), formatBytes(info.traffic.dtoh_bytes)], 'th')
+    );
+    this._traffic.replaceChildren(...rows);
+  }
+
+  /**
+   * The selected allocation as the time cursor shows it: live (and noted in the history), or a state
+   * the history holds. The cursor's line says which, and how many older states were dropped.
+   */
+  private _atCursor(selected: IAllocation | undefined): IAllocation | undefined {
+    if (!selected) {
+      this._cursorText.textContent = '';
+      return undefined;
+    }
+    const history = this._history;
+    history.record(selected, this.model.now);
+    const states = history.states;
+    const last = states.length - 1;
+    this._cursor.max = String(last);
+    if (this._cursorLive || Number(this._cursor.value) > last) {
+      this._cursor.value = String(last);
+    }
+    const index = Number(this._cursor.value);
+    const dropped = history.dropped ? ` · ${history.dropped} older states dropped` : '';
+    const live = this._cursorLive || index >= last;
+    const shown = states[index];
+    this._cursorText.textContent = live
+      ? `live · ${states.length} states held${dropped}`
+      : `at ${formatNs(shown.time)} · state ${index + 1} of ${states.length}${dropped}`;
+    this._cursorText.dataset.live = String(live);
+    return live ? selected : shown.allocation;
+  }
+
+  private _renderControls(selected: IAllocation | undefined): void {
+    const usable = !!selected && selected.info.is_managed && this.model.state === 'connected' && !this._busy;
+    this._controls.hidden = !selected;
+    const gpus = GPU_CATEGORIES.slice(0, Math.min(this._deviceCount(), GPU_CATEGORIES.length));
+    const locations = [...gpus, 'host'];
+    fillOptions(this._destination, locations, locations[0]);
+    fillOptions(this._preferred, ['', ...locations], '');
+    if (selected) {
+      const advice = selected.info.advice;
+      this._readMostly.setAttribute('aria-checked', String(advice.read_mostly));
+      this._readMostly.classList.toggle('jp-mod-active', advice.read_mostly);
+      if (document.activeElement !== this._preferred) {
+        this._preferred.value = advice.preferred_location ?? '';
+      }
+      // One checkbox per place, checked where the kernel says.
+      const spec = locations.join('|');
+      if (this._accessedBy.dataset.spec !== spec) {
+        this._accessedBy.dataset.spec = spec;
+        this._accessedBy.replaceChildren(
+          ...locations.map(location => {
+            const box = document.createElement('input');
+            box.type = 'checkbox';
+            box.value = location;
+            box.addEventListener('change', () => this._setAccessedBy());
+            const wrap = document.createElement('label');
+            wrap.append(box, document.createTextNode(LABELS[location as CategoryName]));
+            return wrap;
+          })
+        );
+      }
+      this._accessedBy.querySelectorAll('input').forEach(box => {
+        box.checked = advice.accessed_by.includes(box.value);
+        box.disabled = !usable;
+      });
+    }
+    for (const control of [this._destination, this._firstPage, this._pageCount, this._readMostly, this._preferred]) {
+      control.disabled = !usable;
+    }
+    (this._controls.querySelector('.jp-UvmLab-prefetch') as HTMLButtonElement).disabled = !usable;
+  }
+
+  // --- commands ---------------------------------------------------------------------------------
+
+  private _prefetch(): void {
+    const selected = this._selectedAllocation();
+    if (!selected) {
+      return;
+    }
+    const location = this._destination.value as Location;
+    const first = this._firstPage.value === '' ? 0 : Number(this._firstPage.value);
+    const count = this._pageCount.value === '' ? null : Number(this._pageCount.value);
+    const where = LABELS[location as CategoryName] ?? location;
+    const range = first === 0 && count === null ? '' : ` (pages ${first}–${count === null ? 'end' : first + count - 1})`;
+    void this._run(`Prefetching ${selected.info.label}${range} to ${where}…`, `Prefetched ${selected.info.label}${range} to ${where}.`, () =>
+      this.model.prefetch(selected.info.id, location, first, count)
+    );
+  }
+
+  private _toggleReadMostly(): void {
+    const selected = this._selectedAllocation();
+    if (selected) {
+      const value = !selected.info.advice.read_mostly;
+      void this._run(`Setting ReadMostly ${value ? 'on' : 'off'}…`, `ReadMostly is ${value ? 'on' : 'off'} for ${selected.info.label}.`, () =>
+        this.model.setAdvice(selected.info.id, 'read_mostly', value)
+      );
+    }
+  }
+
+  private _setPreferred(): void {
+    const selected = this._selectedAllocation();
+    if (selected) {
+      const value = this._preferred.value || null;
+      const what = value ? `PreferredLocation is ${LABELS[value as CategoryName] ?? value}` : 'PreferredLocation is unset';
+      void this._run(`Setting PreferredLocation…`, `${what} for ${selected.info.label}.`, () =>
+        this.model.setAdvice(selected.info.id, 'preferred_location', value)
+      );
+    }
+  }
+
+  private _setAccessedBy(): void {
+    const selected = this._selectedAllocation();
+    if (selected) {
+      const value = [...this._accessedBy.querySelectorAll('input')].filter(box => box.checked).map(box => box.value);
+      const what = value.length ? `AccessedBy is ${value.join(', ')}` : 'AccessedBy is unset';
+      void this._run(`Setting AccessedBy…`, `${what} for ${selected.info.label}.`, () =>
+        this.model.setAdvice(selected.info.id, 'accessed_by', value)
+      );
+    }
+  }
+
+  private _togglePause(): void {
+    this._userPaused = !this._userPaused;
+    this.model.setPaused(this._userPaused || this._hidden);
+    this._result.textContent = this._userPaused ? 'Paused: the view holds what it last received.' : 'Resumed.';
+    this._schedule();
+  }
+
+  private async _run(doing: string, done: string, command: () => Promise<Result>): Promise<void> {
+    this._busy = true;
+    this._result.textContent = doing;
+    this._result.dataset.ok = '';
+    this._schedule();
+    try {
+      const result = await command();
+      this._result.textContent = result.ok ? done : `${result.error?.type ?? 'Error'}: ${result.error?.message ?? 'failed'}`;
+      this._result.dataset.ok = String(result.ok);
+    } finally {
+      this._busy = false;
+      this._schedule();
+    }
+  }
+
+  private _selectedAllocation(): IAllocation | undefined {
+    return this._selected === null ? undefined : this.model.allocations.get(this._selected);
+  }
+
+  private _deviceCount(): number {
+    return this.model.device?.device_count ?? 1;
+  }
+
+  private _kernelLine!: HTMLElement;
+  private _pause!: HTMLButtonElement;
+  private _rate!: HTMLSelectElement;
+  private _notice!: HTMLElement;
+  private _noticeText!: HTMLElement;
+  private _list!: AllocationList;
+  private _lanes!: DeviceLanes;
+  private _lanesNote!: HTMLElement;
+  private _timeline!: Timeline;
+  private _selectedTitle!: HTMLElement;
+  private _legend!: HTMLElement;
+  private _map!: PageMap;
+  private _placement!: HTMLElement;
+  private _traffic!: HTMLTableElement;
+  private _controls!: HTMLElement;
+  private _destination!: HTMLSelectElement;
+  private _firstPage!: HTMLInputElement;
+  private _pageCount!: HTMLInputElement;
+  private _readMostly!: HTMLButtonElement;
+  private _preferred!: HTMLSelectElement;
+  private _accessedBy!: HTMLElement;
+  private _result!: HTMLElement;
+  private _status!: HTMLElement;
+  private _cursor!: HTMLInputElement;
+  private _cursorText!: HTMLElement;
+  private _cursorLive = true;
+  private _history = new MapHistory();
+  private _selected: number | null = null;
+  private _legendSpec = '';
+  private _busy = false;
+  private _userPaused = false;
+  private _hidden = true;
+  private _frame = 0;
+}
+
+function label(text: string): HTMLSpanElement {
+  const node = document.createElement('span');
+  node.className = 'jp-UvmLab-controlLabel';
+  node.textContent = text;
+  return node;
+}
+
+function numberInput(name: string, placeholder: string): HTMLInputElement {
+  const input = document.createElement('input');
+  input.type = 'number';
+  input.min = '0';
+  input.step = '1';
+  input.placeholder = placeholder;
+  input.className = 'jp-UvmLab-number';
+  input.setAttribute('aria-label', name);
+  return input;
+}
+
+function fillOptions(select: HTMLSelectElement, values: string[], fallback: string): void {
+  if (values.join('|') === [...select.options].map(o => o.value).join('|')) {
+    return;
+  }
+  const chosen = select.value;
+  select.replaceChildren(
+    ...values.map(value => {
+      const option = document.createElement('option');
+      option.value = value;
+      option.textContent = value === '' ? 'none' : LABELS[value as CategoryName] ?? value;
+      return option;
+    })
+  );
+  select.value = values.includes(chosen) ? chosen : fallback;
+}
+
+function tableRow(cells: string[], tag: 'td' | 'th'): HTMLTableRowElement {
+  const row = document.createElement('tr');
+  row.append(
+    ...cells.map(text => {
+      const cell = document.createElement(tag);
+      cell.textContent = text;
+      return cell;
+    })
+  );
+  return row;
+}

@@ -1,0 +1,515 @@
+"""Protocol version 3's data for the lab view: maps as changed runs (decoding them always gives the full
+snapshot's map), the timeline query with its per-pixel merging, the device lanes' samples, and each
+event's cause."""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import uvm_lab as ul
+from uvm_lab.errors import InvalidArgumentError
+from uvm_lab.events import EventKind, MigrationCause, UnobservedCause, make_events
+from uvm_lab.events.causes import CAUSE_NAMES, cause_codes
+from uvm_lab.jupyter.comm import PanelSession
+from uvm_lab.jupyter.protocol import TIMELINE_COLUMNS, apply_runs, encode_runs, pack_states
+from uvm_lab.jupyter.timeline import SEVERAL, DeviceSeries, EventWindow
+
+PAGE = 4096
+
+
+class RecordingComm:
+    def __init__(self):
+        self.messages = []
+
+    def send(self, data=None, metadata=None, buffers=None):
+        self.messages.append((data, [bytes(b) for b in buffers or ()]))
+
+    def on_msg(self, callback):
+        self._on_msg = callback
+
+    def on_close(self, callback):
+        pass
+
+    def close(self, data=None, metadata=None, buffers=None):
+        pass
+
+    def deliver(self, data):
+        self._on_msg({"content": {"comm_id": "c0", "data": data}, "buffers": []})
+
+
+# --- runs -----------------------------------------------------------------------------------------
+
+cells_and_changes = st.integers(1, 400).flatmap(lambda n: st.tuples(
+    st.binary(min_size=n, max_size=n),
+    st.lists(st.tuples(st.integers(0, n - 1), st.integers(1, 40), st.integers(0, 10)), max_size=12)))
+
+
+@given(cells_and_changes)
+def test_applying_the_runs_of_a_change_gives_the_new_map(case):
+    first, changes = case
+    old = np.frombuffer(first, np.uint8).copy()
+    new = old.copy()
+    for start, length, code in changes:
+        new[start:start + length] = code
+    runs = encode_runs(old, new)
+    assert np.array_equal(apply_runs(old, runs), new)
+    n = int(runs[:4].view("<u4")[0])
+    if np.array_equal(old, new):
+        assert n == 0 and len(runs) == 4
+    # Never more cells than the map, never more runs than changes.
+    assert len(runs) - 4 - 8 * n <= len(new)
+    assert n <= max(1, len(changes)) or not changes
+
+
+def test_runs_carry_only_the_cells_that_changed():
+    old = np.zeros(16384, np.uint8)
+    new = old.copy()
+    new[100:104] = 5
+    new[9000] = 1
+    runs = encode_runs(old, new)
+    assert runs[:4].view("<u4").tolist() == [2]
+    assert runs[4:20].view("<u4").tolist() == [100, 9000, 4, 1]
+    assert runs[20:].tolist() == [5, 5, 5, 5, 1]
+
+
+def test_nearby_changes_share_a_run():
+    old = np.zeros(64, np.uint8)
+    new = old.copy()
+    new[[10, 19]] = 1        # 8 unchanged cells apart: one run, the gap sent along
+    new[[40, 50]] = 2        # 9 apart: two runs
+    runs = encode_runs(old, new)
+    n = int(runs[:4].view("<u4")[0])
+    assert runs[4:4 + 8 * n].view("<u4").tolist() == [10, 40, 50, 10, 1, 1]
+
+
+@pytest.mark.parametrize(("cells", "runs", "mentions"), [
+    (np.zeros(4, np.uint8), b"\x01\x00", "cannot hold its header"),
+    (np.zeros(4, np.uint8), np.array([1, 0], "<u4").tobytes(), "cannot hold its header"),
+    (np.zeros(4, np.uint8), np.array([1, 3, 2], "<u4").tobytes() + b"\x01\x01", "do not fit"),
+    (np.zeros(4, np.uint8), np.array([1, 0, 2], "<u4").tobytes() + b"\x01", "do not fit"),
+    (np.zeros(4, np.int16), np.array([0], "<u4").tobytes(), "1-D uint8"),
+])
+def test_runs_that_do_not_fit_are_refused(cells, runs, mentions):
+    with pytest.raises(InvalidArgumentError, match=mentions):
+        apply_runs(cells, runs)
+
+
+def test_runs_compare_maps_of_one_size():
+    with pytest.raises(InvalidArgumentError, match="one size"):
+        encode_runs(np.zeros(3, np.uint8), np.zeros(4, np.uint8))
+
+
+# --- the session's maps, change after change --------------------------------------------------------
+
+@pytest.fixture
+def device():
+    backend = ul.use_backend("sim", device_memory="128MiB")
+    yield backend
+    for buf in ul.live_buffers():
+        buf.close()
+
+
+class ViewOfMaps:
+    """What the view holds, decoded from the messages exactly as model.ts does."""
+
+    def __init__(self):
+        self.maps: dict[int, np.ndarray] = {}
+
+    def read(self, messages):
+        for data, buffers in messages:
+            if data["type"] == "snapshot":
+                self.maps.clear()
+            if data["type"] in ("snapshot", "update"):
+                for info, payload in zip(data["allocations"], buffers, strict=True):
+                    cells = np.frombuffer(payload, np.uint8)
+                    if info["encoding"] == "runs":
+                        cells = apply_runs(self.maps[info["id"]], cells)
+                    assert len(cells) == info["cells"]
+                    self.maps[info["id"]] = cells.copy()
+            elif data["type"] == "removed":
+                for alloc_id in data["ids"]:
+                    del self.maps[alloc_id]
+
+
+operations = st.lists(st.tuples(
+    st.sampled_from(["touch gpu", "touch host", "prefetch gpu", "prefetch host", "read_mostly", "free", "new"]),
+    st.integers(0, 2), st.integers(0, 600), st.integers(1, 300)), min_size=1, max_size=12)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations)
+def test_the_maps_decoded_from_changes_are_the_full_snapshots_maps(device, ops):
+    for buf in ul.live_buffers():
+        buf.close()
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False)
+    try:
+        # One buffer of more than CELL_LIMIT pages, so cells of several pages change too.
+        buffers = [ul.DeviceBuffer(size=f"{n}KiB", label=f"b{i}") for i, n in enumerate((2400, 70_000, 64))]
+        session.handle({"type": "hello", "seq": 0})
+        view = ViewOfMaps()
+        for kind, which, first, pages in ops:
+            live = [b for b in buffers if not b.closed]
+            if kind == "new":
+                buffers.append(ul.DeviceBuffer(size=f"{pages * 4}KiB", label="new"))
+            elif live:
+                buf = live[which % len(live)]
+                offset = min(first, buf.size // PAGE - 1) * PAGE
+                size = min(pages * PAGE, buf.size - offset)
+                if kind.startswith("touch"):
+                    ul.touch(buf, on=kind.split()[1], mode="write", offset=offset, size=size)
+                elif kind.startswith("prefetch"):
+                    buf.prefetch(kind.split()[1])
+                elif kind == "read_mostly":
+                    buf.read_mostly = not buf.read_mostly
+                else:
+                    buf.close()
+            ul.events.get_bus().flush()
+            session.flush()
+            view.read(comm.messages)
+            comm.messages.clear()
+            full = {b.id: pack_states(ul.residency(b).states)[1] for b in ul.live_buffers() if b.size}
+            assert view.maps.keys() == full.keys()
+            for alloc_id, cells in full.items():
+                assert np.array_equal(view.maps[alloc_id], cells)
+    finally:
+        session.close()
+
+
+def test_an_update_of_a_few_pages_of_a_large_buffer_is_small(device):
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False)
+    try:
+        big = ul.DeviceBuffer(size="48MiB", label="big")   # 12288 pages, one cell each
+        session.handle({"type": "hello", "seq": 0})
+        comm.messages.clear()
+        ul.touch(big, on="gpu", mode="write", offset="1MiB", size="16KiB")
+        ul.events.get_bus().flush()
+        assert session.flush()
+        (update, buffers), = comm.messages
+        (info,) = update["allocations"]
+        assert info["encoding"] == "runs" and info["cells"] == 12288
+        assert len(buffers[0]) < 100     # the header and the cells that changed, not 12288 bytes
+    finally:
+        session.close()
+
+
+# --- causes ---------------------------------------------------------------------------------------
+
+def _cause(**fields):
+    return CAUSE_NAMES[int(cause_codes(make_events(1, **fields))[0])]
+
+
+@pytest.mark.parametrize(("fields", "cause"), [
+    ({"kind": EventKind.GPU_PAGE_FAULT}, "demand fault"),
+    ({"kind": EventKind.CPU_PAGE_FAULT}, "demand fault"),
+    ({"kind": EventKind.HTOD, "flags": MigrationCause.COHERENCE}, "demand fault"),
+    ({"kind": EventKind.HTOD, "flags": MigrationCause.USER}, "prefetch"),
+    ({"kind": EventKind.HTOD, "flags": MigrationCause.PREFETCH}, "prefetch"),
+    ({"kind": EventKind.PREFETCH}, "prefetch"),
+    ({"kind": EventKind.DTOH, "flags": MigrationCause.EVICTION}, "eviction"),
+    ({"kind": EventKind.INVALIDATE}, "coherence"),
+    ({"kind": EventKind.UNOBSERVED, "flags": UnobservedCause.COLLAPSE}, "coherence"),
+    ({"kind": EventKind.UNOBSERVED, "flags": UnobservedCause.KERNEL}, "inferred"),
+    ({"kind": EventKind.THRASHING}, "thrashing"),
+    ({"kind": EventKind.REMOTE_MAP}, "remote map"),
+    ({"kind": EventKind.DTOH, "flags": MigrationCause.ACCESS_COUNTERS}, "remote map"),
+    ({"kind": EventKind.HTOD, "flags": MigrationCause.USER_INFERRED}, "inferred"),
+    ({"kind": EventKind.DTOH, "flags": MigrationCause.INFERRED}, "inferred"),
+    ({"kind": EventKind.DTOH, "flags": MigrationCause.UNKNOWN}, "inferred"),
+    ({"kind": EventKind.ALLOC}, "allocation"),
+    ({"kind": EventKind.FREE}, "allocation"),
+    ({"kind": EventKind.ADVICE}, "advice"),
+])
+def test_every_event_has_one_cause(fields, cause):
+    assert _cause(**fields) == cause
+
+
+def test_causes_refuse_what_is_not_records():
+    with pytest.raises(InvalidArgumentError, match="EVENT_DTYPE"):
+        cause_codes(np.zeros(3))
+
+
+# --- the timeline ---------------------------------------------------------------------------------
+
+BASE = 1 << 40   # buffer n lies at BASE * n: an address far from any real one
+
+
+def _window_with_buffers(*ids, capacity=1 << 19):
+    """An EventWindow that has seen buffers ``ids`` allocated (lane n holds the addresses BASE * n on)."""
+    window = EventWindow(capacity)
+    # Allocated long after every window the tests ask for: only the lanes they set up are in view.
+    window.feed(make_events(len(ids), kind=EventKind.ALLOC, address=[BASE * i for i in ids], bytes=BASE,
+                            alloc_id=list(ids), start=10**15, end=10**15))
+    return window
+
+
+def _events(starts, durations, lanes, kind=EventKind.HTOD, flags=MigrationCause.COHERENCE, nbytes=PAGE, dst=0):
+    """Records at ``starts`` in buffers ``lanes`` (their alloc_id the segment's, 99, as the backends write)."""
+    starts = np.asarray(starts)
+    return make_events(len(starts), kind=kind, flags=flags, start=starts, end=starts + np.asarray(durations),
+                       address=BASE * np.asarray(lanes, dtype=np.uint64) + PAGE, alloc_id=99, bytes=nbytes,
+                       value=nbytes, src=-1, dst=dst)
+
+
+def test_events_narrower_than_a_pixel_merge_per_lane_pixel_and_cause():
+    window = _window_with_buffers(1, 2)
+    # 100 ns a pixel. Lane 1: five 10-ns faults in pixel 0, one in pixel 3; lane 2: two in pixel 0.
+    window.feed(_events([0, 10, 20, 30, 40, 300], 10, 1))
+    window.feed(_events([5, 15], 10, 2))
+    window.feed(_events([50], 10, 1, flags=MigrationCause.USER))   # another cause: its own row
+    window.feed(_events([600], 250, 1))                            # wider than a pixel: its own row
+    cols, events, truncated = window.query(0, 1000, 10, None)
+    assert list(cols) == [name for name, _ in TIMELINE_COLUMNS]
+    rows = sorted(zip(cols["lane"].tolist(), cols["start"].tolist(), cols["end"].tolist(), cols["count"].tolist(),
+                      cols["bytes"].tolist(), [CAUSE_NAMES[c] for c in cols["cause"]], strict=True))
+    assert rows == [
+        (1, 0, 50, 5, 5 * PAGE, "demand fault"),
+        (1, 50, 60, 1, PAGE, "prefetch"),
+        (1, 300, 310, 1, PAGE, "demand fault"),
+        (1, 600, 850, 1, PAGE, "demand fault"),
+        (2, 5, 25, 2, 2 * PAGE, "demand fault"),
+    ]
+    assert (events, truncated) == (10, 0)
+    first = int(np.flatnonzero(cols["count"] == 5)[0])     # the five merged faults: the pages they touched
+    assert (cols["address"][first], cols["reach"][first]) == (BASE + PAGE, BASE + 2 * PAGE)
+    assert cols["start"].tolist() == sorted(cols["start"].tolist())
+
+
+def test_a_merged_row_names_src_dst_and_source_only_where_its_events_agree():
+    window = _window_with_buffers(1)
+    first = _events([0, 1], 1, 1, dst=0)
+    first["source"] = 7
+    second = _events([2], 1, 1, dst=1)
+    second["source"] = 7
+    window.feed(first)
+    window.feed(second)
+    cols, _, _ = window.query(0, 100, 1, [1])
+    assert cols["src"].tolist() == [-1] and cols["dst"].tolist() == [SEVERAL] and cols["source"].tolist() == [7]
+    third = _events([3], 1, 1, dst=1)
+    third["source"] = 8
+    window.feed(third)
+    cols, _, _ = window.query(0, 100, 1, [1])
+    assert cols["source"].tolist() == [0]    # several lines: none named
+
+
+def test_the_timeline_keeps_the_window_and_the_lanes_asked_for():
+    window = _window_with_buffers(1, 2)
+    window.feed(_events([50, 500, 1500], 10, [1, 2, 1]))
+    window.feed(_events([600], 10, [7]))    # no buffer there: lane 0
+    cols, events, _ = window.query(400, 1000, 100, [2, 3])
+    assert cols["lane"].tolist() == [2] and events == 1
+    cols, events, _ = window.query(400, 2000, 100, None)
+    assert cols["start"].tolist() == [500, 600, 1500] and cols["lane"].tolist() == [2, 0, 1]
+
+
+def test_a_lane_is_the_buffer_the_address_is_in_while_it_lives():
+    window = _window_with_buffers(1)
+    freed = make_events(1, kind=EventKind.FREE, address=BASE, bytes=BASE, alloc_id=1, start=20, end=20)
+    # One batch: a record before the free, the free, a record after it.
+    window.feed(np.concatenate([_events([10], 1, [1]), freed, _events([30], 1, [1])]))
+    cols, _, _ = window.query(5, 100, 100, None)
+    assert list(zip(cols["start"].tolist(), cols["lane"].tolist(), strict=True)) == [(10, 1), (20, 1), (30, 0)]
+
+
+def test_the_timeline_holds_a_bounded_number_of_events_and_counts_the_rest():
+    window = EventWindow(capacity=5)
+    window.feed(_events(range(3), 1, 1))
+    window.feed(_events(range(3, 7), 1, 1))
+    assert (window.held, window.dropped) == (5, 2)
+    cols, events, _ = window.query(0, 100, 100, None)
+    assert cols["start"].tolist() == [2, 3, 4, 5, 6] and events == 5
+    window.feed(_events(range(7, 20), 1, 1))
+    assert (window.held, window.dropped) == (5, 15)
+    assert window.extent() == (15, 20)     # the oldest held starts at 15; the newest ends at 19 + 1
+
+
+def test_an_answer_carries_at_most_max_rows(monkeypatch):
+    window = _window_with_buffers(1)
+    monkeypatch.setattr(EventWindow, "MAX_ROWS", 3)
+    window.feed(_events(range(0, 1000, 100), 1, 1))
+    cols, events, truncated = window.query(0, 1000, 1000, [1])
+    assert cols["start"].tolist() == [0, 100, 200] and (events, truncated) == (10, 7)
+
+
+@pytest.mark.parametrize("capacity", [0, -1, 2.5, True, "9"])
+def test_a_window_needs_a_whole_capacity(capacity):
+    with pytest.raises(InvalidArgumentError, match="capacity"):
+        EventWindow(capacity)
+
+
+def test_a_timeline_query_is_answered_with_columns_and_changes_nothing(device):
+    buf = ul.DeviceBuffer(size="1MiB", label="t")
+    touched_at = inspect.currentframe().f_lineno + 1
+    ul.touch(buf, on="gpu", mode="write")
+    ul.events.get_bus().flush()
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False)
+    try:
+        published = ul.events.get_bus().published
+        states = ul.residency(buf).states.tobytes()
+        end = ul.get_backend().now_ns() + 1
+        result = session.handle({"type": "timeline", "seq": 4, "start": 0, "end": end, "width": 500,
+                                 "lanes": [buf.id]})
+        assert result["ok"], result
+        (rows, buffers), _ = comm.messages
+        assert rows["type"] == "timeline" and rows["seq"] == 4 and rows["rows"] >= 1
+        # What the window holds reaches at least as far as what it sent, each way.
+        assert rows["first"] <= np.frombuffer(buffers[0], "<f8").min()
+        assert rows["last"] >= np.frombuffer(buffers[1], "<f8").max()
+        assert rows["columns"] == [name for name, _ in TIMELINE_COLUMNS] and len(buffers) == len(TIMELINE_COLUMNS)
+        cols = {name: np.frombuffer(b, dtype) for (name, dtype), b in zip(TIMELINE_COLUMNS, buffers, strict=True)}
+        assert set(cols["lane"].tolist()) == {buf.id}
+        causes = {CAUSE_NAMES[c] for c in cols["cause"]}
+        # Each row names the line of code behind it, and the answer carries that line's text.
+        line = f"test_view_data.py:{touched_at}"
+        assert {rows["sources"][str(s)] for s in cols["source"][cols["kind"] == EventKind.GPU_PAGE_FAULT]} == {line}
+        assert "demand fault" in causes and "allocation" in causes
+        assert cols["bytes"][cols["kind"] == EventKind.HTOD].sum() == 0    # a write on the GPU of fresh pages
+        assert ul.events.get_bus().published == published
+        assert ul.residency(buf).states.tobytes() == states
+    finally:
+        session.close()
+
+
+def test_the_rate_command_sets_the_update_interval(device):
+    session = PanelSession(RecordingComm(), start=False)
+    try:
+        assert session.handle({"type": "rate", "seq": 1, "interval_ms": 500})["ok"]
+        assert session.interval == 0.5
+        assert not session.handle({"type": "rate", "seq": 2, "interval_ms": 20})["ok"]
+        assert session.interval == 0.5
+    finally:
+        session.close()
+
+
+# --- the device lanes -------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_sample_sums_its_interval_and_views_sharing_it_do_not_split_it():
+    clock = Clock()
+    series = DeviceSeries(interval=0.1, clock=clock)
+    series.feed(_events([0, 1], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
+    series.feed(_events([2], 1, 1, kind=EventKind.DTOH, flags=MigrationCause.EVICTION, nbytes=2 * PAGE))
+    series.feed(make_events(2, kind=EventKind.GPU_PAGE_FAULT, value=3))
+    series.feed(make_events(1, kind=EventKind.CPU_PAGE_FAULT, value=1))
+    assert series.close_interval(1000, used=10, total=100, allocated=150)
+    clock.now = 0.05
+    series.feed(_events([5], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
+    assert not series.close_interval(2000, used=20, total=100)    # another view, too soon: same interval
+    clock.now = 0.2
+    assert series.close_interval(3000, used=30, total=100)
+    samples, next_index = series.since(0)
+    assert samples == [
+        {"time": 1000, "used": 10, "total": 100, "allocated": 150, "htod_bytes": 2 * PAGE, "dtoh_bytes": 2 * PAGE,
+         "gpu_faults": 6, "cpu_faults": 1, "evicted_bytes": 2 * PAGE},
+        {"time": 3000, "used": 30, "total": 100, "allocated": 0, "htod_bytes": PAGE, "dtoh_bytes": 0, "gpu_faults": 0,
+         "cpu_faults": 0, "evicted_bytes": 0},
+    ]
+    assert next_index == 2 and series.since(1)[0] == samples[1:]
+
+
+def test_the_series_keeps_a_bounded_number_of_samples_and_counts_the_rest():
+    clock = Clock()
+    series = DeviceSeries(capacity=2, clock=clock)
+    for t in range(5):
+        clock.now = t
+        series.close_interval(t, 0, 1)
+    samples, next_index = series.since(0)
+    assert [s["time"] for s in samples] == [3, 4] and series.dropped == 3 and next_index == 5
+
+
+def test_updates_carry_the_device_samples(device):
+    clock = Clock()
+    window, series = EventWindow(), DeviceSeries(clock=clock)
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False, timeline=(window, series))
+    try:
+        with ul.events.get_bus().subscribe(series.feed):
+            buf = ul.DeviceBuffer(size="8MiB", label="s")
+            ul.touch(buf, on="host", mode="write")
+            session.handle({"type": "hello", "seq": 0})
+            snapshot = comm.messages[0][0]
+            assert [s["used"] for s in snapshot["samples"]] == [0] and snapshot["samples_dropped"] == 0
+            clock.now = 1
+            buf.prefetch("gpu")
+            ul.events.get_bus().flush()
+            comm.messages.clear()
+            session.flush()
+        update = next(d for d, _ in comm.messages if d["type"] == "update")
+        (sample,) = update["samples"]
+        assert (sample["total"], sample["used"], sample["allocated"]) == (128 * 2**20, 8 * 2**20, 8 * 2**20)
+        assert (sample["htod_bytes"], sample["dtoh_bytes"]) == (8 * 2**20, 0)
+        assert sample["time"] == ul.get_backend().now_ns()
+    finally:
+        session.close()
+
+
+def test_each_allocation_reports_its_faults_and_bytes_by_cause(device):
+    window = EventWindow()
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False, timeline=(window, DeviceSeries(clock=Clock())))
+    try:
+        with ul.events.get_bus().subscribe(window.feed):
+            buf = ul.DeviceBuffer(size="2MiB", label="t")
+            untouched = ul.DeviceBuffer(size="1MiB", label="o")
+            ul.touch(buf, on="host", mode="write")
+            ul.touch(buf, on="gpu", mode="read")      # faults on the GPU, pages move to it
+            buf.prefetch("host")                      # and back, by request
+            ul.events.get_bus().flush()
+            session.handle({"type": "hello", "seq": 0})
+        infos = {a["label"]: a["traffic"] for a in comm.messages[0][0]["allocations"]}
+        with ul.record() as trace:   # what the same steps record, for the expected figures
+            again = ul.DeviceBuffer(size="2MiB", label="again")
+            ul.touch(again, on="host", mode="write")
+            ul.touch(again, on="gpu", mode="read")
+            again.prefetch("host")
+        summary = trace.summary()
+        traffic = infos["t"]
+        assert traffic["htod_bytes"] == summary["bytes_htod"] > 0
+        assert traffic["dtoh_bytes"] == summary["bytes_dtoh"] > 0
+        assert traffic["faults"] == summary["gpu_faults"] + summary["cpu_faults"] > 0
+        by_cause = dict(zip(CAUSE_NAMES, traffic["by_cause"], strict=True))
+        assert by_cause["demand fault"][1] > 0 and by_cause["prefetch"][2] == traffic["dtoh_bytes"]
+        requested = {a["label"]: a["requested"] for a in comm.messages[0][0]["allocations"]}
+        assert requested == {"t": "host", untouched.label: None}
+        assert infos[untouched.label] == {"faults": 0, "htod_bytes": 0, "dtoh_bytes": 0, "by_cause": [[0, 0, 0]] * 9}
+    finally:
+        session.close()
+
+
+def test_a_prefetch_of_a_page_range_moves_those_pages_only(device):
+    buf = ul.DeviceBuffer(size=10 * PAGE + 100, label="r")    # 11 pages, the last one short
+    ul.touch(buf, on="host", mode="write")
+    session = PanelSession(RecordingComm(), start=False)
+    try:
+        result = session.handle({"type": "prefetch", "seq": 1, "id": buf.id, "location": "gpu", "first_page": 2,
+                                 "pages": 3})
+        assert result["ok"], result
+        codes = ul.residency(buf).categories().tolist()
+        assert codes == [1, 1, 5, 5, 5, 1, 1, 1, 1, 1, 1]     # host, host, gpu:0 x3, host ...
+        result = session.handle({"type": "prefetch", "seq": 2, "id": buf.id, "location": "gpu", "first_page": 9,
+                                 "pages": 2})                   # to the end, the short page included
+        assert result["ok"], result
+        assert ul.residency(buf).categories().tolist()[9:] == [5, 5]
+        before = ul.residency(buf).states.tobytes()
+        for first, pages, mentions in [(9, 3, "run past the last page"), (11, None, "past the last page")]:
+            result = session.handle({"type": "prefetch", "seq": 3, "id": buf.id, "location": "host",
+                                     "first_page": first, "pages": pages})
+            assert not result["ok"] and result["error"]["type"] == "InvalidArgumentError"
+            assert mentions in result["error"]["message"] and "11 pages" in result["error"]["message"]
+        assert ul.residency(buf).states.tobytes() == before
+    finally:
+        session.close()

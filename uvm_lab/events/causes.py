@@ -1,0 +1,70 @@
+"""Why each event happened, as one of a few causes a view can colour: the timeline's legend.
+
+CUPTI spreads the reason for a record over ``kind`` and ``flags`` (a migration's cause, a fault's access
+type, a remote map's cause); a reader wants one answer per record. :func:`cause_codes` gives it, for a
+whole array at once, as an index into :data:`CAUSE_NAMES`.
+
+- ``demand fault``: a page fault, or a migration made to satisfy one (CUPTI's COHERENCE cause).
+- ``prefetch``: a prefetch request, a migration it made, or the driver's own speculative prefetch.
+- ``eviction``: a migration that made room on a full GPU.
+- ``coherence``: copies dropped without a transfer: a ReadMostly collapse, a duplicate's eviction.
+- ``thrashing``: the driver's thrashing and throttling records.
+- ``remote map``: pages mapped rather than moved, and access-counter migrations of mapped pages.
+- ``inferred``: what uvm_lab knows without a driver record (a completed prefetch's implied moves, the
+  host's page tables), and migrations whose cause the driver left unknown.
+- ``allocation``: segments and buffers made, freed, failed; pools grown.
+- ``advice``: memory advice set or unset.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from .schema import EVENT_DTYPE, INFERRED_BIT, EventKind, MigrationCause, UnobservedCause
+
+__all__ = ["CAUSE_NAMES", "cause_codes"]
+
+CAUSE_NAMES: Final = ("demand fault", "prefetch", "eviction", "coherence", "thrashing", "remote map",
+                      "inferred", "allocation", "advice")
+
+_FAULT, _PREFETCH, _EVICTION, _COHERENCE, _THRASHING, _REMOTE, _INFERRED, _ALLOCATION, _ADVICE = range(9)
+
+# A migration's cause (its flags), for the causes CUPTI names; anything else is inferred.
+_MIGRATION = np.full(256, _INFERRED, dtype=np.uint8)
+_MIGRATION[MigrationCause.USER] = _PREFETCH
+_MIGRATION[MigrationCause.COHERENCE] = _FAULT
+_MIGRATION[MigrationCause.PREFETCH] = _PREFETCH
+_MIGRATION[MigrationCause.EVICTION] = _EVICTION
+_MIGRATION[MigrationCause.ACCESS_COUNTERS] = _REMOTE
+
+# Every other kind has one cause whatever its flags (UNOBSERVED's collapse is the one exception, below).
+_BY_KIND = np.full(256, _INFERRED, dtype=np.uint8)
+_BY_KIND[[EventKind.CPU_PAGE_FAULT, EventKind.GPU_PAGE_FAULT]] = _FAULT
+_BY_KIND[[EventKind.THRASHING, EventKind.THROTTLING]] = _THRASHING
+_BY_KIND[EventKind.REMOTE_MAP] = _REMOTE
+_BY_KIND[EventKind.PREFETCH] = _PREFETCH
+_BY_KIND[EventKind.ADVICE] = _ADVICE
+_BY_KIND[EventKind.INVALIDATE] = _COHERENCE
+_BY_KIND[[EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.ALLOC, EventKind.FREE,
+          EventKind.ALLOC_FAILURE, EventKind.POOL_GROW]] = _ALLOCATION
+
+_MIGRATIONS = np.zeros(256, dtype=bool)
+_MIGRATIONS[[EventKind.HTOD, EventKind.DTOH, EventKind.DTOD]] = True
+
+
+def cause_codes(records: np.ndarray) -> np.ndarray:
+    """Each record's cause, as a ``uint8`` index into :data:`CAUSE_NAMES`."""
+    if not isinstance(records, np.ndarray) or records.dtype != EVENT_DTYPE:
+        raise InvalidArgumentError("records must be an EVENT_DTYPE array", value=records,
+                                   expected="a numpy array of uvm_lab.events.EVENT_DTYPE")
+    kinds, flags = records["kind"], records["flags"]
+    out = _BY_KIND[kinds]
+    migration = _MIGRATIONS[kinds]
+    # An inferred migration is inferred whatever cause it was inferred for.
+    out[migration] = np.where(flags[migration] & INFERRED_BIT, _INFERRED, _MIGRATION[flags[migration]])
+    collapse = (kinds == EventKind.UNOBSERVED) & (flags == UnobservedCause.COLLAPSE)
+    out[collapse] = _COHERENCE
+    return out

@@ -1,0 +1,311 @@
+"""What the lab view's timeline and device lanes read: recent events as columns, and per-interval samples.
+
+Both are fed by the event bus and shared by every view of the kernel (:func:`shared`), so a view opened
+late, or opened again, starts with what happened before it. Both are bounded: the oldest events and
+samples go first, and how many went is counted and sent to the view, which shows it.
+
+:class:`EventWindow` answers the ``timeline`` query (:mod:`.protocol`): the events of a time window,
+with those narrower than one of the view's pixels merged per lane, pixel, kind and cause, so an answer
+grows with the view's width and lanes, not with the rate of events. :class:`DeviceSeries` sums each
+update interval's transfers, faults and evictions into one small row.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..events import EventKind, MigrationCause, get_bus
+from ..events.bus import EventBus
+from ..events.causes import CAUSE_NAMES, cause_codes
+from ..events.schema import INFERRED_BIT
+from ..tracing.attribution import AllocationIndex
+from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
+
+__all__ = ["DeviceSeries", "EventWindow", "shared"]
+
+#: A merged row's ``src`` or ``dst`` when its events had several.
+SEVERAL: Final = -3
+
+# The columns an EventWindow keeps of each record (the timeline's, less the merge count).
+_KEPT = {name: np.dtype(dtype) for name, dtype in TIMELINE_COLUMNS if name != "count"}
+
+
+class EventWindow:
+    """The newest ``capacity`` events as columns, for timeline queries. Thread-safe."""
+
+    #: The most rows one answer carries; past it the earliest rows are kept and the rest counted.
+    MAX_ROWS: Final = 200_000
+
+    def __init__(self, capacity: int = 1 << 19) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise InvalidArgumentError(f"capacity must be a whole number of events >= 1, got {capacity!r}",
+                                       value=capacity, expected="an int >= 1")
+        self._capacity = capacity
+        self._lock = threading.Lock()
+        self._chunks: deque[dict[str, np.ndarray]] = deque()
+        self._held = 0
+        self._seen = 0
+        # A record's alloc_id names the backend's segment; a lane is a buffer (what the view lists).
+        self._buffers = AllocationIndex("buffer", history=0)
+        # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
+        self._traffic: dict[int, np.ndarray] = {}
+        self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    @property
+    def dropped(self) -> int:
+        """Events that fell out, oldest first, past ``capacity``."""
+        return self._seen - self._held
+
+    def feed(self, records: np.ndarray) -> None:
+        """Keep ``records`` (``EVENT_DTYPE``); drop the oldest past capacity."""
+        if not len(records):
+            return
+        lanes, causes = self._lanes(records), cause_codes(records)
+        self._count_traffic(records, lanes, causes)
+        seen = len(records)
+        records, lanes, causes = records[-self._capacity:], lanes[-self._capacity:], causes[-self._capacity:]
+        chunk = {
+            "start": records["start"].astype(np.float64),
+            "end": np.maximum(records["end"], records["start"]).astype(np.float64),
+            "lane": lanes,
+            "kind": records["kind"].copy(),
+            "cause": causes,
+            "src": records["src"].astype(np.int16),
+            "dst": records["dst"].astype(np.int16),
+            "bytes": records["bytes"].astype(np.float64),
+            "address": records["address"].astype(np.float64),
+            "reach": (records["address"] + records["bytes"]).astype(np.float64),
+            "source": records["source"].astype(np.uint32),
+        }
+        with self._lock:
+            self._seen += seen
+            self._chunks.append(chunk)
+            self._held += len(records)
+            while self._held > self._capacity:
+                extra = self._held - self._capacity
+                first = self._chunks[0]
+                if len(first["start"]) <= extra:
+                    self._chunks.popleft()
+                    self._held -= len(first["start"])
+                else:
+                    self._chunks[0] = {k: v[extra:] for k, v in first.items()}
+                    self._held -= extra
+
+    def extent(self) -> tuple[int, int]:
+        """The start of the oldest event held and the latest end of any, in ns; ``(0, 0)`` when none is."""
+        with self._lock:
+            chunks = [c for c in self._chunks if len(c["start"])]
+            if not chunks:
+                return 0, 0
+            return int(chunks[0]["start"].min()), int(max(c["end"].max() for c in chunks))
+
+    def traffic(self, lane: int) -> Traffic:
+        """What buffer ``lane`` has seen since it was made (as far as this window has watched)."""
+        with self._lock:
+            table = self._traffic.get(lane)
+            rows = table.tolist() if table is not None else [[0, 0, 0] for _ in CAUSE_NAMES]
+        return Traffic(faults=sum(r[0] for r in rows), htod_bytes=sum(r[1] for r in rows),
+                       dtoh_bytes=sum(r[2] for r in rows), by_cause=rows)
+
+    def requested(self, lane: int) -> str | None:
+        """Where the last prefetch of buffer ``lane`` sent it: ``"host"``, ``"gpu:N"``, or None if none did."""
+        dst = self._requested.get(lane)
+        return None if dst is None else "host" if dst < 0 else f"gpu:{dst}"
+
+    def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray) -> None:
+        kinds = records["kind"]
+        prefetches = np.flatnonzero((kinds == EventKind.PREFETCH) & (lanes != 0))
+        fault = (kinds == EventKind.GPU_PAGE_FAULT) | (kinds == EventKind.CPU_PAGE_FAULT)
+        htod, dtoh = kinds == EventKind.HTOD, kinds == EventKind.DTOH
+        counted = (fault | htod | dtoh) & (lanes != 0)
+        freed = records["alloc_id"][kinds == EventKind.FREE].tolist()
+        with self._lock:
+            if counted.any():
+                values = np.stack([np.where(fault, records["value"], 0), np.where(htod, records["bytes"], 0),
+                                   np.where(dtoh, records["bytes"], 0)], axis=1)[counted].astype(np.int64)
+                for lane in np.unique(lanes[counted]).tolist():
+                    mine = lanes[counted] == lane
+                    table = self._traffic.setdefault(int(lane), np.zeros((len(CAUSE_NAMES), 3), np.int64))
+                    np.add.at(table, causes[counted][mine], values[mine])
+            for lane, dst in zip(lanes[prefetches].tolist(), records["dst"][prefetches].tolist(), strict=True):
+                self._requested[int(lane)] = dst
+            for lane in freed:
+                self._traffic.pop(int(lane), None)
+                self._requested.pop(int(lane), None)
+
+    def _lanes(self, records: np.ndarray) -> np.ndarray:
+        """The buffer each record concerns (0: none live then): by address, but a buffer's own ALLOC and FREE
+        by id. The batch is read in order, a run of allocator records at a time, so a record before a FREE
+        is the freed buffer's and one after an ALLOC the new buffer's."""
+        kinds = records["kind"]
+        own = (kinds == EventKind.ALLOC) | (kinds == EventKind.FREE)
+        lanes = np.zeros(len(records), dtype=np.uint64)
+        # Where a run of allocator records starts or ends: the batch splits there.
+        edges = np.flatnonzero(np.diff(own.astype(np.int8))) + 1
+        for lo, hi in zip(np.r_[0, edges].tolist(), np.r_[edges, len(records)].tolist(), strict=True):
+            part = records[lo:hi]
+            if own[lo]:
+                self._buffers.update(part)
+                lanes[lo:hi] = part["alloc_id"]
+            else:
+                lanes[lo:hi] = self._buffers.lookup(part["address"])
+        return lanes.astype(np.float64)
+
+    def query(self, start: int, end: int, width: int,
+              lanes: list[int] | None) -> tuple[dict[str, np.ndarray], int, int]:
+        """The rows of ``[start, end]`` for a view ``width`` pixels wide: ``(columns, events, truncated)``.
+
+        An event narrower than a pixel is merged with the other such events of its lane, pixel, kind and
+        cause into one row: the earliest start, the latest end, the bytes summed, ``count`` events, and
+        ``src``/``dst`` kept where all agree (else ``SEVERAL``). Wider events are rows of their own. Rows
+        are sorted by start.
+        """
+        with self._lock:
+            chunks = list(self._chunks)
+        parts = [c for c in chunks if len(c["start"]) and c["start"].min() <= end and c["end"].max() >= start]
+        columns = {name: np.concatenate([c[name] for c in parts]) if parts else np.zeros(0, dtype)
+                   for name, dtype in _KEPT.items()}
+        keep = (columns["start"] <= end) & (columns["end"] >= start)
+        if lanes is not None:
+            keep &= np.isin(columns["lane"], np.asarray(lanes, dtype=np.float64))
+        columns = {name: col[keep] for name, col in columns.items()}
+        events = len(columns["start"])
+        pixel = (end - start) / width
+        narrow = (columns["end"] - columns["start"]) < pixel
+        merged = _merge({k: v[narrow] for k, v in columns.items()}, start, pixel, width)
+        wide = {k: v[~narrow] for k, v in columns.items()}
+        wide["count"] = np.ones(len(wide["start"]), dtype=np.uint32)
+        rows = {k: np.concatenate([merged[k], wide[k]]) for k in merged}
+        order = np.argsort(rows["start"], kind="stable")
+        truncated = max(0, len(order) - self.MAX_ROWS)
+        order = order[: self.MAX_ROWS]
+        return {name: np.ascontiguousarray(rows[name][order], dtype=dtype) for name, dtype in TIMELINE_COLUMNS}, \
+            events, truncated
+
+
+def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) -> dict[str, np.ndarray]:
+    """One row per lane, pixel, kind and cause of ``cols`` (events narrower than a pixel)."""
+    n = len(cols["start"])
+    if not n:
+        return {**cols, "count": np.zeros(0, np.uint32)}
+    x = np.clip(((cols["start"] - start) // pixel).astype(np.int64), 0, width - 1)
+    _, lane = np.unique(cols["lane"], return_inverse=True)
+    key = ((lane.astype(np.int64) * width + x) * 256 + cols["kind"]) * 256 + cols["cause"]
+    order = np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    firsts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    s = {k: v[order] for k, v in cols.items()}
+    out = {
+        "start": np.minimum.reduceat(s["start"], firsts),
+        "end": np.maximum.reduceat(s["end"], firsts),
+        "lane": s["lane"][firsts],
+        "kind": s["kind"][firsts],
+        "cause": s["cause"][firsts],
+        "bytes": np.add.reduceat(s["bytes"], firsts),
+        "address": np.minimum.reduceat(s["address"], firsts),
+        "reach": np.maximum.reduceat(s["reach"], firsts),
+        "count": np.diff(np.r_[firsts, n]).astype(np.uint32),
+    }
+    for name, several in (("src", SEVERAL), ("dst", SEVERAL), ("source", 0)):
+        col = s[name]
+        agree = np.minimum.reduceat(col, firsts) == np.maximum.reduceat(col, firsts)
+        out[name] = np.where(agree, col[firsts], several).astype(col.dtype)
+    return out
+
+
+class DeviceSeries:
+    """One :class:`~.protocol.DeviceSample` per interval: bytes each way, faults and evictions summed from
+    the bus, memory used read when the interval closes. Keeps the newest ``capacity``. Thread-safe."""
+
+    def __init__(self, capacity: int = 3000, *, interval: float = 0.1,
+                 clock: Callable[[], float] | None = None) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise InvalidArgumentError(f"capacity must be a whole number of samples >= 1, got {capacity!r}",
+                                       value=capacity, expected="an int >= 1")
+        import time
+
+        self._clock = clock or time.monotonic
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._samples: deque[DeviceSample] = deque(maxlen=capacity)
+        self._taken = 0       # samples ever closed; the index of the next one
+        self._closed_at = -float("inf")
+        self._open = dict.fromkeys(("htod_bytes", "dtoh_bytes", "gpu_faults", "cpu_faults", "evicted_bytes"), 0)
+
+    @property
+    def dropped(self) -> int:
+        return self._taken - len(self._samples)
+
+    def feed(self, records: np.ndarray) -> None:
+        kinds = records["kind"]
+        htod, dtoh = kinds == EventKind.HTOD, kinds == EventKind.DTOH
+        evicted = dtoh & ((records["flags"] & ~np.uint8(INFERRED_BIT)) == MigrationCause.EVICTION)
+        add = {
+            "htod_bytes": int(records["bytes"][htod].sum()),
+            "dtoh_bytes": int(records["bytes"][dtoh].sum()),
+            # A fault record's value is the number of faults it stands for.
+            "gpu_faults": int(records["value"][kinds == EventKind.GPU_PAGE_FAULT].sum()),
+            "cpu_faults": int(records["value"][kinds == EventKind.CPU_PAGE_FAULT].sum()),
+            "evicted_bytes": int(records["bytes"][evicted].sum()),
+        }
+        with self._lock:
+            for key, value in add.items():
+                self._open[key] += value
+
+    def close_interval(self, time_ns: int, used: int, total: int, allocated: int = 0) -> bool:
+        """End the open interval as a sample, unless one ended less than ``interval`` ago (several views
+        share the series). Returns whether it did."""
+        now = self._clock()
+        with self._lock:
+            if now - self._closed_at < self.interval:
+                return False
+            self._closed_at = now
+            opened = self._open
+            sample = DeviceSample(time=int(time_ns), used=int(used), total=int(total), allocated=int(allocated),
+                                  htod_bytes=opened["htod_bytes"], dtoh_bytes=opened["dtoh_bytes"],
+                                  gpu_faults=opened["gpu_faults"], cpu_faults=opened["cpu_faults"],
+                                  evicted_bytes=opened["evicted_bytes"])
+            self._open = dict.fromkeys(self._open, 0)
+            self._samples.append(sample)
+            self._taken += 1
+            return True
+
+    def since(self, index: int) -> tuple[list[DeviceSample], int]:
+        """The samples from number ``index`` on that are still held, and the number of the next."""
+        with self._lock:
+            first = self._taken - len(self._samples)
+            return list(self._samples)[max(0, index - first):], self._taken
+
+
+_shared: tuple[EventWindow, DeviceSeries] | None = None
+_shared_lock = threading.Lock()
+
+
+def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
+    """The kernel's one event window and device series, made and subscribed on first use (seeded with the
+    bus's history, so the timeline starts before the first view)."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            bus = bus or get_bus()
+            window, series = EventWindow(), DeviceSeries()
+
+            def feed(records: np.ndarray) -> None:
+                window.feed(records)
+                series.feed(records)
+
+            with bus.locked():
+                window.feed(bus.history())
+                bus.subscribe(feed)
+            _shared = (window, series)
+        return _shared
