@@ -25,8 +25,10 @@ def here() -> str:
     return f"{HERE}:{inspect.currentframe().f_back.f_lineno + 1}"
 
 
-def texts(trace, *kinds: EventKind) -> set[str]:
+def texts(trace, *kinds: EventKind, address: int | None = None) -> set[str]:
     ev = trace.of_kind(*kinds)
+    if address is not None:   # this buffer's only: an earlier test's buffer may be collected, and freed, meanwhile
+        ev = ev[ev["address"] == address]
     return set(sources.texts(ev["source"]))
 
 
@@ -41,7 +43,7 @@ def test_api_events_and_a_prefetchs_completion_name_the_users_line(cuda):
         cuda.synchronize()   # the prefetch completes; its record and implied moves follow on another path
         advised = here()
         buf.read_mostly = True
-        freed = here()
+        freed, ptr = here(), buf.ptr
         buf.close()
     assert texts(trace, EventKind.SEGMENT_ALLOC, EventKind.ALLOC) == {made}
     assert texts(trace, EventKind.PREFETCH) == {moved}
@@ -49,7 +51,7 @@ def test_api_events_and_a_prefetchs_completion_name_the_users_line(cuda):
     assert int(htod["bytes"].sum()) == 64 << 20 and set(sources.texts(htod["source"])) == {moved}
     assert texts(trace, EventKind.UNOBSERVED) >= {written}
     assert texts(trace, EventKind.ADVICE) == {advised}
-    assert texts(trace, EventKind.SEGMENT_FREE, EventKind.FREE) == {freed}
+    assert texts(trace, EventKind.SEGMENT_FREE, EventKind.FREE, address=ptr) == {freed}
 
 
 def test_cuptis_records_name_the_cell_running(cuda):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -68,6 +69,7 @@ from .protocol import (
     pack_states,
     parse_command,
 )
+from .throttle import gap
 from .timeline import DeviceSeries, EventWindow, shared
 
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
@@ -313,6 +315,7 @@ class PanelSession:
             self._wake.clear()
             if self._closed.is_set():
                 break
+            started = time.monotonic()
             try:
                 # A copy each time: one context cannot be entered by two threads at once.
                 self._context.copy().run(self.flush)
@@ -324,8 +327,9 @@ class PanelSession:
                     log.exception("uvm_lab panel update failed")
                 failing = True
                 self._wake.set()
-            # The throttle: events arriving meanwhile only set _wake, and go out together.
-            self._closed.wait(self.interval)
+            # The throttle (.throttle): at most one update an interval and 5% of the kernel's time; events
+            # arriving meanwhile only set _wake, and go out together.
+            self._closed.wait(max(0.0, started + gap(self.interval, time.monotonic() - started) - time.monotonic()))
 
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:

@@ -22,6 +22,7 @@ import uvm_lab as ul
 from uvm_lab.events import get_bus
 from uvm_lab.units import format_bytes
 
+from ..throttle import gap
 from .allocations import AllocationList
 from .base import BokehView, DashboardComponent, close_widget_tree
 from .collect import EventTotals, LiveAllocations, collect_snapshot
@@ -34,9 +35,6 @@ __all__ = ["Dashboard", "load_bokehjs"]
 log = logging.getLogger("uvm_lab.jupyter")
 
 _bokehjs_loaded = False
-
-#: The most of the kernel's time live refreshes may take: after a refresh of t seconds the next waits 19 t.
-BUSY_SHARE = 0.05
 
 
 def load_bokehjs(force: bool = False) -> None:
@@ -95,7 +93,7 @@ class Dashboard:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last = 0.0
-        self._cost = 0.0     # what the last refresh took: the live thread waits BUSY_SHARE's worth after it
+        self._cost = 0.0     # what the last live refresh took
         self._closed = False
         self._subscription = bus.subscribe(self._on_events) if live else None
         self.refresh()
@@ -158,10 +156,9 @@ class Dashboard:
     def _run(self) -> None:
         while not self._stop.is_set():
             self._wake.wait()
-            # The throttle: at most one refresh an interval, and at most BUSY_SHARE of the kernel's time (a
-            # costly refresh waits longer); what arrives meanwhile is drawn in that one.
-            gap = max(self.interval, self._cost * (1 / BUSY_SHARE - 1))
-            if self._stop.wait(max(0.0, self._last + gap - time.monotonic())):
+            # The throttle (..throttle): at most one refresh an interval and 5% of the kernel's time; what
+            # arrives meanwhile is drawn in that one.
+            if self._stop.wait(max(0.0, self._last + gap(self.interval, self._cost) - time.monotonic())):
                 break
             self._wake.clear()   # events from here on wake the next round
             started = time.monotonic()

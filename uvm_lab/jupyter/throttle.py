@@ -1,0 +1,19 @@
+"""How often a live view may refresh: at most once an interval, and never more than a share of the kernel's time.
+
+A view that watches a loop takes the GIL from it while it reads maps and packs messages. After a refresh that
+took ``cost`` seconds, the next waits :func:`gap`: at least the view's interval, and long enough that refreshing
+takes at most :data:`BUSY_SHARE` of the time (19 times the cost, at 5%). Both the lab view's session and the
+widget dashboard follow it.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BUSY_SHARE", "gap"]
+
+#: The most of the kernel's time that a live view's refreshes may take.
+BUSY_SHARE = 0.05
+
+
+def gap(interval: float, cost: float) -> float:
+    """Seconds from the start of one refresh to the next, after one that took ``cost`` seconds."""
+    return max(interval, cost / BUSY_SHARE)
