@@ -7,6 +7,7 @@ import gc
 import pytest
 
 import uvm_lab as ul
+from uvm_lab import deferred
 from uvm_lab.errors import DoubleFreeError, InvalidArgumentError, InvalidSizeError, OutOfMemoryError
 from uvm_lab.events.schema import EventKind
 from uvm_lab.mr.binning import BinningMemoryResource
@@ -124,7 +125,8 @@ def test_construction_that_runs_out_keeps_nothing(managed):
 
 def test_a_failing_request_leaves_everything_as_it_was(managed):
     mr = BinningMemoryResource(managed, 10, 10)
-    gc.collect()   # an earlier test's buffers, freed by the collector, must not free inside the recording
+    gc.collect()   # an earlier test's buffers, freed by the collector, must not free inside the recording:
+    deferred.run()  # their frees are queued (uvm_lab.deferred), and an allocation that fails runs the queue
     with ul.record() as trace, pytest.raises(OutOfMemoryError):
         mr.allocate("5GiB")                  # more than the 4 GiB device: the upstream refuses
     assert mr.get_allocated_bytes() == 0 and managed.get_allocated_bytes() == 128 * KiB

@@ -37,7 +37,12 @@ _KEPT = {name: np.dtype(dtype) for name, dtype in TIMELINE_COLUMNS if name != "c
 
 
 class EventWindow:
-    """The newest ``capacity`` events as columns, for timeline queries. Thread-safe."""
+    """The newest ``capacity`` events as columns, for timeline queries. Thread-safe.
+
+    Feeding only queues the records (on the publisher's thread, under the bus's lock: a loop pays a copy);
+    they are sorted into lanes, causes and columns when something reads, on the reader's thread, which a
+    live view throttles (:mod:`.throttle`).
+    """
 
     #: The most rows one answer carries; past it the earliest rows are kept and the rest counted.
     MAX_ROWS: Final = 200_000
@@ -56,20 +61,40 @@ class EventWindow:
         # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
         self._traffic: dict[int, np.ndarray] = {}
         self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
+        self._pending: list[np.ndarray] = []     # fed, not yet read in, oldest first
+        self._pending_count = 0
+        self._reading = threading.Lock()         # one reader reads the pending records in, in order
 
     @property
     def held(self) -> int:
+        self._read_in()
         return self._held
 
     @property
     def dropped(self) -> int:
         """Events that fell out, oldest first, past ``capacity``."""
+        self._read_in()
         return self._seen - self._held
 
     def feed(self, records: np.ndarray) -> None:
         """Keep ``records`` (``EVENT_DTYPE``); drop the oldest past capacity."""
         if not len(records):
             return
+        with self._lock:
+            self._pending.append(records.copy())   # a producer may reuse its array once it is delivered
+            self._pending_count += len(records)
+            full = self._pending_count > self._capacity
+        if full:   # nothing reads: bound what waits
+            self._read_in()
+
+    def _read_in(self) -> None:
+        with self._reading:
+            with self._lock:
+                pending, self._pending, self._pending_count = self._pending, [], 0
+            for records in pending:
+                self._ingest(records)
+
+    def _ingest(self, records: np.ndarray) -> None:
         lanes, causes = self._lanes(records), cause_codes(records)
         self._count_traffic(records, lanes, causes)
         seen = len(records)
@@ -103,6 +128,7 @@ class EventWindow:
 
     def extent(self) -> tuple[int, int]:
         """The start of the oldest event held and the latest end of any, in ns; ``(0, 0)`` when none is."""
+        self._read_in()
         with self._lock:
             chunks = [c for c in self._chunks if len(c["start"])]
             if not chunks:
@@ -111,6 +137,7 @@ class EventWindow:
 
     def traffic(self, lane: int) -> Traffic:
         """What buffer ``lane`` has seen since it was made (as far as this window has watched)."""
+        self._read_in()
         with self._lock:
             table = self._traffic.get(lane)
             rows = table.tolist() if table is not None else [[0, 0, 0] for _ in CAUSE_NAMES]
@@ -119,6 +146,7 @@ class EventWindow:
 
     def requested(self, lane: int) -> str | None:
         """Where the last prefetch of buffer ``lane`` sent it: ``"host"``, ``"gpu:N"``, or None if none did."""
+        self._read_in()
         dst = self._requested.get(lane)
         return None if dst is None else "host" if dst < 0 else f"gpu:{dst}"
 
@@ -170,6 +198,7 @@ class EventWindow:
         ``src``/``dst`` kept where all agree (else ``SEVERAL``). Wider events are rows of their own. Rows
         are sorted by start.
         """
+        self._read_in()
         with self._lock:
             chunks = list(self._chunks)
         parts = [c for c in chunks if len(c["start"]) and c["start"].min() <= end and c["end"].max() >= start]
@@ -241,12 +270,24 @@ class DeviceSeries:
         self._taken = 0       # samples ever closed; the index of the next one
         self._closed_at = -float("inf")
         self._open = dict.fromkeys(("htod_bytes", "dtoh_bytes", "gpu_faults", "cpu_faults", "evicted_bytes"), 0)
+        self._pending: list[np.ndarray] = []   # fed since the last close_interval, summed there
 
     @property
     def dropped(self) -> int:
         return self._taken - len(self._samples)
 
     def feed(self, records: np.ndarray) -> None:
+        """Count ``records`` in the open interval (summed when it closes: the publisher pays a copy)."""
+        if not len(records):
+            return
+        with self._lock:
+            self._pending.append(records.copy())
+            if len(self._pending) >= 1024:   # no view closes intervals now: sum them, so nothing piles up
+                pending, self._pending = self._pending, []
+                for part in pending:
+                    self._add(part)
+
+    def _add(self, records: np.ndarray) -> None:
         kinds = records["kind"]
         htod, dtoh = kinds == EventKind.HTOD, kinds == EventKind.DTOH
         evicted = dtoh & ((records["flags"] & ~np.uint8(INFERRED_BIT)) == MigrationCause.EVICTION)
@@ -258,15 +299,17 @@ class DeviceSeries:
             "cpu_faults": int(records["value"][kinds == EventKind.CPU_PAGE_FAULT].sum()),
             "evicted_bytes": int(records["bytes"][evicted].sum()),
         }
-        with self._lock:
-            for key, value in add.items():
-                self._open[key] += value
+        for key, value in add.items():
+            self._open[key] += value
 
     def close_interval(self, time_ns: int, used: int, total: int, allocated: int = 0) -> bool:
         """End the open interval as a sample, unless one ended less than ``interval`` ago (several views
         share the series). Returns whether it did."""
         now = self._clock()
         with self._lock:
+            pending, self._pending = self._pending, []
+            for records in pending:   # what was fed since the last close: this interval's (or the next's)
+                self._add(records)
             if now - self._closed_at < self.interval:
                 return False
             self._closed_at = now

@@ -219,19 +219,19 @@ def bin_states(states: np.ndarray, n_bins: int) -> dict[str, np.ndarray]:
     codes = categories(states)
     per_bin = -(-n // int(n_bins))          # ceil: every bin but the last holds per_bin pages
     starts = np.arange(0, n, per_bin)
+    if per_bin == 1:   # a page a bin: each bin's counts are one-hot, its category the page's
+        return {"first": starts.astype(np.int64), "last": starts.astype(np.int64),
+                **{name: (codes == i).astype(np.int64) for i, name in enumerate(CATEGORY_NAMES)},
+                "category": np.ascontiguousarray(codes, dtype=np.uint8)}
+    # One pass per category present (a map mostly holds two or three), over the full bins as rows.
     counts = np.zeros((len(starts), k), dtype=np.int64)
-    if per_bin == 1:
-        counts[np.arange(n), codes] = 1
-        majority = codes
-    else:
-        # One pass per category present (a map mostly holds two or three), over the full bins as rows.
-        full = n // per_bin
-        rows = codes[: full * per_bin].reshape(full, per_bin)
-        for code in np.flatnonzero(np.bincount(codes, minlength=k)).tolist():
-            counts[:full, code] = np.count_nonzero(rows == code, axis=1)
-        if full < len(starts):
-            counts[full] = np.bincount(codes[full * per_bin:], minlength=k)
-        majority = counts.argmax(axis=1).astype(np.uint8)
+    full = n // per_bin
+    rows = codes[: full * per_bin].reshape(full, per_bin)
+    for code in np.flatnonzero(np.bincount(codes, minlength=k)).tolist():
+        counts[:full, code] = np.count_nonzero(rows == code, axis=1)
+    if full < len(starts):
+        counts[full] = np.bincount(codes[full * per_bin:], minlength=k)
+    majority = counts.argmax(axis=1).astype(np.uint8)
     return {
         "first": starts.astype(np.int64),
         "last": np.minimum(starts + per_bin, n).astype(np.int64) - 1,
