@@ -5,6 +5,7 @@ event's cause."""
 from __future__ import annotations
 
 import inspect
+import time
 
 import numpy as np
 import pytest
@@ -511,5 +512,25 @@ def test_a_prefetch_of_a_page_range_moves_those_pages_only(device):
             assert not result["ok"] and result["error"]["type"] == "InvalidArgumentError"
             assert mentions in result["error"]["message"] and "11 pages" in result["error"]["message"]
         assert ul.residency(buf).states.tobytes() == before
+    finally:
+        session.close()
+
+
+def test_an_idle_kernel_still_sends_device_samples(device):
+    clock = Clock()
+    window, series = EventWindow(), DeviceSeries(clock=clock)
+    comm = RecordingComm()
+    session = PanelSession(comm, timeline=(window, series), idle=0.01)   # its own thread, no event to wake it
+    try:
+        session.handle({"type": "hello", "seq": 0})
+        samples = []
+        for _ in range(500):   # a wait for the session's thread, not a measure of its speed
+            clock.now += 1
+            samples = [s for d, _ in list(comm.messages) if d["type"] == "update" for s in d["samples"]]
+            if len(samples) >= 2:
+                break
+            time.sleep(0.01)
+        assert len(samples) >= 2
+        assert all(d["allocations"] == [] for d, _ in list(comm.messages) if d["type"] == "update")
     finally:
         session.close()

@@ -76,6 +76,8 @@ __all__ = ["PanelSession", "register_comm_target", "sessions"]
 
 log = logging.getLogger("uvm_lab.jupyter.comm")
 
+#: Seconds between two updates of an idle kernel's view: a sample for the device lanes, nothing else.
+IDLE_SAMPLE = 1.0
 #: The least time between two updates, in seconds: about 10 a second at most.
 UPDATE_INTERVAL = 0.1
 
@@ -96,9 +98,11 @@ class PanelSession:
     """One panel's comm: validated commands in, throttled residency updates out."""
 
     def __init__(self, comm: CommLike, *, interval: float = UPDATE_INTERVAL, bus: EventBus | None = None,
-                 start: bool = True, timeline: tuple[EventWindow, DeviceSeries] | None = None) -> None:
+                 start: bool = True, timeline: tuple[EventWindow, DeviceSeries] | None = None,
+                 idle: float = IDLE_SAMPLE) -> None:
         self.comm = comm
         self.interval = interval
+        self.idle = idle
         self._command_lock = threading.Lock()
         self._send_lock = threading.RLock()
         self._lock = threading.Lock()
@@ -311,7 +315,9 @@ class PanelSession:
     def _run(self) -> None:
         failing = False
         while not self._closed.is_set():
-            self._wake.wait()
+            # Woken by events; and once every `idle` seconds without any, so the device lanes go on while nothing
+            # moves.
+            self._wake.wait(self.idle)
             self._wake.clear()
             if self._closed.is_set():
                 break
