@@ -476,3 +476,19 @@ def test_the_overview_patches_the_rows_that_changed(sim):
     overview.update(collect_snapshot(live=live))
     assert overview.image.data["image"][0] is not image and overview.image.data["dh"] == [len(ul.live_buffers())]
     assert overview.source.data["name"][-1].startswith(f"#{c.id} c")
+
+
+def test_a_refresh_that_fails_part_way_reports_its_changes_again(sim, monkeypatch):
+    from uvm_lab.jupyter.dashboard import collect
+
+    live = LiveAllocations()
+    buf = ul.DeviceBuffer(size="1MiB", label="x")
+    live.refresh()
+    buf.prefetch("gpu")
+    real = collect.describe_buffer
+    monkeypatch.setattr(collect, "describe_buffer", lambda b: (_ for _ in ()).throw(RuntimeError("read failed")))
+    with pytest.raises(RuntimeError):
+        live.refresh()
+    monkeypatch.setattr(collect, "describe_buffer", real)
+    (described,) = [d for d in live.refresh() if d["id"] == buf.id]
+    assert described["category_pages"]["gpu:0"] == 256

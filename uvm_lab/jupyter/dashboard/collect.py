@@ -114,9 +114,9 @@ class LiveAllocations:
         """Every live buffer's description, oldest first."""
         tracker = get_tracker()
         if self._cursor is None:
-            self._cursor, ranges = tracker.changes(0)[0], None   # the first time: everything
+            cursor, ranges = tracker.changes(0)[0], None   # the first time: everything
         else:
-            self._cursor, ranges = tracker.changes(self._cursor)
+            cursor, ranges = tracker.changes(self._cursor)
         buffers = ul.live_buffers()
         stale = _touched(buffers, ranges)
         out, kept = [], {}
@@ -129,7 +129,8 @@ class LiveAllocations:
                     continue  # freed by another thread between live_buffers() and now
             out.append(described)
             kept[buf.id] = described
-        self._described = kept
+        # Only now: a refresh that failed part way reports the same changes again next time.
+        self._described, self._cursor = kept, cursor
         return out
 
 
