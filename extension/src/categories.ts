@@ -94,18 +94,21 @@ export function markPagesDrawn(node: HTMLElement, drawn: number[]): void {
   CATEGORY_NAMES.forEach((name, code) => (node.dataset[`${name.replace(':', '')}Pages`] = String(drawn[code])));
 }
 
+/** A legend entry: a swatch of `colour` and `label`; `data` names what it stands for (`data-category`, say). */
+export function legendItem(label: string, colour: string, data: Record<string, string>): HTMLElement {
+  const item = document.createElement('span');
+  item.className = 'jp-UvmLab-legendItem';
+  Object.assign(item.dataset, data);
+  const swatch = document.createElement('span');
+  swatch.className = 'jp-UvmLab-swatch';
+  swatch.style.background = colour;
+  item.append(swatch, document.createTextNode(label));
+  return item;
+}
+
 /** A legend: a swatch in the category's colour and its label, per category. */
 export function legendItems(shown: ReadonlyArray<CategoryName>): HTMLElement[] {
-  return shown.map(name => {
-    const item = document.createElement('span');
-    item.className = 'jp-UvmLab-legendItem';
-    item.dataset.category = name;
-    const swatch = document.createElement('span');
-    swatch.className = 'jp-UvmLab-swatch';
-    swatch.style.background = PALETTE[name];
-    item.append(swatch, document.createTextNode(LABELS[name]));
-    return item;
-  });
+  return shown.map(name => legendItem(LABELS[name], PALETTE[name], { category: name }));
 }
 
 export function formatBytes(n: number): string {

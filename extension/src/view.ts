@@ -16,6 +16,7 @@ import {
   div,
   formatBytes,
   formatNs,
+  legendItem,
   legendItems,
   nonZero,
   shownCategories
@@ -153,16 +154,7 @@ export class UvmLabView extends Widget {
     this._timeline = new Timeline(div(''), this.model, id => this.select(id));
     const causes = div('jp-UvmLab-legend jp-UvmLab-causes');
     causes.append(
-      ...CAUSE_NAMES.map(name => {
-        const item = document.createElement('span');
-        item.className = 'jp-UvmLab-legendItem';
-        item.dataset.cause = name;
-        const swatch = document.createElement('span');
-        swatch.className = 'jp-UvmLab-swatch';
-        swatch.style.background = CAUSE_PALETTE[name];
-        item.append(swatch, document.createTextNode(name));
-        return item;
-      })
+      ...CAUSE_NAMES.map(name => legendItem(name, CAUSE_PALETTE[name], { cause: name }))
     );
 
     const selected = div('jp-UvmLab-selection');
