@@ -254,6 +254,9 @@ export type TimelineRows = {
   first: number;
   last: number;
   sources: Record<string, string>;
+  /** Per line of user code in the window: [source, events, gpu_faults, cpu_faults, bytes_htod, bytes_dtoh, bytes_dtod]. */
+  by_source: number[][];
+  by_source_others: number;
 };
 
 export type ErrorInfo = {

@@ -6,6 +6,7 @@
  * pans (d3-zoom); hovering a mark says what it was; a click selects the mark's allocation.
  */
 
+import { ISignal, Signal } from '@lumino/signaling';
 import { ScaleLinear, scaleLinear } from 'd3-scale';
 import { select } from 'd3-selection';
 import { ZoomBehavior, ZoomTransform, zoom, zoomIdentity } from 'd3-zoom';
@@ -76,6 +77,11 @@ export class Timeline {
     });
   }
 
+  /** The kernel answered for the window shown (its rows, and its by-source table). */
+  get answered(): ISignal<this, ITimeline | null> {
+    return this._answered;
+  }
+
   /** The window shown, in ns on the backend's clock. */
   get window(): [number, number] {
     const [a, b] = this._x().domain();
@@ -92,6 +98,7 @@ export class Timeline {
     if (this._answer) {
       this._answer = null;
       this._draw();
+      this._answered.emit(null);
     }
   }
 
@@ -192,6 +199,7 @@ export class Timeline {
         const before = this._base().domain().join();
         this._answer = answer;
         this._draw();
+        this._answered.emit(answer);
         if (!this._frozen && this._base().domain().join() !== before) {
           this._again = true; // the kernel's extent moved the window: ask for what it shows now
         }
@@ -380,6 +388,7 @@ export class Timeline {
   private _labels: ReadonlyMap<number, string> = new Map();
   private _selected: number | null = null;
   private _answer: ITimeline | null = null;
+  private _answered = new Signal<this, ITimeline | null>(this);
   private _inFlight = false;
   private _again = false;
 }

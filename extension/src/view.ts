@@ -25,6 +25,7 @@ import { MapHistory } from './history';
 import { DeviceLanes } from './lanes';
 import { IAllocation, UvmLabModel } from './model';
 import { PageMap } from './pagemap';
+import { SourceLines } from './sourcelines';
 import { CAUSE_PALETTE } from './palette';
 import { CAUSE_NAMES, CategoryName, Location, RATE_LIMITS_MS, Result } from './protocol';
 import { Timeline } from './timeline';
@@ -152,6 +153,9 @@ export class UvmLabView extends Widget {
     this._lanes = new DeviceLanes(div(''));
     this._lanesNote = div('jp-UvmLab-lanesNote');
     this._timeline = new Timeline(div(''), this.model, id => this.select(id));
+    this._sourceLines = new SourceLines(div(''));
+    this._sourceLines.render(null);
+    this._timeline.answered.connect((_, answer) => this._sourceLines.render(answer));
     const causes = div('jp-UvmLab-legend jp-UvmLab-causes');
     causes.append(
       ...CAUSE_NAMES.map(name => legendItem(name, CAUSE_PALETTE[name], { cause: name }))
@@ -197,7 +201,7 @@ export class UvmLabView extends Widget {
       this._controls
     );
 
-    main.append(this._lanes.node, this._lanesNote, this._timeline.node, causes, selected);
+    main.append(this._lanes.node, this._lanesNote, this._timeline.node, causes, this._sourceLines.node, selected);
     body.append(side, main);
 
     this._status = div('jp-UvmLab-status');
@@ -486,6 +490,7 @@ export class UvmLabView extends Widget {
   private _lanes!: DeviceLanes;
   private _lanesNote!: HTMLElement;
   private _timeline!: Timeline;
+  private _sourceLines!: SourceLines;
   private _selectedTitle!: HTMLElement;
   private _legend!: HTMLElement;
   private _map!: PageMap;

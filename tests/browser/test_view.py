@@ -129,6 +129,13 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         assert re.search(r"at .+, for .+", text)
         # ... and the line of the cell that caused it.
         assert re.search(r"\nfrom In \[1\], line [4-8]$", text), text
+        # The "by source line" table: the GPU read's line took faults; the prefetch's moved bytes to the host.
+        lines = view.locator(".jp-UvmLab-sourceTable")
+        read_row = lines.locator('tr[data-source="In [1], line 6"]')
+        read_row.wait_for(timeout=WAIT_MS)
+        assert int(read_row.locator("td").nth(1).inner_text()) > 0
+        prefetch_row = lines.locator('tr[data-source="In [1], line 7"]')
+        assert not prefetch_row.locator("td").nth(3).inner_text().startswith("0 ")
         screenshot(page, "view-timeline-hover.png")
 
         # The wheel zooms in: a narrower window, no longer following; "Follow live" goes back.

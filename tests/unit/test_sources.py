@@ -123,6 +123,44 @@ def test_driver_events_are_charged_to_the_running_cell():
     assert seen[-1]["source"].tolist() == [0]
 
 
+def test_a_tool_acting_for_the_user_is_named_not_the_line_or_cell_on_the_stack(sim):
+    from uvm_lab.jupyter.comm import CONTROLS_SOURCE, PanelSession
+
+    class Sink:
+        def send(self, *args, **kwargs): ...
+        def on_msg(self, callback): ...
+        def on_close(self, callback): ...
+        def close(self, *args, **kwargs): ...
+
+    buf = ul.DeviceBuffer(size="1MiB")
+    session = PanelSession(Sink(), start=False)
+    sources.begin_cell(4)
+    try:
+        with ul.record() as trace:
+            # From the view's controls: charged to them, though a test line and cell 4 are there to take it.
+            assert session.handle({"type": "prefetch", "seq": 1, "id": buf.id, "location": "gpu", "first_page": 0,
+                                   "pages": None})["ok"]
+            assert session.handle({"type": "set_advice", "seq": 2, "id": buf.id, "advice": "read_mostly",
+                                   "value": True})["ok"]
+            mine = here()
+            buf.prefetch("host")   # the user's own call, after: the user's line again
+            bus = ul.events.get_bus()
+            bus.publish(make_events(1, kind=EventKind.HTOD))   # the driver's, after: the running cell's
+            bus.flush()
+    finally:
+        sources.end_cells()
+        session.close()
+    got = lines(trace)
+    assert got["prefetch"] == [CONTROLS_SOURCE, mine] and got["advice"] == [CONTROLS_SOURCE]
+    assert trace.to_pandas()["source"].iloc[-1] == "In [4]"
+    # Both walks answer for the line again once the tool is done.
+    line = here()
+    walked, compiled = sources.python_capture(), sources.capture()
+    assert walked == compiled and sources.get_sources().describe(compiled).text == line
+    with pytest.raises(InvalidArgumentError, match="non-empty"), sources.acting_for("  "):
+        pass
+
+
 def test_capture_can_be_turned_off(sim):
     sources.set_capturing(False)
     try:

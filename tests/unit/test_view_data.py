@@ -338,6 +338,33 @@ def test_an_answer_carries_at_most_max_rows(monkeypatch):
     assert cols["start"].tolist() == [0, 100, 200] and (events, truncated) == (10, 7)
 
 
+def test_the_by_source_table_is_what_the_trace_says_of_the_same_events(device):
+    window = EventWindow()
+    with ul.record() as trace:
+        a, b = ul.DeviceBuffer(size="2MiB", label="a"), ul.DeviceBuffer(size="1MiB", label="b")
+        ul.touch(a, on="gpu", mode="write")
+        a.prefetch("host")
+        ul.touch(b, on="gpu", mode="read")
+        ul.events.get_bus().flush()
+    window.feed(trace.events)
+    ids, table, others = window.by_source(0, 2**62, None)
+    expected = trace.by_source()
+    assert others == 0 and len(ids) == len(expected) >= 3
+    got = dict(zip(ul.events.sources.texts(ids), table.tolist(), strict=True))
+    for row in expected.itertuples():
+        assert got[row.source] == [row.events, row.gpu_faults, row.cpu_faults, row.bytes_htod, row.bytes_dtoh,
+                                   row.bytes_dtod], row.source
+    # The most bytes moved first; a limit keeps the top lines and counts the rest.
+    moved = table[:, 3:].sum(axis=1)
+    assert (np.diff(moved) <= 0).all() and moved[0] == expected["bytes_moved"].max() > 0
+    top, _, left = window.by_source(0, 2**62, None, limit=1)
+    assert top.tolist() == ids[:1].tolist() and left == len(ids) - 1
+    # Only the lanes asked for: b's line is not among a's.
+    only_a, _, _ = window.by_source(0, 2**62, [a.id])
+    assert "test_view_data.py" in " ".join(ul.events.sources.texts(only_a))
+    assert set(only_a.tolist()) < set(ids.tolist())
+
+
 @pytest.mark.parametrize("capacity", [0, -1, 2.5, True, "9"])
 def test_a_window_needs_a_whole_capacity(capacity):
     with pytest.raises(InvalidArgumentError, match="capacity"):
@@ -371,6 +398,10 @@ def test_a_timeline_query_is_answered_with_columns_and_changes_nothing(device):
         line = f"test_view_data.py:{touched_at}"
         assert {rows["sources"][str(s)] for s in cols["source"][cols["kind"] == EventKind.GPU_PAGE_FAULT]} == {line}
         assert "demand fault" in causes and "allocation" in causes
+        # The window's lines by what they caused: the touch's line took its faults.
+        by_line = {rows["sources"][str(r[0])]: r[1:] for r in rows["by_source"]}
+        assert by_line[line][1] > 0 and by_line[line][2] == 0   # GPU faults, no CPU faults
+        assert rows["by_source_others"] == 0
         assert cols["bytes"][cols["kind"] == EventKind.HTOD].sum() == 0    # a write on the GPU of fresh pages
         assert ul.events.get_bus().published == published
         assert ul.residency(buf).states.tobytes() == states

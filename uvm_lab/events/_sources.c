@@ -26,6 +26,7 @@ typedef struct {
 static slot_t cache[SLOTS];
 static PyObject *resolver = NULL;   /* resolver(code, lineno) -> int */
 static int enabled = 1;
+static int64_t acting = 0;          /* while nonzero, every capture answers it: a tool acting for the user */
 
 static void clear_cache(void) {
     for (int i = 0; i < SLOTS; i++) {
@@ -70,6 +71,7 @@ static int64_t answer_for(PyFrameObject *f) {
 /* The calling user line's source id, 0 where there is none; -1 with an exception set if the resolver failed. */
 static int64_t capture(void) {
     if (!enabled) return 0;
+    if (acting) return acting;
     PyFrameObject *f = PyEval_GetFrame();   /* borrowed */
     Py_XINCREF(f);
     while (f) {
@@ -112,6 +114,17 @@ static PyObject *py_set_enabled(PyObject *self, PyObject *on) {
     Py_RETURN_NONE;
 }
 
+static PyObject *py_set_acting(PyObject *self, PyObject *id) {
+    long long v = PyLong_AsLongLong(id);
+    if (v == -1 && PyErr_Occurred()) return NULL;
+    if (v < 0) {
+        PyErr_Format(PyExc_ValueError, "a source id is >= 0, got %lld", v);
+        return NULL;
+    }
+    acting = v;
+    Py_RETURN_NONE;
+}
+
 static PyObject *py_clear(PyObject *self, PyObject *unused) {
     clear_cache();
     Py_RETURN_NONE;
@@ -121,6 +134,7 @@ static PyMethodDef methods[] = {
     {"capture", py_capture, METH_NOARGS, "capture() -> the source id of the calling user line (0 if none)"},
     {"set_resolver", py_set_resolver, METH_O, "set_resolver(fn): fn(code, lineno) -> source id, or -1 (not the user's)"},
     {"set_enabled", py_set_enabled, METH_O, "set_enabled(on): capture() returns 0 while off"},
+    {"set_acting", py_set_acting, METH_O, "set_acting(id): capture() answers id while it is nonzero"},
     {"clear", py_clear, METH_NOARGS, "forget every cached answer"},
     {NULL, NULL, 0, NULL},
 };

@@ -23,20 +23,23 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import NamedTuple
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from .schema import EventKind
 
-__all__ = ["CAPACITY", "Source", "SourceTable", "begin_cell", "capture", "capturing", "end_cells", "get_sources",
-           "python_capture", "running_cell", "set_capturing", "set_cell_namer", "stamp", "texts"]
+__all__ = ["CAPACITY", "TOTALS", "Source", "SourceTable", "acting_for", "begin_cell", "capture", "capturing",
+           "end_cells", "get_sources", "python_capture", "running_cell", "set_capturing", "set_cell_namer", "stamp",
+           "texts", "totals"]
 
 #: The most distinct lines the table keeps.
 CAPACITY = 1 << 16
@@ -55,7 +58,8 @@ class Source(NamedTuple):
         """``"In [3], line 5"`` in a notebook (``"In [3]"`` for the cell as a whole), ``"train.py:42"`` outside."""
         if self.cell is not None:
             return f"In [{self.cell}], line {self.line}" if self.line else f"In [{self.cell}]"
-        return f"{os.path.basename(self.file)}:{self.line}"
+        name = os.path.basename(self.file)
+        return f"{name}:{self.line}" if self.line else name   # no line: a tool acting for the user
 
 
 class SourceTable:
@@ -173,6 +177,8 @@ def python_capture() -> int:
     """:func:`capture`'s walk, in Python: what runs where the compiled one was not built (same answers)."""
     if not _walk_enabled:
         return 0
+    if _acting:
+        return _acting
     f = sys._getframe(1)   # the caller: this frame is ours, and its offset moves as it runs
     while f is not None:
         code = f.f_code
@@ -251,6 +257,33 @@ def set_cell_namer(namer: Callable[[str], int | None] | None) -> None:
 # -- the running cell ----------------------------------------------------------------------------------------
 
 _running = 0
+_acting = 0
+
+
+@contextlib.contextmanager
+def acting_for(name: str) -> Iterator[int]:
+    """Charge what happens inside to ``name``, a tool acting for the user (the lab view's controls), not to
+    the line or cell that happens to be on the stack or to have run last. Yields its source id.
+
+    Records stamped after the block are the running cell's again: flush the bus inside it."""
+    global _acting
+    if not isinstance(name, str) or not name.strip():
+        raise InvalidArgumentError(f"a tool's name must be a non-empty string, got {name!r}", value=name,
+                                   expected="a name such as 'UVM Lab view'")
+    with _acting_lock:
+        before = _acting
+        _acting = _table.intern(Source(name, 0, None, ""))
+        if _compiled is not None:
+            _compiled.set_acting(_acting)
+        try:
+            yield _acting
+        finally:
+            _acting = before
+            if _compiled is not None:
+                _compiled.set_acting(before)
+
+
+_acting_lock = threading.RLock()   # one tool at a time acts
 
 
 def begin_cell(number: int) -> int:
@@ -275,8 +308,9 @@ def running_cell() -> int:
 
 
 def stamp(records: np.ndarray) -> np.ndarray:
-    """``records`` with the running cell's id where their ``source`` is 0 (a copy where any changed)."""
-    cell = _running
+    """``records`` with the acting tool's id (:func:`acting_for`), or else the running cell's, where their
+    ``source`` is 0 (a copy where any changed)."""
+    cell = _acting or _running
     if not cell:
         return records
     unknown = records["source"] == 0
@@ -285,3 +319,27 @@ def stamp(records: np.ndarray) -> np.ndarray:
     records = records.copy()
     records["source"][unknown] = cell
     return records
+
+
+#: What :func:`totals` counts for each line, its columns in order.
+TOTALS = ("events", "gpu_faults", "cpu_faults", "bytes_htod", "bytes_dtoh", "bytes_dtod")
+
+_TOTALLED = {  # column of TOTALS -> (the kind of record it sums, whether it sums the record's value or bytes)
+    1: (EventKind.GPU_PAGE_FAULT, "value"), 2: (EventKind.CPU_PAGE_FAULT, "value"),
+    3: (EventKind.HTOD, "bytes"), 4: (EventKind.DTOH, "bytes"), 5: (EventKind.DTOD, "bytes"),
+}
+
+
+def totals(source: np.ndarray, kind: np.ndarray, value: np.ndarray,
+           nbytes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What each line caused: ``(ids, table)``, the distinct source ids (ascending) and an ``(n, 6)`` int64
+    table of :data:`TOTALS` per id. Faults are counted as CUPTI counts them (a record's ``value``)."""
+    ids, inverse = np.unique(source, return_inverse=True)
+    table = np.zeros((len(ids), len(TOTALS)), dtype=np.int64)
+    table[:, 0] = np.bincount(inverse, minlength=len(ids))
+    for column, (event_kind, field) in _TOTALLED.items():
+        mine = kind == event_kind
+        if mine.any():
+            weights = (value if field == "value" else nbytes)[mine].astype(np.float64)
+            table[:, column] = np.bincount(inverse[mine], weights=weights, minlength=len(ids))
+    return ids, table

@@ -25,7 +25,7 @@ from .schema import (
     as_events,
     is_inferred,
 )
-from .sources import get_sources
+from .sources import TOTALS, get_sources, totals
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -133,23 +133,12 @@ class Trace:
         import pandas as pd
 
         ev = self.events
-        ids, inverse = np.unique(ev["source"], return_inverse=True)
-        kinds = ev["kind"]
-
-        def total(mask: np.ndarray, field: str) -> np.ndarray:
-            return np.bincount(inverse[mask], weights=ev[field][mask].astype(np.float64),
-                               minlength=len(ids)).astype(np.int64)
-
-        table = get_sources()
+        ids, table = totals(ev["source"], ev["kind"], ev["value"], ev["bytes"])
+        names = get_sources()
         out = pd.DataFrame({
-            "source": table.texts(ids),
-            "cell": pd.array(table.cells(ids), dtype="Int64"),
-            "events": np.bincount(inverse, minlength=len(ids)),
-            "gpu_faults": total(kinds == EventKind.GPU_PAGE_FAULT, "value"),
-            "cpu_faults": total(kinds == EventKind.CPU_PAGE_FAULT, "value"),
-            "bytes_htod": total(kinds == EventKind.HTOD, "bytes"),
-            "bytes_dtoh": total(kinds == EventKind.DTOH, "bytes"),
-            "bytes_dtod": total(kinds == EventKind.DTOD, "bytes"),
+            "source": names.texts(ids),
+            "cell": pd.array(names.cells(ids), dtype="Int64"),
+            **{name: table[:, i] for i, name in enumerate(TOTALS)},
         })
         out["bytes_moved"] = out["bytes_htod"] + out["bytes_dtoh"] + out["bytes_dtod"]
         return out.sort_values(["bytes_moved", "events"], ascending=False, kind="stable").reset_index(drop=True)

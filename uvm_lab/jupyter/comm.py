@@ -46,10 +46,12 @@ import uvm_lab as ul
 from ..errors import InvalidArgumentError
 from ..events import get_bus
 from ..events.bus import EventBus
+from ..events.sources import acting_for
 from ..events.sources import texts as source_texts
 from ..units import PAGE_SIZE
 from .dashboard.collect import LiveAllocations
 from .protocol import (
+    BY_SOURCE_LIMIT,
     CELL_LIMIT,
     COMM_TARGET,
     PROTOCOL_VERSION,
@@ -59,8 +61,10 @@ from .protocol import (
     Command,
     DeviceInfo,
     ErrorInfo,
+    Prefetch,
     Removed,
     Result,
+    SetAdvice,
     Snapshot,
     Timeline,
     TimelineRows,
@@ -75,6 +79,9 @@ from .timeline import DeviceSeries, EventWindow, shared
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
 
 log = logging.getLogger("uvm_lab.jupyter.comm")
+
+#: What the events of a prefetch or advice sent from the panel or the view are charged to.
+CONTROLS_SOURCE = "UVM Lab controls"
 
 #: Seconds between two updates of an idle kernel's view: a sample for the device lanes, nothing else.
 IDLE_SAMPLE = 1.0
@@ -268,34 +275,41 @@ class PanelSession:
             self.interval = command["interval_ms"] / 1000
         elif command["type"] == "timeline":
             self._answer_timeline(command)
-        elif command["type"] == "prefetch":
-            buf = ul.find_buffer(command["id"])
+        elif command["type"] in ("prefetch", "set_advice"):
+            get_bus().flush()   # what came before is the cell's
+            with acting_for(CONTROLS_SOURCE):   # what this does is the view's doing, not the last cell's
+                self._change_buffer(command)
+                get_bus().flush()
+            self.flush()
+
+    def _change_buffer(self, command: Prefetch | SetAdvice) -> None:
+        buf = ul.find_buffer(command["id"])
+        if command["type"] == "prefetch":
             offset, size = _byte_range(buf, command["first_page"], command["pages"])
             buf.prefetch(command["location"], offset=offset, size=size)
-            self.flush()
-        elif command["type"] == "set_advice":
-            buf = ul.find_buffer(command["id"])
-            value = command["value"]
-            if command["advice"] == "read_mostly":
-                buf.read_mostly = value  # type: ignore[assignment]
-            elif command["advice"] == "preferred_location":
-                buf.preferred_location = value  # type: ignore[assignment]
-            else:
-                buf.accessed_by = value
-            self.flush()
+            return
+        value = command["value"]
+        if command["advice"] == "read_mostly":
+            buf.read_mostly = value  # type: ignore[assignment]
+        elif command["advice"] == "preferred_location":
+            buf.preferred_location = value  # type: ignore[assignment]
+        else:
+            buf.accessed_by = value
 
     def _answer_timeline(self, query: Timeline) -> None:
         get_bus().flush()   # what the hardware has reported, in the window
         columns, events, truncated = self._window.query(query["start"], query["end"], query["width"], query["lanes"])
         first, last = self._window.extent()
-        ids = np.unique(columns["source"])
+        lines, totals, others = self._window.by_source(query["start"], query["end"], query["lanes"], BY_SOURCE_LIMIT)
+        ids = np.union1d(np.unique(columns["source"]), lines)
         ids = ids[ids != 0]
         sources = dict(zip((str(i) for i in ids.tolist()), source_texts(ids), strict=True))
         rows = TimelineRows(type="timeline", seq=query["seq"], start=query["start"], end=query["end"],
                             width=query["width"], columns=[name for name, _ in TIMELINE_COLUMNS],
                             rows=len(columns["start"]), events=events, held=self._window.held,
                             dropped=self._window.dropped, truncated=truncated, first=first, last=last,
-                            sources=sources)
+                            sources=sources, by_source=np.column_stack([lines, totals]).tolist(),
+                            by_source_others=others)
         self._send(rows, [columns[name] for name, _ in TIMELINE_COLUMNS])
 
     # -- comm and bus callbacks ------------------------------------------------------------------------

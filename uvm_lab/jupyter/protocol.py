@@ -27,7 +27,7 @@ carries is ever evaluated::
         update      {device, allocations, samples}   + one buffer per allocation
         removed     {ids}
         timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
-                     sources}
+                     sources, by_source, by_source_others}
                                                + one buffer per column (TIMELINE_COLUMNS)
         result      {seq, command, ok, error}  one per command; error: {type, message} or null
 
@@ -58,7 +58,9 @@ The timeline is asked for, never pushed: the view sends the window it shows and 
 the kernel answers with binary columns (:data:`TIMELINE_COLUMNS`) in which the events of one lane that
 are narrower than a pixel and fall in the same pixel, with the same kind and cause, are one row
 (``count`` says how many). What one answer carries is bounded by the view's pixels, not by the rate of
-events.
+events. With the rows comes the window's "by source line" table: the lines of user code that moved the
+most bytes in it (then took the most faults), each ``[source, events, gpu_faults, cpu_faults, bytes_htod,
+bytes_dtoh, bytes_dtod]`` (:data:`~uvm_lab.events.sources.TOTALS`), and how many lines it left out.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ from .dashboard.collect import bin_states
 
 __all__ = [
     "ADVICE_NAMES",
+    "BY_SOURCE_LIMIT",
     "CATEGORY_NAMES",
     "CAUSE_NAMES",
     "CELL_LIMIT",
@@ -144,6 +147,8 @@ TIMELINE_COLUMNS: Final = (
 
 # JavaScript numbers are exact only up to 2**53; ids and sequence numbers stay below.
 _MAX_INT = 2**53 - 1
+#: The most lines a timeline answer's by-source table carries.
+BY_SOURCE_LIMIT: Final = 50
 # "host", "gpu" or "gpu:N", for prefetch and advice alike; whether device N exists is the backend's
 # question, not the protocol's.
 _LOCATION = re.compile(r"(?:host|gpu(?::[0-9]{1,3})?)\Z")
@@ -295,7 +300,9 @@ class TimelineRows(TypedDict):
     truncated: int  # rows left out past the most one answer carries
     first: int  # ns: the start of the oldest event held (0 if none): where a view's "everything" begins
     last: int  # ns: the latest end of an event held
-    sources: dict[str, str]  # each source id of the rows (as a string: a JSON key) -> its line: "In [3] line 5"
+    sources: dict[str, str]  # each source id of the rows and by_source (a JSON key) -> its line: "In [3], line 5"
+    by_source: list[list[int]]  # per line: [source, *TOTALS], the most bytes moved first; at most BY_SOURCE_LIMIT
+    by_source_others: int  # lines of the window not in by_source
 
 
 class ErrorInfo(TypedDict):

@@ -24,6 +24,7 @@ from ..events import EventKind, MigrationCause, get_bus
 from ..events.bus import EventBus
 from ..events.causes import CAUSE_NAMES, cause_codes
 from ..events.schema import INFERRED_BIT
+from ..events.sources import totals
 from ..tracing.attribution import AllocationIndex
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
 
@@ -34,6 +35,8 @@ SEVERAL: Final = -3
 
 # The columns an EventWindow keeps of each record (the timeline's, less the merge count).
 _KEPT = {name: np.dtype(dtype) for name, dtype in TIMELINE_COLUMNS if name != "count"}
+# What it holds of each: those, and a fault record's count (for by_source).
+_HELD = {**_KEPT, "value": np.dtype(np.float64)}
 
 
 class EventWindow:
@@ -111,6 +114,7 @@ class EventWindow:
             "address": records["address"].astype(np.float64),
             "reach": (records["address"] + records["bytes"]).astype(np.float64),
             "source": records["source"].astype(np.uint32),
+            "value": records["value"].astype(np.float64),   # a fault record's fault count: for by_source
         }
         with self._lock:
             self._seen += seen
@@ -189,6 +193,33 @@ class EventWindow:
                 lanes[lo:hi] = self._buffers.lookup(part["address"])
         return lanes.astype(np.float64)
 
+    def by_source(self, start: int, end: int, lanes: list[int] | None,
+                  limit: int = 50) -> tuple[np.ndarray, np.ndarray, int]:
+        """What each line of user code caused in ``[start, end]`` (in ``lanes``): ``(ids, table, others)``, the
+        ``limit`` lines that moved the most bytes (then took the most faults) with their :data:`~..events.sources.
+        TOTALS`, and how many more lines the window has."""
+        columns = self._window(start, end, lanes, ("source", "kind", "value", "bytes"))
+        ids, table = totals(columns["source"], columns["kind"], columns["value"], columns["bytes"])
+        moved = table[:, 3:].sum(axis=1)
+        faults = table[:, 1:3].sum(axis=1)
+        order = np.lexsort((ids, -faults, -moved))
+        return ids[order[:limit]], table[order[:limit]], max(0, len(ids) - limit)
+
+    def _window(self, start: int, end: int, lanes: list[int] | None,
+                names: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """Columns ``names`` of the events held that overlap ``[start, end]`` in ``lanes`` (None: all)."""
+        self._read_in()
+        with self._lock:
+            chunks = list(self._chunks)
+        parts = [c for c in chunks if len(c["start"]) and c["start"].min() <= end and c["end"].max() >= start]
+        wanted = set(names) | {"start", "end", "lane"}
+        columns = {name: np.concatenate([c[name] for c in parts]) if parts else np.zeros(0, _HELD[name])
+                   for name in wanted}
+        keep = (columns["start"] <= end) & (columns["end"] >= start)
+        if lanes is not None:
+            keep &= np.isin(columns["lane"], np.asarray(lanes, dtype=np.float64))
+        return {name: columns[name][keep] for name in names}
+
     def query(self, start: int, end: int, width: int,
               lanes: list[int] | None) -> tuple[dict[str, np.ndarray], int, int]:
         """The rows of ``[start, end]`` for a view ``width`` pixels wide: ``(columns, events, truncated)``.
@@ -198,16 +229,7 @@ class EventWindow:
         ``src``/``dst`` kept where all agree (else ``SEVERAL``). Wider events are rows of their own. Rows
         are sorted by start.
         """
-        self._read_in()
-        with self._lock:
-            chunks = list(self._chunks)
-        parts = [c for c in chunks if len(c["start"]) and c["start"].min() <= end and c["end"].max() >= start]
-        columns = {name: np.concatenate([c[name] for c in parts]) if parts else np.zeros(0, dtype)
-                   for name, dtype in _KEPT.items()}
-        keep = (columns["start"] <= end) & (columns["end"] >= start)
-        if lanes is not None:
-            keep &= np.isin(columns["lane"], np.asarray(lanes, dtype=np.float64))
-        columns = {name: col[keep] for name, col in columns.items()}
+        columns = self._window(start, end, lanes, tuple(_KEPT))
         events = len(columns["start"])
         pixel = (end - start) / width
         narrow = (columns["end"] - columns["start"]) < pixel
