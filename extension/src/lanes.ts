@@ -110,6 +110,8 @@ export class DeviceLanes {
     holder.dataset.lane = lane.title;
     this.node.appendChild(holder);
     const format = lane.unit === 'bytes' ? formatBytes : (n: number) => String(Math.round(n));
+    // A canvas cannot read CSS variables: the theme's colour, resolved.
+    const ink = getComputedStyle(this.node).getPropertyValue('--jp-ui-font-color2').trim() || 'grey';
     const opts: uPlot.Options = {
       title: lane.title,
       width,
@@ -118,8 +120,8 @@ export class DeviceLanes {
       legend: { live: true },
       scales: { x: { time: false } },
       axes: [
-        { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, stroke: 'var(--jp-ui-font-color2)' },
-        { values: (_u, ticks) => ticks.map(format), size: 70, stroke: 'var(--jp-ui-font-color2)' }
+        { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, stroke: ink },
+        { values: (_u, ticks) => ticks.map(format), size: 70, stroke: ink }
       ],
       series: [
         { label: 'time', value: (_u, v) => (v === null ? '—' : formatNs(v)) },

@@ -293,7 +293,21 @@ export class SnapshotPage {
     this._selection.replaceChildren(title, when, traffic);
   }
 
+  /** The device lanes follow the timeline's window, once a frame however often it moves. */
+  private _followWindow(): void {
+    if (this._frame) {
+      return;
+    }
+    this._frame = requestAnimationFrame(() => {
+      this._frame = 0;
+      const main = this.node.querySelector('.jp-UvmLabView-main') as HTMLElement;
+      const window = this._timeline.following ? null : this._timeline.window;
+      this._lanes.render(this._data.samples, window, Math.max(0, main.clientWidth - 24));
+    });
+  }
+
   private _showLevel(level: ILevel, finerWanted: boolean): void {
+    this._followWindow();
     this._levelNote.dataset.width = String(level.width);
     this._levelNote.textContent =
       `Events narrower than ${formatNs(level.pixel)} are merged (level of ${level.width} px)` +
@@ -367,6 +381,7 @@ export class SnapshotPage {
   private _levelNote: HTMLElement;
   private _selection: HTMLElement;
   private _selected: number | null = null;
+  private _frame = 0;
 }
 
 /** Read the page's data and draw it. */
