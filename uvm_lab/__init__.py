@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 from . import deferred, errors, events, mr
@@ -45,6 +47,7 @@ __all__ = [
     "parse_size",
     "record",
     "residency",
+    "snapshot",
     "touch",
     "unload_ipython_extension",
     "use_backend",
@@ -56,6 +59,14 @@ get_tracker()  # residency maps are built from events: start listening before th
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
     """Where the built lab extension lives (for ``jupyter labextension develop``)."""
     return [{"src": "labextension", "dest": "uvm-lab"}]
+
+
+def snapshot(trace: Trace | None, path: str | os.PathLike[str], **options: Any) -> Path:
+    """Write ``trace``'s view (or, for None, every event still held) to ``path`` as one self-contained HTML
+    file that opens anywhere, with no network and no server: see :func:`uvm_lab.jupyter.snapshot.snapshot`."""
+    from .jupyter.snapshot import snapshot as write
+
+    return write(trace, path, **options)
 
 
 def load_ipython_extension(ipython: Any) -> None:

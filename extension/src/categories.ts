@@ -156,6 +156,19 @@ export function button(label: string, className: string): HTMLButtonElement {
   return node;
 }
 
+/** A table row of `cells`' text, as header (`th`) or data (`td`) cells. */
+export function tableRow(cells: string[], tag: 'td' | 'th'): HTMLTableRowElement {
+  const row = document.createElement('tr');
+  row.append(
+    ...cells.map(text => {
+      const cell = document.createElement(tag);
+      cell.textContent = text;
+      return cell;
+    })
+  );
+  return row;
+}
+
 function rgbaBytes(colours: string[]): Uint8ClampedArray {
   const bytes = new Uint8ClampedArray(4 * colours.length);
   colours.forEach((hex, code) => {

@@ -10,10 +10,13 @@ import { formatBytes, formatNs } from './categories';
 import { DeviceSample } from './protocol';
 import { CAUSE_PALETTE, PALETTE } from './palette';
 
+/** A sample's measured fields (all but its time). */
+export type SampleField = Exclude<keyof DeviceSample, 'time'>;
+
 type Lane = {
   title: string;
   unit: 'bytes' | 'count';
-  series: { label: string; colour: string; value: (s: DeviceSample) => number; fill?: boolean; dash?: number[] }[];
+  series: { label: string; colour: string; field: SampleField; fill?: boolean; dash?: number[] }[];
 };
 
 const LANES: Lane[] = [
@@ -21,9 +24,9 @@ const LANES: Lane[] = [
     title: 'Device memory',
     unit: 'bytes',
     series: [
-      { label: 'used', colour: PALETTE['gpu:0'], value: s => s.used, fill: true },
-      { label: 'allocated', colour: PALETTE['host'], value: s => s.allocated },
-      { label: 'capacity', colour: PALETTE['gpus'], value: s => s.total, dash: [4, 4] }
+      { label: 'used', colour: PALETTE['gpu:0'], field: 'used', fill: true },
+      { label: 'allocated', colour: PALETTE['host'], field: 'allocated' },
+      { label: 'capacity', colour: PALETTE['gpus'], field: 'total', dash: [4, 4] }
     ]
   },
   {
@@ -31,30 +34,37 @@ const LANES: Lane[] = [
     unit: 'bytes',
     // Coloured by where the bytes went.
     series: [
-      { label: 'HtoD', colour: PALETTE['gpu:0'], value: s => s.htod_bytes },
-      { label: 'DtoH', colour: PALETTE['host'], value: s => s.dtoh_bytes }
+      { label: 'HtoD', colour: PALETTE['gpu:0'], field: 'htod_bytes' },
+      { label: 'DtoH', colour: PALETTE['host'], field: 'dtoh_bytes' }
     ]
   },
   {
     title: 'Faults per interval',
     unit: 'count',
     series: [
-      { label: 'GPU', colour: PALETTE['gpu:0'], value: s => s.gpu_faults },
-      { label: 'CPU', colour: PALETTE['host'], value: s => s.cpu_faults }
+      { label: 'GPU', colour: PALETTE['gpu:0'], field: 'gpu_faults' },
+      { label: 'CPU', colour: PALETTE['host'], field: 'cpu_faults' }
     ]
   },
   {
     title: 'Evicted per interval',
     unit: 'bytes',
-    series: [{ label: 'evicted', colour: CAUSE_PALETTE['eviction'], value: s => s.evicted_bytes, fill: true }]
+    series: [{ label: 'evicted', colour: CAUSE_PALETTE['eviction'], field: 'evicted_bytes', fill: true }]
   }
 ];
 
 const SYNC_KEY = 'uvm-lab-lanes';
 
 export class DeviceLanes {
-  constructor(readonly node: HTMLElement) {
+  /** `fields`: the ones the samples know (a trace knows no memory in use); a series of another is left out. */
+  constructor(
+    readonly node: HTMLElement,
+    fields: ReadonlyArray<SampleField> | null = null
+  ) {
     node.classList.add('jp-UvmLab-lanes');
+    this._lanes = LANES.map(lane => ({ ...lane, series: lane.series.filter(s => !fields || fields.includes(s.field)) })).filter(
+      lane => lane.series.length
+    );
   }
 
   /** Draw `samples` (oldest first) over [start, end] ns, or over all of them when no window is given. */
@@ -66,11 +76,11 @@ export class DeviceLanes {
     const width = fullWidth >= 700 ? Math.floor(fullWidth / 2) - 8 : fullWidth;
     const xs = samples.map(s => s.time);
     if (!this._plots.length) {
-      this._plots = LANES.map(lane => this._makePlot(lane, width));
+      this._plots = this._lanes.map(lane => this._makePlot(lane, width));
     }
     this._plots.forEach((plot, i) => {
-      const lane = LANES[i];
-      const data: uPlot.AlignedData = [xs, ...lane.series.map(s => samples.map(s.value))];
+      const lane = this._lanes[i];
+      const data: uPlot.AlignedData = [xs, ...lane.series.map(s => samples.map(sample => sample[s.field]))];
       plot.setData(data, !window);
       if (window) {
         plot.setScale('x', { min: window[0], max: window[1] });
@@ -100,6 +110,8 @@ export class DeviceLanes {
     holder.dataset.lane = lane.title;
     this.node.appendChild(holder);
     const format = lane.unit === 'bytes' ? formatBytes : (n: number) => String(Math.round(n));
+    // A canvas cannot read CSS variables: the theme's colour, resolved.
+    const ink = getComputedStyle(this.node).getPropertyValue('--jp-ui-font-color2').trim() || 'grey';
     const opts: uPlot.Options = {
       title: lane.title,
       width,
@@ -108,8 +120,8 @@ export class DeviceLanes {
       legend: { live: true },
       scales: { x: { time: false } },
       axes: [
-        { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, stroke: 'var(--jp-ui-font-color2)' },
-        { values: (_u, ticks) => ticks.map(format), size: 70, stroke: 'var(--jp-ui-font-color2)' }
+        { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, stroke: ink },
+        { values: (_u, ticks) => ticks.map(format), size: 70, stroke: ink }
       ],
       series: [
         { label: 'time', value: (_u, v) => (v === null ? '—' : formatNs(v)) },
@@ -127,6 +139,7 @@ export class DeviceLanes {
     return new uPlot(opts, [[], ...lane.series.map(() => [])], holder);
   }
 
+  private _lanes: Lane[];
   private _plots: uPlot[] = [];
 }
 

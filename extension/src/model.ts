@@ -49,10 +49,25 @@ export interface ITimeline {
   columns: ITimelineColumns;
 }
 
+/**
+ * Where a timeline's rows come from: the kernel, through the model, or a snapshot's levels. Either
+ * answers a window at a width with rows merged by the kernel's one rule.
+ */
+export interface ITimelineSource {
+  /** Whether a query can be answered now. */
+  readonly ready: boolean;
+  /** The earliest time known before any rows arrive, in ns on the backend's clock. */
+  readonly earliest: number;
+  /** The latest time known, in ns: the end of the window shown in full. */
+  readonly now: number;
+  /** The rows of [start, end] ns for a view `width` pixels wide, of `lanes` (all: null). */
+  queryTimeline(start: number, end: number, width: number, lanes: number[] | null): Promise<ITimeline | Result>;
+}
+
 /** Omit<T, K> over each member of a union, so a command can be built without its seq. */
 type CommandBody<T> = T extends Command ? Omit<T, 'seq'> : never;
 
-export class UvmLabModel {
+export class UvmLabModel implements ITimelineSource {
   /** Emitted when the connection state, status text or device info change. */
   get stateChanged(): ISignal<this, void> {
     return this._stateChanged;
@@ -101,6 +116,16 @@ export class UvmLabModel {
   /** Samples no longer held: dropped by the kernel before the snapshot, or here past `MAX_SAMPLES`. */
   get samplesDropped(): number {
     return this._samplesDropped;
+  }
+
+  /** Whether the kernel answers timeline queries now. */
+  get ready(): boolean {
+    return this._state === 'connected';
+  }
+
+  /** The time of the oldest device sample held (0 before any). */
+  get earliest(): number {
+    return this._samples[0]?.time ?? 0;
   }
 
   /** The latest time the kernel has reported, in ns on the backend's clock (the timeline's). */

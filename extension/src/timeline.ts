@@ -12,7 +12,7 @@ import { select } from 'd3-selection';
 import { ZoomBehavior, ZoomTransform, zoom, zoomIdentity } from 'd3-zoom';
 
 import { CAUSE_COLOURS, div, formatBytes, formatNs, processorName } from './categories';
-import { ITimeline, UvmLabModel } from './model';
+import { ITimeline, ITimelineSource } from './model';
 import { CAUSE_NAMES, EVENT_KINDS } from './protocol';
 
 const LANE_PX = 18;
@@ -24,8 +24,9 @@ const MAX_LANES_DRAWN = 60;
 export class Timeline {
   constructor(
     readonly node: HTMLElement,
-    private readonly _model: UvmLabModel,
-    private readonly _onSelect: (id: number) => void
+    private readonly _source: ITimelineSource,
+    private readonly _onSelect: (id: number) => void,
+    options: Timeline.IOptions = {}
   ) {
     node.classList.add('jp-UvmLab-timeline');
     const bar = div('jp-UvmLab-timelineBar');
@@ -33,8 +34,8 @@ export class Timeline {
     this._live = document.createElement('button');
     this._live.type = 'button';
     this._live.className = 'jp-Button jp-mod-styled jp-UvmLab-live';
-    this._live.textContent = 'Follow live';
-    this._live.title = 'Show everything up to now, and keep following';
+    this._live.textContent = options.showAllLabel ?? 'Follow live';
+    this._live.title = options.showAllTitle ?? 'Show everything up to now, and keep following';
     this._live.addEventListener('click', () => this.followLive());
     bar.append(this._caption, this._live);
     this._canvas = document.createElement('canvas');
@@ -168,8 +169,8 @@ export class Timeline {
     }
     // Everything the kernel holds: from its oldest event to the newest event or sample.
     const extent = this._answer?.rows;
-    const first = extent ? extent.first : this._model.samples[0]?.time ?? 0;
-    const now = Math.max(this._model.now, extent?.last ?? 0, first + 1);
+    const first = extent ? extent.first : this._source.earliest;
+    const now = Math.max(this._source.now, extent?.last ?? 0, first + 1);
     return scaleLinear()
       .domain([first, now])
       .range([LABEL_PX, Math.max(LABEL_PX + 1, this._width)]);
@@ -181,7 +182,7 @@ export class Timeline {
 
   /** Ask for the window's rows; one query at a time, the latest wish asked once the answer is in. */
   private _requery(): void {
-    if (this._model.state !== 'connected' || this._width <= LABEL_PX) {
+    if (!this._source.ready || this._width <= LABEL_PX) {
       return;
     }
     if (this._inFlight) {
@@ -193,7 +194,7 @@ export class Timeline {
     const end = Math.max(start + 1, Math.ceil(b));
     const width = Math.min(16384, Math.max(1, Math.round(this._width - LABEL_PX)));
     this._inFlight = true;
-    void this._model.queryTimeline(start, end, width, this._lanes).then(answer => {
+    void this._source.queryTimeline(start, end, width, this._lanes).then(answer => {
       this._inFlight = false;
       if ('columns' in answer) {
         const before = this._base().domain().join();
@@ -391,4 +392,12 @@ export class Timeline {
   private _answered = new Signal<this, ITimeline | null>(this);
   private _inFlight = false;
   private _again = false;
+}
+
+export namespace Timeline {
+  export interface IOptions {
+    /** The button that shows the whole extent: its text and title (the live view: "Follow live"). */
+    showAllLabel?: string;
+    showAllTitle?: string;
+  }
 }

@@ -19,7 +19,8 @@ import {
   legendItem,
   legendItems,
   nonZero,
-  shownCategories
+  shownCategories,
+  tableRow
 } from './categories';
 import { MapHistory } from './history';
 import { DeviceLanes } from './lanes';
@@ -549,16 +550,4 @@ function fillOptions(select: HTMLSelectElement, values: string[], fallback: stri
     })
   );
   select.value = values.includes(chosen) ? chosen : fallback;
-}
-
-function tableRow(cells: string[], tag: 'td' | 'th'): HTMLTableRowElement {
-  const row = document.createElement('tr');
-  row.append(
-    ...cells.map(text => {
-      const cell = document.createElement(tag);
-      cell.textContent = text;
-      return cell;
-    })
-  );
-  return row;
 }
