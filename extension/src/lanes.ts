@@ -99,6 +99,14 @@ export class DeviceLanes {
     }
   }
 
+  /** Mark the time cursor at `time` on every lane (null: live, no mark). */
+  setCursor(time: number | null): void {
+    if (time !== this._cursor) {
+      this._cursor = time;
+      this._plots.forEach(plot => plot.redraw(false, false));
+    }
+  }
+
   dispose(): void {
     this._plots.forEach(plot => plot.destroy());
     this._plots = [];
@@ -118,6 +126,7 @@ export class DeviceLanes {
       height: HEIGHT,
       cursor: { sync: { key: SYNC_KEY }, drag: { x: false, y: false } },
       legend: { live: true },
+      hooks: { draw: [plot => this._drawCursor(plot)] },
       scales: { x: { time: false } },
       axes: [
         { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, stroke: ink },
@@ -139,8 +148,26 @@ export class DeviceLanes {
     return new uPlot(opts, [[], ...lane.series.map(() => [])], holder);
   }
 
+  /** The time cursor's line, over the plotting area. */
+  private _drawCursor(plot: uPlot): void {
+    if (this._cursor === null) {
+      return;
+    }
+    const x = plot.valToPos(this._cursor, 'x', true);
+    const { left, top, width, height } = plot.bbox;
+    if (x < left || x > left + width) {
+      return;
+    }
+    const ctx = plot.ctx;
+    ctx.save();
+    ctx.fillStyle = getComputedStyle(this.node).getPropertyValue('--jp-ui-font-color1').trim() || 'black';
+    ctx.fillRect(Math.round(x) - 1, top, 2 * (window.devicePixelRatio || 1), height);
+    ctx.restore();
+  }
+
   private _lanes: Lane[];
   private _plots: uPlot[] = [];
+  private _cursor: number | null = null;
 }
 
 const HEIGHT = 90;

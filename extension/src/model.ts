@@ -41,6 +41,8 @@ export interface IAllocation {
   cells: Uint8Array;
   /** Increases with every snapshot or update that carried this allocation (one counter for all). */
   revision: number;
+  /** ns on the backend's clock: the kernel read this state at this time (or just after). */
+  time: number;
 }
 
 /** A timeline answer: its header and its columns. */
@@ -341,7 +343,7 @@ export class UvmLabModel implements ITimelineSource {
     }
     const gone = [...this._allocations.keys()];
     this._allocations.clear();
-    this._store(data.allocations, buffers);
+    this._store(data.allocations, buffers, data.time);
     this._device = data.device;
     this._samples = [];
     this._samplesDropped = data.samples_dropped;
@@ -355,7 +357,7 @@ export class UvmLabModel implements ITimelineSource {
   }
 
   private _onUpdate(data: Update, buffers: (ArrayBuffer | ArrayBufferView)[]): void {
-    this._store(data.allocations, buffers);
+    this._store(data.allocations, buffers, data.time);
     this._device = data.device;
     this._setState('connected', this._summary());
     if (data.allocations.length) {
@@ -383,7 +385,7 @@ export class UvmLabModel implements ITimelineSource {
     }
   }
 
-  private _store(infos: AllocationInfo[], buffers: (ArrayBuffer | ArrayBufferView)[]): void {
+  private _store(infos: AllocationInfo[], buffers: (ArrayBuffer | ArrayBufferView)[], time: number): void {
     infos.forEach((info, i) => {
       const buffer = buffers[i];
       const bytes = buffer ? bufferBytes(buffer) : new Uint8Array(0);
@@ -401,7 +403,7 @@ export class UvmLabModel implements ITimelineSource {
       } else {
         cells = bytes.length === info.cells ? bytes.slice() : new Uint8Array(info.cells);
       }
-      this._allocations.set(info.id, { info, cells, revision: ++this._revision });
+      this._allocations.set(info.id, { info, cells, revision: ++this._revision, time });
     });
   }
 

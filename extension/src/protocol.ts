@@ -219,6 +219,8 @@ export type DeviceSample = {
 export type Snapshot = {
   type: 'snapshot';
   version: number;
+  /** ns on the backend's clock: the maps were read at this time (or just after). */
+  time: number;
   page_size: number;
   cell_limit: number;
   device: DeviceInfo;
@@ -229,6 +231,7 @@ export type Snapshot = {
 
 export type Update = {
   type: 'update';
+  time: number;
   device: DeviceInfo;
   allocations: AllocationInfo[];
   samples: DeviceSample[];

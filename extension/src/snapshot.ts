@@ -143,7 +143,10 @@ export class SnapshotTimeline implements ITimelineSource {
         truncated: level.truncated,
         first: this._data.first,
         last: this._data.last,
-        sources: this._data.sources
+        sources: this._data.sources,
+        // The page's own by-source table covers the whole trace (Trace.by_source).
+        by_source: [],
+        by_source_others: 0
       },
       columns: columns as unknown as ITimelineColumns
     });
@@ -188,7 +191,7 @@ function asAllocation(a: ISnapshotAllocation): IAllocation {
     traffic: a.traffic,
     requested: null
   };
-  return { info, cells: new Uint8Array(0), revision: 0 };
+  return { info, cells: new Uint8Array(0), revision: 0, time: a.made };
 }
 
 /** The whole page. */

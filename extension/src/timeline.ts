@@ -66,6 +66,11 @@ export class Timeline {
     this._canvas.addEventListener('mousemove', event => this._onHover(event));
     this._canvas.addEventListener('mouseleave', () => (this._hover.hidden = true));
     this._canvas.addEventListener('click', event => {
+      const rect = this._canvas.getBoundingClientRect();
+      if (event.clientY - rect.top < AXIS_PX && event.clientX - rect.left >= LABEL_PX) {
+        this._cursorRequested.emit(this._x().invert(event.clientX - rect.left));
+        return;
+      }
       const hit = this._hit(event);
       if (hit !== null && this._answer) {
         this._onSelect(this._answer.columns.lane[hit]);
@@ -81,6 +86,24 @@ export class Timeline {
   /** The kernel answered for the window shown (its rows, and its by-source table). */
   get answered(): ISignal<this, ITimeline | null> {
     return this._answered;
+  }
+
+  /** A click on the time axis asks for the time cursor there (ns on the backend's clock). */
+  get cursorRequested(): ISignal<this, number> {
+    return this._cursorRequested;
+  }
+
+  /** Mark the time cursor at `time` (null: live, no mark). */
+  setCursor(time: number | null): void {
+    if (time !== this._cursor) {
+      this._cursor = time;
+      this._draw();
+    }
+  }
+
+  /** The start of the oldest event the kernel holds (as last answered), in ns on the backend's clock. */
+  get earliest(): number {
+    return this._answer?.rows.first ?? this._source.earliest;
   }
 
   /** The window shown, in ns on the backend's clock. */
@@ -288,6 +311,15 @@ export class Timeline {
       }
       ctx.restore();
     }
+    // The time cursor, where it is not live.
+    if (this._cursor !== null) {
+      const px = x(this._cursor);
+      if (px >= LABEL_PX && px <= width) {
+        ctx.fillStyle = ink;
+        ctx.fillRect(Math.round(px) - 1, 0, 2, height);
+      }
+    }
+    this.node.dataset.cursor = this._cursor === null ? 'live' : String(Math.round(this._cursor));
     const [a, b] = x.domain();
     this.node.dataset.rows = String(drawn);
     this.node.dataset.start = String(Math.round(a));
@@ -390,6 +422,8 @@ export class Timeline {
   private _selected: number | null = null;
   private _answer: ITimeline | null = null;
   private _answered = new Signal<this, ITimeline | null>(this);
+  private _cursorRequested = new Signal<this, number>(this);
+  private _cursor: number | null = null;
   private _inFlight = false;
   private _again = false;
 }

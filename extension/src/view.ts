@@ -157,6 +157,11 @@ export class UvmLabView extends Widget {
     this._sourceLines = new SourceLines(div(''));
     this._sourceLines.render(null);
     this._timeline.answered.connect((_, answer) => this._sourceLines.render(answer));
+    this._timeline.cursorRequested.connect((_, time) => {
+      this._cursorAt = time;
+      this._cursorLive = false;
+      this._schedule();
+    });
     const causes = div('jp-UvmLab-legend jp-UvmLab-causes');
     causes.append(
       ...CAUSE_NAMES.map(name => legendItem(name, CAUSE_PALETTE[name], { cause: name }))
@@ -180,9 +185,11 @@ export class UvmLabView extends Widget {
     this._cursor.type = 'range';
     this._cursor.min = '0';
     this._cursor.setAttribute('aria-label', 'Time cursor');
-    this._cursor.title = 'Show the map as it was; all the way right is live';
+    this._cursor.title = 'Show the maps as they were at a moment (or click the timeline\'s time axis); all the way right is live';
+    this._cursor.step = 'any';
     this._cursor.addEventListener('input', () => {
       this._cursorLive = Number(this._cursor.value) >= Number(this._cursor.max);
+      this._cursorAt = this._cursorLive ? null : Number(this._cursor.value);
       this._schedule();
     });
     this._cursorText = div('jp-UvmLab-cursorText');
@@ -284,7 +291,13 @@ export class UvmLabView extends Widget {
       : '';
     if (model.state !== 'connected') {
       this._timeline.clear();
+      this._history.clear(); // another kernel's ids may mean other allocations
+    } else {
+      this._history.record(allocations.values());
     }
+    const cursor = this._cursorTime();
+    this._lanes.setCursor(cursor);
+    this._timeline.setCursor(cursor);
     const labels = new Map([...allocations.values()].map(a => [a.info.id, a.info.label]));
     this._timeline.render(this._list.shownIds, labels, this._selected, width);
 
@@ -305,13 +318,15 @@ export class UvmLabView extends Widget {
       this._legendSpec = spec.join('|');
       this._legend.replaceChildren(...legendItems(spec));
     }
-    this._map.render(this._atCursor(selected), Math.min(width, 900));
+    const shown = this._atCursor(selected);
+    this._map.render(shown, Math.min(width, 900));
     if (!selected) {
       this._placement.textContent = '';
       this._traffic.replaceChildren();
       return;
     }
-    const { info } = selected;
+    // Placement and traffic as they were at the cursor.
+    const { info } = shown ?? selected;
     // Requested (the last prefetch, whoever asked) beside observed (where the pages are).
     const requested = info.requested ? LABELS[info.requested as CategoryName] ?? info.requested : 'no prefetch yet';
     const observed = nonZero(info.counts)
@@ -334,32 +349,43 @@ export class UvmLabView extends Widget {
     this._traffic.replaceChildren(...rows);
   }
 
+  /** The time the cursor shows, or null when it is live. */
+  private _cursorTime(): number | null {
+    // From the first event the timeline knows of, so a moment before the first state held can be chosen
+    // (and the map says it is not held then).
+    const oldest = this._history.oldest;
+    const now = Math.max(this.model.now, oldest ?? 0);
+    const first = Math.min(this._timeline.earliest, oldest ?? now);
+    this._cursor.min = String(first);
+    this._cursor.max = String(now);
+    if (this._cursorLive || this._cursorAt === null) {
+      this._cursor.value = String(now);
+      return null;
+    }
+    const time = Math.min(Math.max(this._cursorAt, first), now);
+    this._cursor.value = String(time);
+    return time;
+  }
+
   /**
-   * The selected allocation as the time cursor shows it: live (and noted in the history), or a state
-   * the history holds. The cursor's line says which, and how many older states were dropped.
+   * The selected allocation as the time cursor shows it: live, or the state the history holds for the
+   * cursor's moment; undefined where none is held from then. The cursor's line says which, and how many
+   * older states were dropped.
    */
   private _atCursor(selected: IAllocation | undefined): IAllocation | undefined {
-    if (!selected) {
-      this._cursorText.textContent = '';
-      return undefined;
-    }
     const history = this._history;
-    history.record(selected, this.model.now);
-    const states = history.states;
-    const last = states.length - 1;
-    this._cursor.max = String(last);
-    if (this._cursorLive || Number(this._cursor.value) > last) {
-      this._cursor.value = String(last);
-    }
-    const index = Number(this._cursor.value);
     const dropped = history.dropped ? ` · ${history.dropped} older states dropped` : '';
-    const live = this._cursorLive || index >= last;
-    const shown = states[index];
-    this._cursorText.textContent = live
-      ? `live · ${states.length} states held${dropped}`
-      : `at ${formatNs(shown.time)} · state ${index + 1} of ${states.length}${dropped}`;
-    this._cursorText.dataset.live = String(live);
-    return live ? selected : shown.allocation;
+    const time = this._cursorTime();
+    this._cursorText.dataset.live = String(time === null);
+    if (time === null) {
+      this._cursorText.textContent = `live · ${history.size} states held${dropped}`;
+      return selected;
+    }
+    const shown = selected ? history.at(selected.info.id, time) : null;
+    this._cursorText.textContent =
+      `at ${formatNs(time)} · ${history.size} states held${dropped}` +
+      (selected && !shown ? ' · this allocation\'s map from then is not held' : '');
+    return shown?.allocation;
   }
 
   private _renderControls(selected: IAllocation | undefined): void {
@@ -509,6 +535,7 @@ export class UvmLabView extends Widget {
   private _cursor!: HTMLInputElement;
   private _cursorText!: HTMLElement;
   private _cursorLive = true;
+  private _cursorAt: number | null = null;
   private _history = new MapHistory();
   private _selected: number | null = null;
   private _legendSpec = '';

@@ -48,9 +48,10 @@ def pages(b):
 h = ul.events.get_bus().history()
 mine = h[(h["address"] >= weights.ptr) & (h["address"] < weights.ptr + weights.size)]
 causes = {name: int((cause_codes(mine) == i).sum()) for i, name in enumerate(CAUSE_NAMES)}
+prefetched = mine["start"][mine["kind"] == ul.events.EventKind.PREFETCH]
 print("STATE", json.dumps({"pages": pages(weights), "read_mostly": weights.read_mostly,
                            "preferred": weights.preferred_location, "accessed_by": list(weights.accessed_by),
-                           "causes": causes}))"""
+                           "causes": causes, "last_prefetch": int(prefetched.max())}))"""
 
 OTHER = """\
 %load_ext uvm_lab
@@ -191,15 +192,32 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         result.filter(has_text="Prefetched weights (pages 0–99) to GPU 0.").wait_for(timeout=WAIT_MS)
         assert view.locator(".jp-UvmLab-placement").get_attribute("data-requested") == "gpu:0"
         assert _kernel_state(page)["pages"] == {"gpu:0": 100, "host": PAGES - 100}
-        # The time cursor: back to the first state held, the map is as it was (all on the host); the end is live.
+        # The time cursor: as that prefetch started, the map was as before (all on the host); the end is live.
+        kernel = _kernel_state(page)
         cursor = view.get_by_label("Time cursor", exact=True)
-        cursor.focus()
-        page.keyboard.press("Home")
+        cursor.evaluate("(el, t) => { el.value = String(t); el.dispatchEvent(new Event('input')); }",
+                        kernel["last_prefetch"])
         page.locator('.jp-UvmLab-bigMap[data-label="weights"][data-gpu0-pages="0"]').wait_for(timeout=WAIT_MS)
         position = view.get_by_label("Time cursor position")
         assert position.get_attribute("data-live") == "false"
-        assert re.fullmatch(r"at .+ · state 1 of \d+", position.inner_text())
+        assert re.fullmatch(r"at .+ · \d+ states held", position.inner_text()), position.inner_text()
+        assert timeline.get_attribute("data-cursor") != "live"   # marked on the timeline too
         screenshot(page, "view-time-cursor.png")
+        # Before the view first read the map: not known, and it says so rather than guess.
+        cursor.focus()
+        page.keyboard.press("Home")
+        position.filter(has_text="map from then is not held").wait_for(timeout=WAIT_MS)
+        page.keyboard.press("End")
+        page.locator('.jp-UvmLab-bigMap[data-label="weights"][data-gpu0-pages="100"]').wait_for(timeout=WAIT_MS)
+        assert position.get_attribute("data-live") == "true" and timeline.get_attribute("data-cursor") == "live"
+        # A click on the timeline's time axis puts the cursor there.
+        view.locator(".jp-UvmLab-timelineCanvas").scroll_into_view_if_needed()
+        tbox = view.locator(".jp-UvmLab-timelineCanvas").bounding_box()
+        page.mouse.click(tbox["x"] + 120, tbox["y"] + 8)
+        page.wait_for_function("el => el.dataset.live === 'false'", arg=position.element_handle(), timeout=WAIT_MS)
+        assert int(timeline.get_attribute("data-cursor")) <= int(timeline.get_attribute("data-start")) + \
+            (int(timeline.get_attribute("data-end")) - int(timeline.get_attribute("data-start"))) // 10
+        cursor.focus()
         page.keyboard.press("End")
         page.locator('.jp-UvmLab-bigMap[data-label="weights"][data-gpu0-pages="100"]').wait_for(timeout=WAIT_MS)
         assert position.get_attribute("data-live") == "true" and position.inner_text().startswith("live")

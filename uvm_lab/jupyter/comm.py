@@ -170,14 +170,16 @@ class PanelSession:
             everything, self._everything_dirty = self._everything_dirty, False
         with self._send_lock:
             try:
+                now = ul.get_backend().now_ns()   # the maps are read at this time or later
                 buffers = _panel_buffers(self._live)
                 infos, cells, held = self._describe_changed(buffers, force=everything)
                 gone = sorted(set(self._sent) - {b["id"] for b in buffers})
                 device = _device_info()
-                self._sample(device, buffers)
+                self._sample(now, device, buffers)
                 samples, next_sample = self._series.since(self._next_sample)
                 if infos or samples:
-                    self._send(Update(type="update", device=device, allocations=infos, samples=samples), cells)
+                    self._send(Update(type="update", time=now, device=device, allocations=infos, samples=samples),
+                               cells)
                 if gone:
                     self._send(Removed(type="removed", ids=gone))
             except BaseException:
@@ -200,22 +202,22 @@ class PanelSession:
             self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
+            now = ul.get_backend().now_ns()
             buffers = _panel_buffers(self._live)
             infos, cells, held = self._describe_changed(buffers)
             device = _device_info()
-            self._sample(device, buffers)
+            self._sample(now, device, buffers)
             samples, next_sample = self._series.since(0)
-            snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, page_size=PAGE_SIZE,
+            snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, time=now, page_size=PAGE_SIZE,
                                 cell_limit=CELL_LIMIT, device=device, allocations=infos, samples=samples,
                                 samples_dropped=self._series.dropped)
             self._send(snapshot, cells)
             self._sent.update(held)
             self._next_sample = next_sample
 
-    def _sample(self, device: DeviceInfo, buffers: list[dict[str, Any]]) -> None:
+    def _sample(self, now: int, device: DeviceInfo, buffers: list[dict[str, Any]]) -> None:
         allocated = sum(buf["size"] for buf in buffers if buf["is_managed"])
-        self._series.close_interval(ul.get_backend().now_ns(), device["total"] - device["free"], device["total"],
-                                    allocated)
+        self._series.close_interval(now, device["total"] - device["free"], device["total"], allocated)
 
     def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False) -> tuple[
             list[AllocationInfo], list[np.ndarray], dict[int, tuple[AllocationInfo, np.ndarray]]]:

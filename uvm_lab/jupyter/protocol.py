@@ -22,9 +22,9 @@ carries is ever evaluated::
                                                pixels wide; lanes: allocation ids (0: none known) or null
 
     kernel -> front end
-        snapshot    {version, page_size, cell_limit, device, allocations, samples, samples_dropped}
+        snapshot    {version, time, page_size, cell_limit, device, allocations, samples, samples_dropped}
                                                + one buffer per allocation
-        update      {device, allocations, samples}   + one buffer per allocation
+        update      {time, device, allocations, samples}   + one buffer per allocation
         removed     {ids}
         timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
                      sources, by_source, by_source_others}
@@ -266,6 +266,7 @@ class DeviceSample(TypedDict):
 class Snapshot(TypedDict):
     type: Literal["snapshot"]
     version: int
+    time: int  # ns on the backend's clock: the maps were read at this time (or just after)
     page_size: int
     cell_limit: int
     device: DeviceInfo
@@ -276,6 +277,7 @@ class Snapshot(TypedDict):
 
 class Update(TypedDict):
     type: Literal["update"]
+    time: int  # as the snapshot's
     device: DeviceInfo
     allocations: list[AllocationInfo]
     samples: list[DeviceSample]
