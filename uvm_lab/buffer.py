@@ -25,9 +25,9 @@ from .location import Location
 from .mr.base import MemoryResource, resource_chain
 from .mr.current import get_current_device_resource
 from .stream import DEFAULT_STREAM, Stream, as_stream_handle
-from .units import format_bytes, parse_size
+from .units import PAGE_SIZE, format_bytes, parse_size
 
-__all__ = ["DeviceBuffer", "find_buffer", "live_buffers"]
+__all__ = ["DeviceBuffer", "find_buffer", "live_buffers", "page_range"]
 
 _live: dict[int, weakref.ref[DeviceBuffer]] = {}
 _live_lock = threading.Lock()
@@ -404,3 +404,24 @@ def find_buffer(buffer_id: int) -> DeviceBuffer:
         raise InvalidArgumentError(f"no live buffer has id {buffer_id}; live ids: {ids}", value=buffer_id,
                                    expected=f"one of {ids}")
     return buf
+
+
+def page_range(buffer: DeviceBuffer, first_page: int, pages: int | None) -> tuple[int, int]:
+    """Pages ``first_page`` to ``first_page + pages - 1`` of ``buffer`` (to its end for None) as the ``offset``
+    and ``size`` in bytes its methods take; the last page may be short."""
+    total = -(-buffer.size // PAGE_SIZE)
+    name = buffer.label or buffer.id
+    if isinstance(first_page, bool) or not isinstance(first_page, Integral) or not 0 <= first_page < max(total, 1):
+        raise InvalidArgumentError(f"first_page {first_page!r} is not a page of {name!r} ({total} pages)",
+                                   value=first_page, expected=f"a page from 0 to {max(total - 1, 0)}")
+    offset = int(first_page) * PAGE_SIZE
+    if pages is None:
+        return offset, max(buffer.size - offset, 0)
+    if isinstance(pages, bool) or not isinstance(pages, Integral) or pages < 1:
+        raise InvalidArgumentError(f"pages must be a whole number >= 1 or None (to the end), got {pages!r}",
+                                   value=pages, expected="an int >= 1 or None")
+    if first_page + pages > total:
+        raise InvalidArgumentError(f"pages {first_page} to {first_page + pages - 1} run past the last page of "
+                                   f"{name!r} ({total} pages)", value=pages,
+                                   expected=f"at most {total - first_page} pages from page {first_page}")
+    return offset, min(int(pages) * PAGE_SIZE, buffer.size - offset)

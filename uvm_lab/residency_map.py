@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .buffer import DeviceBuffer, find_buffer
+from .buffer import DeviceBuffer, find_buffer, page_range
 from .errors import BufferClosedError, InvalidArgumentError
 from .events.bus import EventBus, get_bus
 from .events.schema import (
@@ -526,14 +526,16 @@ def get_tracker() -> ResidencyTracker:
         return _tracker
 
 
-def residency(buffer: Any) -> ResidencyMap:
-    """The residency map of a :class:`~uvm_lab.DeviceBuffer` (or of the live buffer with that id)."""
+def residency(buffer: Any, *, first_page: int = 0, pages: int | None = None) -> ResidencyMap:
+    """The residency map of a :class:`~uvm_lab.DeviceBuffer` (or of the live buffer with that id): of its pages
+    ``first_page`` on, ``pages`` of them (all, for None)."""
     buf = buffer if isinstance(buffer, DeviceBuffer) else find_buffer(buffer)
     if buf.closed:
         raise BufferClosedError(f"{buf.label!r} is closed: its pages no longer exist")
-    if buf.size == 0:
+    if buf.size == 0 and first_page == 0 and pages is None:
         return ResidencyMap(buf.ptr, 0, np.zeros(0, dtype=np.uint8))
-    return get_tracker().map(buf.ptr, buf.size)
+    offset, size = page_range(buf, first_page, pages)
+    return get_tracker().map(buf.ptr + offset, size)
 
 
 # ``ul.residency.GPU`` and friends, beside ``ul.residency(buf)``.

@@ -16,6 +16,7 @@ import {
   DeviceSample,
   ITimelineColumns,
   Location,
+  PageRows,
   PROTOCOL_VERSION,
   Result,
   Snapshot,
@@ -43,6 +44,12 @@ export interface IAllocation {
   revision: number;
   /** ns on the backend's clock: the kernel read this state at this time (or just after). */
   time: number;
+}
+
+/** A `pages` answer: its header and each page's category code. */
+export interface IPageRange {
+  rows: PageRows;
+  codes: Uint8Array;
 }
 
 /** A timeline answer: its header and its columns. */
@@ -120,6 +127,11 @@ export class UvmLabModel implements ITimelineSource {
     return this._samplesDropped;
   }
 
+  /** The most cells a map has, and the most pages one `pages` query reads (the kernel's word). */
+  get cellLimit(): number {
+    return this._cellLimit;
+  }
+
   /** Whether the kernel answers timeline queries now. */
   get ready(): boolean {
     return this._state === 'connected';
@@ -151,6 +163,22 @@ export class UvmLabModel implements ITimelineSource {
       this._timelineWaiters.set(seq, resolve);
       void this.send({ type: 'timeline', start, end, width, lanes }).then(result => {
         if (this._timelineWaiters.delete(seq)) {
+          resolve(result); // no answer came: the result says why
+        }
+      });
+    });
+  }
+
+  /**
+   * Ask the kernel for pages [firstPage, firstPage + pages) of allocation `id`, one byte a page (at most
+   * the cell limit). Resolves with them, or with the command's failed result.
+   */
+  queryPages(id: number, firstPage: number, pages: number): Promise<IPageRange | Result> {
+    const seq = this._nextSeq;
+    return new Promise(resolve => {
+      this._pageWaiters.set(seq, resolve);
+      void this.send({ type: 'pages', id, first_page: firstPage, pages }).then(result => {
+        if (this._pageWaiters.delete(seq)) {
           resolve(result); // no answer came: the result says why
         }
       });
@@ -325,6 +353,15 @@ export class UvmLabModel implements ITimelineSource {
       case 'timeline':
         this._onTimeline(data, buffers);
         break;
+      case 'pages': {
+        const resolve = this._pageWaiters.get(data.seq);
+        const codes = buffers[0] ? bufferBytes(buffers[0]) : null;
+        if (resolve && codes && codes.length === data.pages) {
+          this._pageWaiters.delete(data.seq);
+          resolve({ rows: data, codes: codes.slice() });
+        }
+        break;
+      }
       case 'result':
         this._onResult(data);
         break;
@@ -343,6 +380,7 @@ export class UvmLabModel implements ITimelineSource {
     }
     const gone = [...this._allocations.keys()];
     this._allocations.clear();
+    this._cellLimit = data.cell_limit;
     this._store(data.allocations, buffers, data.time);
     this._device = data.device;
     this._samples = [];
@@ -523,6 +561,8 @@ export class UvmLabModel implements ITimelineSource {
   private _allocations = new Map<number, IAllocation>();
   private _pending = new Map<number, (result: Result) => void>();
   private _timelineWaiters = new Map<number, (answer: ITimeline | Result) => void>();
+  private _cellLimit = 16384;
+  private _pageWaiters = new Map<number, (answer: IPageRange | Result) => void>();
   private _samples: DeviceSample[] = [];
   private _samplesDropped = 0;
   private _samplesChanged = new Signal<this, void>(this);

@@ -5,6 +5,8 @@
  * range, address, category and the last event the timeline holds there.
  */
 
+import { ISignal, Signal } from '@lumino/signaling';
+
 import { LABELS, COLOURS, cellPageRange, div, drawnCode, formatBytes, markPagesDrawn, pagesDrawn } from './categories';
 import { IAllocation } from './model';
 import { CATEGORY_NAMES } from './protocol';
@@ -15,11 +17,16 @@ export type LastEventAt = (lane: number, first: number, end: number) => string |
 const MAX_CELL_PX = 16;
 
 export class PageMap {
-  constructor(readonly node: HTMLElement, private readonly _lastEvent: LastEventAt) {
+  /** `canvasClass` names the drawing (a detail map is told apart from the whole allocation's). */
+  constructor(
+    readonly node: HTMLElement,
+    private readonly _lastEvent: LastEventAt,
+    canvasClass = 'jp-UvmLab-bigMap'
+  ) {
     node.classList.add('jp-UvmLab-pageMap');
     this._box = div('jp-UvmLab-pageMapBox');
     this._canvas = document.createElement('canvas');
-    this._canvas.className = 'jp-UvmLab-bigMap';
+    this._canvas.className = canvasClass;
     this._canvas.setAttribute('role', 'img');
     this._box.appendChild(this._canvas);
     this._hover = div('jp-UvmLab-hover');
@@ -28,6 +35,12 @@ export class PageMap {
     node.append(this._box, this._hover);
     this._canvas.addEventListener('mousemove', event => this._onHover(event));
     this._canvas.addEventListener('mouseleave', () => (this._hover.hidden = true));
+    this._canvas.addEventListener('click', event => {
+      const cell = this._cellAt(event);
+      if (cell !== null) {
+        this._cellClicked.emit(cell);
+      }
+    });
     this._box.addEventListener(
       'wheel',
       event => {
@@ -41,6 +54,11 @@ export class PageMap {
     );
   }
 
+  /** A cell was clicked: its index. */
+  get cellClicked(): ISignal<this, number> {
+    return this._cellClicked;
+  }
+
   /** The cell size in CSS pixels now (0 until drawn). */
   get cellPx(): number {
     return this._cellPx;
@@ -49,12 +67,15 @@ export class PageMap {
   /** Zoom one step in (1) or out (-1): the cell size doubles or halves, within [fit, 16 px]. */
   zoom(step: 1 | -1): void {
     this._zoom = Math.max(0, Math.min(this._zoom + step, 8));
-    this.render(this._allocation, this._width);
+    this.render(this._allocation, this._width, this._firstPage);
   }
 
-  render(allocation: IAllocation | undefined, width: number): void {
+  /** Draw `allocation`'s cells in `width` pixels; `firstPage`: the allocation's page its first cell starts at
+   * (a detail map of some of its pages). */
+  render(allocation: IAllocation | undefined, width: number, firstPage = 0): void {
     this._allocation = allocation;
     this._width = width;
+    this._firstPage = firstPage;
     const canvas = this._canvas;
     if (!allocation || width < 20) {
       canvas.width = canvas.height = 0;
@@ -112,20 +133,28 @@ export class PageMap {
     data.cellPages = String(info.cell_pages);
     data.cellPx = String(px);
     data.revision = String(allocation.revision);
+    data.firstPage = String(firstPage);
     markPagesDrawn(canvas, pagesDrawn(cells, info.pages, info.cell_pages));
     canvas.setAttribute('aria-label', `Page map of ${info.label}, ${info.pages} pages`);
   }
 
-  private _onHover(event: MouseEvent): void {
+  /** The cell under the pointer, or null. */
+  private _cellAt(event: MouseEvent): number | null {
     const allocation = this._allocation;
     if (!allocation || !this._cellPx) {
-      return;
+      return null;
     }
     const rect = this._canvas.getBoundingClientRect();
     const col = Math.floor((event.clientX - rect.left) / this._cellPx);
     const row = Math.floor((event.clientY - rect.top) / this._cellPx);
     const cell = row * this._cols + col;
-    if (col < 0 || col >= this._cols || cell < 0 || cell >= allocation.cells.length) {
+    return col < 0 || col >= this._cols || cell < 0 || cell >= allocation.cells.length ? null : cell;
+  }
+
+  private _onHover(event: MouseEvent): void {
+    const allocation = this._allocation;
+    const cell = this._cellAt(event);
+    if (!allocation || cell === null) {
       this._hover.hidden = true;
       return;
     }
@@ -135,7 +164,8 @@ export class PageMap {
     const start = info.address + first * pageSize;
     const end = info.address + (last + 1) * pageSize;
     const category = CATEGORY_NAMES[drawnCode(allocation.cells[cell])];
-    const pages = first === last ? `page ${first}` : `pages ${first}–${last}`;
+    const at = this._firstPage;
+    const pages = first === last ? `page ${first + at}` : `pages ${first + at}–${last + at}`;
     const state = info.cell_pages > 1 ? `mostly ${LABELS[category]}` : LABELS[category];
     const lines = [
       `${info.label}: ${pages}`,
@@ -155,6 +185,8 @@ export class PageMap {
   private _hover: HTMLElement;
   private _allocation: IAllocation | undefined;
   private _width = 0;
+  private _firstPage = 0;
+  private _cellClicked = new Signal<this, number>(this);
   private _zoom = 0;
   private _cellPx = 0;
   private _cols = 1;

@@ -147,7 +147,16 @@ export type Timeline = {
   lanes: number[] | null;
 };
 
-export type Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline;
+export type Pages = {
+  type: 'pages';
+  seq: number;
+  id: number;
+  first_page: number;
+  /** At most the snapshot's cell_limit: one byte a page. */
+  pages: number;
+};
+
+export type Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages;
 
 // --- kernel -> front end ----------------------------------------------------------------------
 
@@ -262,6 +271,17 @@ export type TimelineRows = {
   by_source_others: number;
 };
 
+/** Pages of one allocation at one page a cell; the one buffer holds each page's category code. */
+export type PageRows = {
+  type: 'pages';
+  seq: number;
+  id: number;
+  first_page: number;
+  pages: number;
+  /** ns on the backend's clock: the pages were read at this time (or just after). */
+  time: number;
+};
+
 export type ErrorInfo = {
   type: string;
   message: string;
@@ -275,7 +295,7 @@ export type Result = {
   error: ErrorInfo | null;
 };
 
-export type KernelMessage = Snapshot | Update | Removed | TimelineRows | Result;
+export type KernelMessage = Snapshot | Update | Removed | TimelineRows | PageRows | Result;
 
 /** Narrow an incoming comm payload to a kernel message, or undefined for anything else. */
 export function asKernelMessage(data: unknown): KernelMessage | undefined {
@@ -288,6 +308,7 @@ export function asKernelMessage(data: unknown): KernelMessage | undefined {
     case 'update':
     case 'removed':
     case 'timeline':
+    case 'pages':
     case 'result':
       return data as KernelMessage;
     default:

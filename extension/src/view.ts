@@ -24,7 +24,7 @@ import {
 } from './categories';
 import { MapHistory } from './history';
 import { DeviceLanes } from './lanes';
-import { IAllocation, UvmLabModel } from './model';
+import { IAllocation, IPageRange, UvmLabModel } from './model';
 import { PageMap } from './pagemap';
 import { SourceLines } from './sourcelines';
 import { CAUSE_PALETTE } from './palette';
@@ -178,7 +178,13 @@ export class UvmLabView extends Widget {
     zoomIn.addEventListener('click', () => this._map.zoom(1));
     zoomOut.addEventListener('click', () => this._map.zoom(-1));
     zoom.append(zoomOut, zoomIn);
-    this._map = new PageMap(div(''), (lane, first, end) => this._timeline.lastEventAt(lane, first, end));
+    const lastEvent = (lane: number, first: number, end: number) => this._timeline.lastEventAt(lane, first, end);
+    this._map = new PageMap(div(''), lastEvent);
+    this._map.cellClicked.connect((_, cell) => this._drill(cell));
+    // A large allocation's cells hold many pages each: a click reads those pages, one a cell.
+    this._detail = new PageMap(div(''), lastEvent, 'jp-UvmLab-detailMap');
+    this._detailTitle = div('jp-UvmLab-detailTitle');
+    this._detailTitle.setAttribute('aria-label', 'Page detail');
     this._placement = div('jp-UvmLab-placement');
     const cursorRow = div('jp-UvmLab-controlRow jp-UvmLab-cursor');
     this._cursor = document.createElement('input');
@@ -205,6 +211,8 @@ export class UvmLabView extends Widget {
       cursorRow,
       zoom,
       this._map.node,
+      this._detailTitle,
+      this._detail.node,
       this._traffic,
       this._controls
     );
@@ -320,17 +328,19 @@ export class UvmLabView extends Widget {
     }
     const shown = this._atCursor(selected);
     this._map.render(shown, Math.min(width, 900));
+    this._renderDetail(selected, Math.min(width, 900));
     if (!selected) {
       this._placement.textContent = '';
       this._traffic.replaceChildren();
       return;
     }
+    this._map.node.title = selected.info.cell_pages > 1 ? 'Click a cell to read its pages, one a cell' : '';
     // Placement and traffic as they were at the cursor.
     const { info } = shown ?? selected;
     // Requested (the last prefetch, whoever asked) beside observed (where the pages are).
     const requested = info.requested ? LABELS[info.requested as CategoryName] ?? info.requested : 'no prefetch yet';
     const observed = nonZero(info.counts)
-      .map(name => `${LABELS[name].split(' (')[0]} ${((100 * info.counts[name]) / Math.max(info.pages, 1)).toFixed(1)}%`)
+      .map(name => `${LABELS[name].split(' (')[0]} ${percent(info.counts[name], info.pages)}`)
       .join(' · ');
     this._placement.textContent = `Requested: ${requested} · Observed: ${observed || 'no pages'}`;
     this._placement.dataset.requested = info.requested ?? '';
@@ -386,6 +396,85 @@ export class UvmLabView extends Widget {
       `at ${formatNs(time)} · ${history.size} states held${dropped}` +
       (selected && !shown ? ' · this allocation\'s map from then is not held' : '');
     return shown?.allocation;
+  }
+
+  /** Read the pages of the map's `cell` (and those around it, up to the cell limit), one page a cell. */
+  private _drill(cell: number): void {
+    const selected = this._selectedAllocation();
+    if (!selected || selected.info.cell_pages <= 1) {
+      return; // one page a cell already
+    }
+    const { info } = selected;
+    const span = Math.min(this.model.cellLimit, info.pages);
+    const first = Math.min(Math.floor((cell * info.cell_pages) / span) * span, info.pages - span);
+    this._detailRange = { id: info.id, first, pages: span };
+    this._detailAnswer = null;
+    this._readDetail();
+  }
+
+  /** Ask for the detail's pages: one query at a time, the newest wish asked once the answer is in. */
+  private _readDetail(): void {
+    const range = this._detailRange;
+    if (!range) {
+      return;
+    }
+    if (this._detailInFlight) {
+      this._detailAgain = true;
+      return;
+    }
+    this._detailInFlight = true;
+    const revision = this.model.allocations.get(range.id)?.revision ?? 0;
+    void this.model.queryPages(range.id, range.first, range.pages).then(answer => {
+      this._detailInFlight = false;
+      if (this._detailRange === range) {
+        this._detailAnswer = 'codes' in answer ? { ...answer, revision } : null;
+        this._detailError = 'codes' in answer ? '' : `${answer.error?.type ?? 'Error'}: ${answer.error?.message ?? 'no answer'}`;
+      }
+      if (this._detailAgain) {
+        this._detailAgain = false;
+        this._readDetail();
+      }
+      this._schedule();
+    });
+  }
+
+  private _renderDetail(selected: IAllocation | undefined, width: number): void {
+    const range = this._detailRange;
+    if (!selected || !range || range.id !== selected.info.id) {
+      this._detailRange = null;
+      this._detailTitle.hidden = true;
+      this._detail.render(undefined, width);
+      return;
+    }
+    const answer = this._detailAnswer;
+    if (answer && answer.revision !== selected.revision && !this._detailInFlight) {
+      this._readDetail(); // the pages changed: read them again (the old ones stay drawn until then)
+    }
+    this._detailTitle.hidden = false;
+    const last = range.first + range.pages - 1;
+    this._detailTitle.textContent = this._detailError
+      ? this._detailError
+      : `Pages ${range.first.toLocaleString()}–${last.toLocaleString()}, one a cell` +
+        (answer ? ` · read at ${formatNs(answer.rows.time)}` : ' · reading…');
+    if (!answer) {
+      return;
+    }
+    const { info } = selected;
+    const pageSize = info.pages ? Math.ceil(info.size / info.pages) : 4096;
+    const detail: IAllocation = {
+      info: {
+        ...info,
+        address: info.address + range.first * pageSize,
+        size: Math.min(range.pages * pageSize, info.size - range.first * pageSize),
+        pages: range.pages,
+        cell_pages: 1,
+        cells: range.pages
+      },
+      cells: answer.codes,
+      revision: answer.revision,
+      time: answer.rows.time
+    };
+    this._detail.render(detail, width, range.first);
   }
 
   private _renderControls(selected: IAllocation | undefined): void {
@@ -521,6 +610,13 @@ export class UvmLabView extends Widget {
   private _selectedTitle!: HTMLElement;
   private _legend!: HTMLElement;
   private _map!: PageMap;
+  private _detail!: PageMap;
+  private _detailTitle!: HTMLElement;
+  private _detailRange: { id: number; first: number; pages: number } | null = null;
+  private _detailAnswer: (IPageRange & { revision: number }) | null = null;
+  private _detailError = '';
+  private _detailInFlight = false;
+  private _detailAgain = false;
   private _placement!: HTMLElement;
   private _traffic!: HTMLTableElement;
   private _controls!: HTMLElement;
@@ -543,6 +639,12 @@ export class UvmLabView extends Widget {
   private _userPaused = false;
   private _hidden = true;
   private _frame = 0;
+}
+
+/** `part` of `whole` as a percentage; a share too small to show as 0.1% says so rather than read as none. */
+function percent(part: number, whole: number): string {
+  const value = (100 * part) / Math.max(whole, 1);
+  return part > 0 && value < 0.1 ? '<0.1%' : `${value.toFixed(1)}%`;
 }
 
 function label(text: string): HTMLSpanElement {

@@ -62,6 +62,12 @@ def run_cell(page, path: str, index: int, expect: str) -> str:
     # A run asked for just after a kernel starts is now and then lost in the lab (the cell stays "[ ]", no
     # execute request leaves the page): ask again, at most twice, when it has not started.
     for attempt in range(3):
+        # On a loaded machine the lab now and then asks which kernel a notebook should have, though it has
+        # one running: answer as a user would, with the kernel it names.
+        select_kernel = page.locator(".jp-Dialog", has_text="Select Kernel")
+        if select_kernel.count() and select_kernel.is_visible():
+            select_kernel.locator(".jp-Dialog-button.jp-mod-accept").click()
+            wait_for_kernel(page, path)
         cell.locator(".jp-InputPrompt").click()   # selects the cell
         page.wait_for_function("([el]) => el.classList.contains('jp-mod-active')", arg=[cell.element_handle()],
                                timeout=WAIT_MS)

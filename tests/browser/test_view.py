@@ -157,7 +157,7 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         page.locator('.jp-UvmLab-allocList[data-shown="301"]').wait_for(timeout=WAIT_MS)
         view.get_by_label("Sort allocations").select_option("size")
         view.locator('.jp-UvmLab-row[data-label="small-0"]').click()
-        assert view.locator(".jp-UvmLab-selectionTitle").inner_text().startswith("small-0")
+        view.locator(".jp-UvmLab-selectionTitle").filter(has_text=re.compile("^small-0")).wait_for(timeout=WAIT_MS)
         view.get_by_label("Sort allocations").select_option("faults")
         _hover_first_mark(page, view, 0)
         page.mouse.down()
@@ -172,7 +172,7 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         big.scroll_into_view_if_needed()
         mbox = big.bounding_box()
         page.mouse.move(mbox["x"] + 2, mbox["y"] + 2)
-        hover = view.locator(".jp-UvmLab-pageMap .jp-UvmLab-hover")
+        hover = view.locator(".jp-UvmLab-pageMap:has(.jp-UvmLab-bigMap) .jp-UvmLab-hover")
         hover.wait_for(state="visible", timeout=WAIT_MS)
         assert hover.inner_text().splitlines()[:3] == ["weights: page 0", hover.inner_text().splitlines()[1], "Host"]
         assert hover.inner_text().splitlines()[1].startswith("0x") and "last event: " in hover.inner_text()
@@ -282,6 +282,60 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         page.locator('.jp-UvmLab-allocList[data-shown="301"]').wait_for(timeout=WAIT_MS)
         assert notice.is_hidden()
         assert errors == []
+    except Exception:
+        with contextlib.suppress(Exception):
+            screenshot(page, "view-failure.png")
+        raise
+    finally:
+        context.close()
+
+
+BIG = """\
+%load_ext uvm_lab
+import uvm_lab as ul
+ul.use_backend("sim", device_memory="512MiB")
+big = ul.DeviceBuffer(size="128MiB", label="big")   # 32,768 pages: two to a cell of the map
+ul.touch(big, on="gpu", mode="write", offset=30_000 * 4096, size=4096)
+codes = ul.residency(big, first_page=16_384, pages=16_384).categories()
+print("BIG", int((codes == 5).sum()))"""
+
+
+def test_a_large_allocations_pages_can_be_read_one_a_cell(lab, browser):
+    url, token, root = lab
+    write_notebook(root / "big.ipynb", [BIG, VIEW])
+    context = browser.new_context(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
+    page = context.new_page()
+    try:
+        open_notebook(page, url, token, "big.ipynb")
+        gpu_pages = int(re.search(r"BIG (\d+)", run_cell(page, "big.ipynb", 0, "BIG")).group(1))
+        assert gpu_pages > 0
+        run_cell(page, "big.ipynb", 1, "UVM Lab view")
+        view = page.locator(".jp-UvmLabView")
+        whole = view.locator('.jp-UvmLab-bigMap[data-label="big"]')
+        whole.wait_for(timeout=WAIT_MS)
+        assert whole.get_attribute("data-cell-pages") == "2"
+        # A click on the map's last cell (pages 32,766-32,767) reads the last 16,384 pages, one a cell.
+        whole.evaluate("""el => {
+            const px = Number(el.dataset.cellPx), cols = Math.floor(el.clientWidth / px), cell = 16383;
+            const box = el.getBoundingClientRect();
+            el.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: box.left + (cell % cols) * px + px / 2,
+                                                      clientY: box.top + Math.floor(cell / cols) * px + px / 2}));
+        }""")
+        detail = view.locator('.jp-UvmLab-detailMap[data-label="big"]')
+        detail.wait_for(timeout=WAIT_MS)
+        assert (detail.get_attribute("data-first-page"), detail.get_attribute("data-cells"),
+                detail.get_attribute("data-cell-pages")) == ("16384", "16384", "1")
+        # Exactly the kernel's pages there: as many on GPU 0 as it counts.
+        assert detail.get_attribute("data-gpu0-pages") == str(gpu_pages)
+        title = view.get_by_label("Page detail")
+        assert re.match(r"Pages 16,384–32,767, one a cell · read at .+", title.inner_text()), title.inner_text()
+        # Hover names the allocation's own page number.
+        detail.scroll_into_view_if_needed()
+        dbox = detail.bounding_box()
+        page.mouse.move(dbox["x"] + 1, dbox["y"] + 1)
+        hover = view.locator(".jp-UvmLab-hover").filter(has_text="big: page 16384")
+        hover.wait_for(state="visible", timeout=WAIT_MS)
+        screenshot(page, "view-page-detail.png")
     except Exception:
         with contextlib.suppress(Exception):
             screenshot(page, "view-failure.png")

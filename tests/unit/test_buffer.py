@@ -185,3 +185,24 @@ def test_a_buffer_collected_while_its_resource_is_busy_does_not_block_the_collec
         assert mr.get_allocated_bytes() == MiB
     worker.join()
     assert eventually(lambda: mr.get_allocated_bytes() == 0)
+
+
+def test_a_range_of_pages_reads_as_those_pages_of_the_whole_map():
+    buf = ul.DeviceBuffer(size=10 * 4096 + 100, label="ranged")   # 11 pages, the last one short
+    buf.prefetch("gpu", offset=2 * 4096, size=3 * 4096)
+    whole = ul.residency(buf)
+    part = ul.residency(buf, first_page=1, pages=5)
+    assert part.address == buf.ptr + 4096 and part.size == 5 * 4096
+    assert part.states.tolist() == whole.states[1:6].tolist()
+    tail = ul.residency(buf, first_page=10)
+    assert tail.size == 100 and tail.states.tolist() == whole.states[10:].tolist()
+
+
+@pytest.mark.parametrize("first_page, pages, match", [
+    (11, None, "is not a page of"), (-1, 2, "is not a page of"), (1.5, 2, "is not a page of"),
+    (True, 1, "is not a page of"), (0, 0, "whole number >= 1"), (9, 3, "run past the last page"),
+])
+def test_a_bad_range_of_pages_is_refused(first_page, pages, match):
+    buf = ul.DeviceBuffer(size=11 * 4096, label="ranged")
+    with pytest.raises(ul.errors.InvalidArgumentError, match=match):
+        ul.residency(buf, first_page=first_page, pages=pages)

@@ -49,6 +49,8 @@ VALID = [
     ({"type": "timeline", "seq": 8, "start": 10**12, "end": 2**53 - 1, "width": 16384, "lanes": []}, None),
     ({"type": "timeline", "seq": 8, "start": 5, "end": 9, "width": 800, "lanes": [0, 3, 2]},
      {"type": "timeline", "seq": 8, "start": 5, "end": 9, "width": 800, "lanes": [0, 2, 3]}),  # sorted
+    ({"type": "pages", "seq": 9, "id": 7, "first_page": 0, "pages": 1}, None),
+    ({"type": "pages", "seq": 9, "id": 7, "first_page": 10**9, "pages": protocol.CELL_LIMIT}, None),
 ]
 
 
@@ -73,9 +75,13 @@ MALFORMED = [
     ({"seq": 1}, "unknown command type None"),
     ({"type": 3, "seq": 1}, "unknown command type 3"),
     ({"type": "exec", "seq": 1, "code": "import os"}, "unknown command type 'exec'"),
-    ({"type": "__import__", "seq": 1}, "the commands are hello, prefetch, set_advice, pause, rate, timeline"),
+    ({"type": "__import__", "seq": 1}, "the commands are hello, prefetch, set_advice, pause, rate, timeline, pages"),
     ({"type": "Hello", "seq": 1}, "unknown command type 'Hello'"),
     ({"type": "hello"}, "missing field 'seq'"),
+    ({"type": "pages", "seq": 1, "id": 7, "first_page": 0, "pages": protocol.CELL_LIMIT + 1},
+     f"pages must be a whole number from 1 to {protocol.CELL_LIMIT}"),
+    ({"type": "pages", "seq": 1, "id": 7, "first_page": -1, "pages": 4}, "first_page must be a whole number"),
+    ({"type": "pages", "seq": 1, "id": 7, "first_page": 0}, "missing field 'pages'"),
     ({"type": "prefetch", "seq": 1, "id": 1}, "missing fields 'location', 'first_page', 'pages'"),
     ({"type": "prefetch", "seq": 1, "id": 7, "location": "gpu", "first_page": -1, "pages": None},
      "first_page must be a whole number from 0"),
@@ -341,7 +347,7 @@ def _py_typeddicts() -> dict[str, set[str]]:
 
 def test_every_message_has_a_same_named_twin_with_the_same_fields():
     ts, py = _ts_types(), _py_typeddicts()
-    assert len(py) == 18  # 6 commands, 5 kernel messages, 7 parts
+    assert len(py) == 20  # 7 commands, 6 kernel messages, 7 parts
     assert ts == py
 
 

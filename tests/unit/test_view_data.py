@@ -17,7 +17,7 @@ from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EventKind, MigrationCause, UnobservedCause, make_events
 from uvm_lab.events.causes import CAUSE_NAMES, cause_codes
 from uvm_lab.jupyter.comm import PanelSession
-from uvm_lab.jupyter.protocol import TIMELINE_COLUMNS, apply_runs, encode_runs, pack_states
+from uvm_lab.jupyter.protocol import CELL_LIMIT, TIMELINE_COLUMNS, apply_runs, encode_runs, pack_states
 from uvm_lab.jupyter.timeline import SEVERAL, DeviceSeries, EventWindow
 
 PAGE = 4096
@@ -537,12 +537,38 @@ def test_a_prefetch_of_a_page_range_moves_those_pages_only(device):
         assert result["ok"], result
         assert ul.residency(buf).categories().tolist()[9:] == [5, 5]
         before = ul.residency(buf).states.tobytes()
-        for first, pages, mentions in [(9, 3, "run past the last page"), (11, None, "past the last page")]:
+        for first, pages, mentions in [(9, 3, "run past the last page"), (11, None, "is not a page of")]:
             result = session.handle({"type": "prefetch", "seq": 3, "id": buf.id, "location": "host",
                                      "first_page": first, "pages": pages})
             assert not result["ok"] and result["error"]["type"] == "InvalidArgumentError"
             assert mentions in result["error"]["message"] and "11 pages" in result["error"]["message"]
         assert ul.residency(buf).states.tobytes() == before
+    finally:
+        session.close()
+
+
+def test_the_pages_query_reads_a_large_allocations_pages_one_byte_each(device):
+    buf = ul.DeviceBuffer(size=(CELL_LIMIT + 40) * PAGE, label="big")   # more pages than a map has cells
+    ul.touch(buf, on="gpu", mode="write", offset=37 * PAGE, size=3 * PAGE)
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False)
+    try:
+        result = session.handle({"type": "pages", "seq": 5, "id": buf.id, "first_page": 30,
+                                 "pages": CELL_LIMIT})
+        assert result["ok"], result
+        (header, buffers), _ = comm.messages
+        assert (header["type"], header["seq"], header["id"], header["first_page"], header["pages"]) == \
+            ("pages", 5, buf.id, 30, CELL_LIMIT)
+        assert header["time"] <= ul.get_backend().now_ns()
+        codes = np.frombuffer(buffers[0], np.uint8)
+        assert codes.tolist() == ul.residency(buf).categories()[30:30 + CELL_LIMIT].tolist()
+        assert 7 in np.flatnonzero(codes == 5) and (codes == 0).any()   # page-exact: GPU 0's among untouched
+        # Past the end: the typed error, and nothing sent.
+        sent = len(comm.messages)
+        result = session.handle({"type": "pages", "seq": 6, "id": buf.id, "first_page": 41,
+                                 "pages": CELL_LIMIT})
+        assert not result["ok"] and result["error"]["type"] == "InvalidArgumentError"
+        assert "run past the last page" in result["error"]["message"] and len(comm.messages) == sent + 1
     finally:
         session.close()
 

@@ -43,7 +43,7 @@ import numpy as np
 
 import uvm_lab as ul
 
-from ..errors import InvalidArgumentError
+from ..buffer import page_range
 from ..events import get_bus
 from ..events.bus import EventBus
 from ..events.sources import acting_for
@@ -61,6 +61,7 @@ from .protocol import (
     Command,
     DeviceInfo,
     ErrorInfo,
+    PageRows,
     Prefetch,
     Removed,
     Result,
@@ -277,6 +278,11 @@ class PanelSession:
             self.interval = command["interval_ms"] / 1000
         elif command["type"] == "timeline":
             self._answer_timeline(command)
+        elif command["type"] == "pages":
+            now = ul.get_backend().now_ns()
+            pages = ul.residency(command["id"], first_page=command["first_page"], pages=command["pages"])
+            self._send(PageRows(type="pages", seq=command["seq"], id=command["id"], first_page=command["first_page"],
+                                pages=len(pages.states), time=now), [pages.categories()])
         elif command["type"] in ("prefetch", "set_advice"):
             get_bus().flush()   # what came before is the cell's
             with acting_for(CONTROLS_SOURCE):   # what this does is the view's doing, not the last cell's
@@ -287,7 +293,7 @@ class PanelSession:
     def _change_buffer(self, command: Prefetch | SetAdvice) -> None:
         buf = ul.find_buffer(command["id"])
         if command["type"] == "prefetch":
-            offset, size = _byte_range(buf, command["first_page"], command["pages"])
+            offset, size = page_range(buf, command["first_page"], command["pages"])
             buf.prefetch(command["location"], offset=offset, size=size)
             return
         value = command["value"]
@@ -381,22 +387,6 @@ def _pack(plain: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
         pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts, encoding="cells",
     )
     return info, cells
-
-
-def _byte_range(buf: ul.DeviceBuffer, first_page: int, pages: int | None) -> tuple[int, int | None]:
-    """A prefetch's pages as the ``offset`` and ``size`` the buffer takes; the last page may be short."""
-    total = -(-buf.size // PAGE_SIZE)
-    if first_page >= total:
-        raise InvalidArgumentError(f"first_page {first_page} is past the last page of {buf.label or buf.id!r} "
-                                   f"({total} pages)", value=first_page, expected=f"a page from 0 to {total - 1}")
-    offset = first_page * PAGE_SIZE
-    if pages is None:
-        return offset, None
-    if first_page + pages > total:
-        raise InvalidArgumentError(f"pages {first_page} to {first_page + pages - 1} run past the last page of "
-                                   f"{buf.label or buf.id!r} ({total} pages)", value=pages,
-                                   expected=f"at most {total - first_page} pages from page {first_page}")
-    return offset, min(pages * PAGE_SIZE, buf.size - offset)
 
 
 def _device_info() -> DeviceInfo:

@@ -20,6 +20,9 @@ carries is ever evaluated::
         timeline    {seq, start, end, width, lanes}
                                                the events of [start, end] ns for a view ``width``
                                                pixels wide; lanes: allocation ids (0: none known) or null
+        pages       {seq, id, first_page, pages}
+                                               one byte a page of those pages (at most CELL_LIMIT): a
+                                               large allocation's map at one page a cell
 
     kernel -> front end
         snapshot    {version, time, page_size, cell_limit, device, allocations, samples, samples_dropped}
@@ -29,6 +32,7 @@ carries is ever evaluated::
         timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
                      sources, by_source, by_source_others}
                                                + one buffer per column (TIMELINE_COLUMNS)
+        pages       {seq, id, first_page, pages, time}   + one buffer: each page's category code
         result      {seq, command, ok, error}  one per command; error: {type, message} or null
 
 A location is checked for its shape only: whether GPU N exists is the backend's question, and its
@@ -97,6 +101,8 @@ __all__ = [
     "ErrorInfo",
     "Hello",
     "PageCounts",
+    "PageRows",
+    "Pages",
     "Pause",
     "Prefetch",
     "Rate",
@@ -201,7 +207,15 @@ class Timeline(TypedDict):
     lanes: list[int] | None  # allocation ids; None: every lane
 
 
-Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline
+class Pages(TypedDict):
+    type: Literal["pages"]
+    seq: int
+    id: int
+    first_page: int
+    pages: int  # at most CELL_LIMIT: one byte a page
+
+
+Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages
 
 
 # --- kernel -> front end ------------------------------------------------------------------------
@@ -307,6 +321,15 @@ class TimelineRows(TypedDict):
     by_source_others: int  # lines of the window not in by_source
 
 
+class PageRows(TypedDict):
+    type: Literal["pages"]
+    seq: int
+    id: int
+    first_page: int
+    pages: int
+    time: int  # ns on the backend's clock: the pages were read at this time (or just after)
+
+
 class ErrorInfo(TypedDict):
     type: str
     message: str
@@ -329,6 +352,7 @@ COMMANDS: Final[dict[str, tuple[str, ...]]] = {
     "pause": ("seq", "paused"),
     "rate": ("seq", "interval_ms"),
     "timeline": ("seq", "start", "end", "width", "lanes"),
+    "pages": ("seq", "id", "first_page", "pages"),
 }
 
 
@@ -364,6 +388,9 @@ def parse_command(data: object) -> Command:
     if kind == "timeline":
         return _timeline(data, seq)
     alloc_id = _integer(data, "id", low=1)
+    if kind == "pages":
+        return Pages(type="pages", seq=seq, id=alloc_id, first_page=_integer(data, "first_page", low=0),
+                     pages=_integer(data, "pages", low=1, high=CELL_LIMIT))
     if kind == "prefetch":
         location = _location(data["location"], data, "prefetch location")
         first_page = _integer(data, "first_page", low=0)
