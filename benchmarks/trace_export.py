@@ -100,7 +100,7 @@ def official_builder(events: np.ndarray, path: str) -> int:
     causes = cause_names(events)
     names: dict[str, int] = {}
     strings: dict[str, int] = {}
-    arg_names = {"bytes": 1, "address": 2, "src -> dst": 3, "source": 4}
+    arg_names = {"bytes": 1, "address": 2, "src -> dst": 3}
     lines = get_sources().texts(events["source"])
     first = builder.add_packet()
     first.trusted_packet_sequence_id = seq
@@ -127,7 +127,7 @@ def official_builder(events: np.ndarray, path: str) -> int:
             event.type = event.TYPE_SLICE_END
         else:
             event.type = event.TYPE_SLICE_BEGIN if role == 3 else event.TYPE_INSTANT
-            name = f"{EventKind(kind).name} {cause}"
+            name = f"{EventKind(kind).name} {cause}" + (f" · {line}" if line else "")   # as uvm_lab names it
             event.name_iid = names.setdefault(name, len(names) + 1)
             arg = event.debug_annotations.add()
             arg.name_iid = arg_names["bytes"]
@@ -135,12 +135,9 @@ def official_builder(events: np.ndarray, path: str) -> int:
             arg = event.debug_annotations.add()
             arg.name_iid = arg_names["address"]
             arg.pointer_value = address
-            for key, text in (("src -> dst", f"{src} -> {dst}"), ("source", line)):
-                if not text:
-                    continue
-                arg = event.debug_annotations.add()
-                arg.name_iid = arg_names[key]
-                arg.string_value_iid = strings.setdefault(text, len(strings) + 1)
+            arg = event.debug_annotations.add()
+            arg.name_iid = arg_names["src -> dst"]
+            arg.string_value_iid = strings.setdefault(f"{src} -> {dst}", len(strings) + 1)
         counter = counters.get(kind)
         if counter and (role == 1 or (role == 2 and kind in (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT))):
             totals[counter] += value if kind in (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT) else nbytes

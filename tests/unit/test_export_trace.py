@@ -239,7 +239,9 @@ def read_perfetto(path) -> dict:
             value = (strings[arg.string_value_iid] if arg.HasField("string_value_iid") else
                      arg.pointer_value if arg.HasField("pointer_value") else arg.uint_value)
             args[arg_names[arg.name_iid]] = value
-        row = {"track": tracks[event.track_uuid].name, "uuid": event.track_uuid, "name": names[event.name_iid],
+        # A slice is named by its kind and cause, then the line of code that caused it (where known).
+        name, _, source = names[event.name_iid].partition(" · ")
+        row = {"track": tracks[event.track_uuid].name, "uuid": event.track_uuid, "name": name, "source": source,
                "start": now, "end": now, "args": args, "flows": list(event.flow_ids),
                "ends_flows": list(event.terminating_flow_ids)}
         slices.append(row)
@@ -408,6 +410,6 @@ def test_perfetto_slices_name_the_line_of_user_code(tmp_path, sim_backend):
     trace.to_perfetto(tmp_path / "t.pftrace")
     slices = read_perfetto(tmp_path / "t.pftrace")["slices"]
     here = f"{os.path.basename(__file__)}:{line}"
-    assert {s["args"].get("source") for s in slices if s["name"] in ("alloc", "segment_alloc")} == {here}
-    assert {s["args"].get("source") for s in slices if s["name"] == "prefetch"} == {
-        f"{os.path.basename(__file__)}:{line + 1}"}
+    assert {s["source"] for s in slices if s["name"] in ("alloc", "segment_alloc")} == {here}
+    assert {s["source"] for s in slices if s["name"] == "prefetch"} == {f"{os.path.basename(__file__)}:{line + 1}"}
+    assert all("source" not in s["args"] for s in slices)   # said once, in the name

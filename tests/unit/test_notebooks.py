@@ -162,3 +162,44 @@ def test_status_and_dashboard(welcome):
     probe = json.loads(stdout(welcome["test-probe"]))
     assert probe["live"] and probe["selected"] == probe["a"]
     assert probe["categories"] == ["gpu:0"]      # "a write collapses the copies: the map turns green"
+
+
+@pytest.fixture(scope="module")
+def the_view():
+    """The view's tour, executed headless; returns its code cells in order."""
+    if not _kernel_available():
+        pytest.skip("no 'python3' Jupyter kernel is installed (pip install ipykernel)")
+    nb = nbformat.read(ROOT / "notebooks" / "02-the-view.ipynb", as_version=4)
+    env_path = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env_path) if p)
+    try:
+        nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, startup_timeout=60,
+                                resources={"metadata": {"path": str(ROOT)}}).execute()
+    finally:
+        if env_path is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = env_path
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _bytes_moved_by_line(text: str) -> dict[int, float]:
+    """``%%uvm_trace``'s "top lines by bytes moved", in GiB by line of the cell."""
+    section = text.split("top lines by bytes moved:")[1]
+    units = {"GiB": 1.0, "MiB": 1 / 1024, "KiB": 1 / 1024**2}
+    return {int(line): float(amount) * units[unit]
+            for amount, unit, line in re.findall(r"([\d.]+) (GiB|MiB|KiB)\s+In \[\d+\], line (\d+)", section)}
+
+
+def test_the_view_tour_traces_each_loop_and_readmostly_cuts_what_weights_moves(the_view):
+    view, loop, advised = the_view[1], the_view[3], the_view[4]
+    shown = "".join(o.get("text", "") or o.get("data", {}).get("text/plain", "") for o in view.outputs)
+    assert "UVM Lab view" in shown and "command palette" in shown   # headless, it says how to open it
+    before, after = stdout(loop), stdout(advised)
+    assert "top lines by faults:" in before and "top lines by faults:" in after
+    # The line reading weights: line 3 of the first loop, line 5 of the advised one (after the advice).
+    assert "weights" in loop.source.splitlines()[2] and "weights" in advised.source.splitlines()[4]
+    moved_before, moved_after = _bytes_moved_by_line(before), _bytes_moved_by_line(after)
+    assert moved_after[5] < moved_before[3]
+    # ... while activations (line 4, then 6) still moves at least as much: the text says it does not fit.
+    assert moved_after[6] >= moved_before[4]

@@ -362,7 +362,6 @@ _TEXT_ANNOTATIONS: tuple[tuple[str, Callable[[np.ndarray], np.ndarray],
                                Callable[[np.ndarray], list[str]]], ...] = (
     ("src -> dst", _route_keys, _route_texts),
     ("location", _route_keys, _location_texts),
-    ("source", lambda ev: ev["source"], lambda rep: get_sources().texts(rep["source"])),
 )
 #: A migration requested by cudaMemPrefetchAsync (measured or inferred) is linked to the request that
 #: covers its address, if one of the latest this many requests before it does.
@@ -466,9 +465,10 @@ def to_perfetto(trace: Any, path: str | os.PathLike[str]) -> int:
       and "CPU faults", totals of CUPTI's fault counts;
     - "allocations": one track per ``alloc_id`` ("allocation 7"; "no allocation" for records of none).
       Each record is a slice from ``start`` to ``end`` (an instant where they are equal), named after its
-      kind and cause ("HtoD coherence", "GPU fault write", "prefetch", "advice set_read_mostly"), with
-      arguments ``bytes``, ``src -> dst``, ``address``, ``source`` (the line of user code, where known; and
-      ``faults`` for faults, ``location`` for advice). Slices of one allocation that overlap go on further
+      kind and cause ("HtoD coherence", "GPU fault write", "prefetch", "advice set_read_mostly") and the
+      line of user code that caused it, where known ("HtoD user prefetch · In [3], line 5"), with
+      arguments ``bytes``, ``src -> dst``, ``address`` (and ``faults`` for faults, ``location`` for
+      advice). Slices of one allocation that overlap go on further
       tracks of the same name, which the UI shows as one;
     - flows: an arrow from each PREFETCH request to each migration it caused, where the migration's cause
       is a user prefetch and a request at or before it covers its address with the same destination.
@@ -513,6 +513,13 @@ def _write_perfetto(events: np.ndarray, f: IO[bytes]) -> int:
 
     strings = _Strings()
     index, names, _, _ = _name_table(events)
+    # The line of code that caused a slice is in its name ("HtoD prefetch · In [3], line 5"): written once
+    # per name, where an argument would be written once per slice, and Perfetto's tables group by it.
+    sources = events["source"].astype(np.int64)
+    named, first, index = _groups(index.astype(np.int64) * (int(sources.max(initial=0)) + 1) + sources)
+    base = (named // (int(sources.max(initial=0)) + 1)).tolist()
+    names = [f"{names[k]} · {line}" if line else names[k]
+             for k, line in zip(base, get_sources().texts(sources[first]), strict=True)]
     # Arrays by record have one more entry, for the rows of no record (a counter's first value).
     name_iid = np.append(index + 1, 0).astype(np.uint32)
     text_iids = []
