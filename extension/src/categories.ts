@@ -5,7 +5,7 @@
  */
 
 import { CAUSE_PALETTE, PALETTE } from './palette';
-import { CATEGORY_NAMES, CAUSE_NAMES, CategoryName, PageCounts } from './protocol';
+import { CATEGORY_NAMES, CAUSE_NAMES, CategoryName, PageCounts, Traffic } from './protocol';
 
 /** What the legend and the counts call each category. */
 export const LABELS: Readonly<Record<CategoryName, string>> = {
@@ -167,6 +167,20 @@ export function tableRow(cells: string[], tag: 'td' | 'th'): HTMLTableRowElement
     })
   );
   return row;
+}
+
+/** An allocation's traffic as table rows: a header, one row per cause that has any, and the totals. */
+export function trafficRows(traffic: Traffic): HTMLTableRowElement[] {
+  const rows = [tableRow(['cause', 'faults', 'to GPU', 'to host'], 'th')];
+  traffic.by_cause.forEach(([faults, htod, dtoh], i) => {
+    if (faults || htod || dtoh) {
+      const row = tableRow([CAUSE_NAMES[i], String(faults), formatBytes(htod), formatBytes(dtoh)], 'td');
+      row.dataset.cause = CAUSE_NAMES[i];
+      rows.push(row);
+    }
+  });
+  rows.push(tableRow(['all', String(traffic.faults), formatBytes(traffic.htod_bytes), formatBytes(traffic.dtoh_bytes)], 'th'));
+  return rows;
 }
 
 function rgbaBytes(colours: string[]): Uint8ClampedArray {

@@ -14,7 +14,7 @@ import '../style/base.css';
 import '../style/snapshot.css';
 
 import { AllocationList } from './alloclist';
-import { div, formatBytes, formatNs, legendItem, tableRow } from './categories';
+import { div, formatBytes, formatNs, legendItem, tableRow, trafficRows } from './categories';
 import { DeviceLanes, SampleField } from './lanes';
 import { IAllocation, ITimeline, ITimelineSource } from './model';
 import { CAUSE_PALETTE } from './palette';
@@ -285,14 +285,7 @@ export class SnapshotPage {
       (a.freed === null ? ' · not freed in this trace' : ` · freed at ${formatNs(a.freed)}`);
     const traffic = document.createElement('table');
     traffic.className = 'jp-UvmLab-traffic';
-    const rows = [tableRow(['cause', 'faults', 'to GPU', 'to host'], 'th')];
-    a.traffic.by_cause.forEach(([faults, htod, dtoh], i) => {
-      if (faults || htod || dtoh) {
-        rows.push(tableRow([CAUSE_NAMES[i], String(faults), formatBytes(htod), formatBytes(dtoh)], 'td'));
-      }
-    });
-    rows.push(tableRow(['all', String(a.traffic.faults), formatBytes(a.traffic.htod_bytes), formatBytes(a.traffic.dtoh_bytes)], 'th'));
-    traffic.replaceChildren(...rows);
+    traffic.replaceChildren(...trafficRows(a.traffic));
     this._selection.replaceChildren(title, when, traffic);
   }
 

@@ -4,7 +4,7 @@
  * bytes first); this only lays it out, and says how many more lines the window has.
  */
 
-import { div, formatBytes } from './categories';
+import { div, formatBytes, tableRow as row } from './categories';
 import { ITimeline } from './model';
 
 export class SourceLines {
@@ -38,16 +38,4 @@ export class SourceLines {
 
   private _caption: HTMLElement;
   private _table: HTMLTableElement;
-}
-
-function row(cells: string[], tag: 'td' | 'th'): HTMLTableRowElement {
-  const tr = document.createElement('tr');
-  tr.append(
-    ...cells.map(text => {
-      const cell = document.createElement(tag);
-      cell.textContent = text;
-      return cell;
-    })
-  );
-  return tr;
 }

@@ -20,7 +20,7 @@ import {
   legendItems,
   nonZero,
   shownCategories,
-  tableRow
+  trafficRows
 } from './categories';
 import { MapHistory } from './history';
 import { DeviceLanes } from './lanes';
@@ -345,18 +345,7 @@ export class UvmLabView extends Widget {
     this._placement.textContent = `Requested: ${requested} · Observed: ${observed || 'no pages'}`;
     this._placement.dataset.requested = info.requested ?? '';
     // Traffic by cause: faults and bytes each way, the causes that have any.
-    const rows: HTMLTableRowElement[] = [tableRow(['cause', 'faults', 'to GPU', 'to host'], 'th')];
-    info.traffic.by_cause.forEach(([faults, htod, dtoh], i) => {
-      if (faults || htod || dtoh) {
-        const row = tableRow([CAUSE_NAMES[i], String(faults), formatBytes(htod), formatBytes(dtoh)], 'td');
-        row.dataset.cause = CAUSE_NAMES[i];
-        rows.push(row);
-      }
-    });
-    rows.push(
-      tableRow(['all', String(info.traffic.faults), formatBytes(info.traffic.htod_bytes), formatBytes(info.traffic.dtoh_bytes)], 'th')
-    );
-    this._traffic.replaceChildren(...rows);
+    this._traffic.replaceChildren(...trafficRows(info.traffic));
   }
 
   /** The time the cursor shows, or null when it is live. */

@@ -1,14 +1,114 @@
-"""What the browser tests share besides their fixtures (``conftest.py``): notebooks, running a cell, paths."""
+"""What drives a real JupyterLab in a real Chromium, for the browser tests (``conftest.py``), the scale
+benchmark and the README's screenshots: a lab server, notebooks, running a cell, paths."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 #: Screenshots go here, never over a tracked file (the folder is ignored by git).
 ARTIFACTS = REPO / "test-artifacts"
 WAIT_MS = 30_000  # any one thing the page must do
+
+#: Debian's Chromium: never a downloaded browser.
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+LABEXTENSION = REPO / "uvm_lab" / "labextension"
+BASE_URL = "/uvm-lab-prefix/"
+
+
+class LabError(RuntimeError):
+    """The lab server could not be started."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def jupyter_lab(base: Path, base_url: str = BASE_URL) -> Iterator[tuple[str, str, Path]]:
+    """A JupyterLab server on a free localhost port, with a token, under ``base_url`` (so a test also checks
+    that the extension finds its kernel under a prefix), all its state in ``base``, loading this checkout's
+    built extension; yields ``(url, token, root)``, the url with the base URL, notebooks going in ``root``."""
+    if not (LABEXTENSION / "package.json").exists():
+        raise LabError(f"the lab extension is not built at {LABEXTENSION.relative_to(REPO)}: run "
+                       "`cd extension && jlpm install && jlpm build` first")
+    root, data = base / "root", base / "data"
+    root.mkdir()
+    (data / "labextensions").mkdir(parents=True)
+    # This checkout's build, found first on JUPYTER_PATH, whatever else is installed.
+    (data / "labextensions" / "uvm-lab").symlink_to(LABEXTENSION, target_is_directory=True)
+    # No news or update questions over the page: this machine has no internet, and they cover the panel.
+    settings = base / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    port, token = _free_port(), "uvm-lab-browser-test"
+    env = {
+        **os.environ,
+        "JUPYTER_PATH": str(data),
+        "JUPYTER_CONFIG_DIR": str(base / "config"),
+        "JUPYTER_DATA_DIR": str(base / "userdata"),
+        "JUPYTER_RUNTIME_DIR": str(base / "runtime"),
+        "IPYTHONDIR": str(base / "ipython"),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p),
+    }
+    cmd = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
+           "--ServerApp.port_retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
+           f"--ServerApp.base_url={base_url}",
+           f"--LabApp.user_settings_dir={base / 'settings'}", f"--LabApp.workspaces_dir={base / 'workspaces'}",
+           "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+           "--LabApp.extension_manager=readonly", "--ServerApp.allow_root=True",
+           # window.jupyterapp: the tests wait on the kernel connection itself, not on a picture of it.
+           "--LabApp.expose_app_in_browser=True"]
+    log = (base / "server.log").open("w")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+    url = f"http://127.0.0.1:{port}{base_url.rstrip('/')}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if server.poll() is not None:
+                raise LabError(f"jupyter lab exited with {server.returncode}:\n{(base / 'server.log').read_text()}")
+            if _answers(f"{url}/api/status?token={token}"):
+                break
+            if time.monotonic() > deadline:
+                raise LabError(f"jupyter lab did not answer in 90 s:\n{(base / 'server.log').read_text()}")
+            time.sleep(0.25)
+        yield url, token, root
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=5)
+        log.close()
 
 
 def write_notebook(path: Path, cells: list[str]) -> None:

@@ -45,24 +45,30 @@ def _kernel_available() -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
-def welcome():
-    """The welcome tour, executed in a fresh python3 kernel; returns {cell id: cell}."""
+def _execute(name: str, extra: dict[str, str] | None = None) -> list:
+    """Notebook ``name`` with ``extra`` code cells (by id) appended, executed top to bottom in a fresh python3 kernel
+    that imports this checkout; returns its cells."""
     if not _kernel_available():
         pytest.skip("no 'python3' Jupyter kernel is installed (pip install ipykernel)")
-    nb = nbformat.read(WELCOME, as_version=4)
-    nb.cells.append(nbformat.v4.new_code_cell(PROBE, id="test-probe"))
+    nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+    nb.cells.extend(nbformat.v4.new_code_cell(code, id=cell_id) for cell_id, code in (extra or {}).items())
     env_path = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env_path) if p)  # the kernel inherits it
     try:
-        nbclient.NotebookClient(nb, kernel_name="python3", timeout=120, startup_timeout=60,
+        nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, startup_timeout=60,
                                 resources={"metadata": {"path": str(ROOT)}}).execute()
     finally:
         if env_path is None:
             del os.environ["PYTHONPATH"]
         else:
             os.environ["PYTHONPATH"] = env_path
-    return {c.id: c for c in nb.cells}
+    return nb.cells
+
+
+@pytest.fixture(scope="module")
+def welcome():
+    """The welcome tour, executed, with a probe of its dashboard; returns {cell id: cell}."""
+    return {c.id: c for c in _execute(WELCOME.name, {"test-probe": PROBE})}
 
 
 def stdout(cell) -> str:
@@ -167,20 +173,7 @@ def test_status_and_dashboard(welcome):
 @pytest.fixture(scope="module")
 def the_view():
     """The view's tour, executed headless; returns its code cells in order."""
-    if not _kernel_available():
-        pytest.skip("no 'python3' Jupyter kernel is installed (pip install ipykernel)")
-    nb = nbformat.read(ROOT / "notebooks" / "02-the-view.ipynb", as_version=4)
-    env_path = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env_path) if p)
-    try:
-        nbclient.NotebookClient(nb, kernel_name="python3", timeout=300, startup_timeout=60,
-                                resources={"metadata": {"path": str(ROOT)}}).execute()
-    finally:
-        if env_path is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = env_path
-    return [c for c in nb.cells if c.cell_type == "code"]
+    return [c for c in _execute("02-the-view.ipynb") if c.cell_type == "code"]
 
 
 def _bytes_moved_by_line(text: str) -> dict[int, float]:
