@@ -109,3 +109,19 @@ def test_bad_arguments_are_refused():
         AllocationIndex().lookup([1, 2], [1])
     with pytest.raises(InvalidArgumentError):
         attribute(np.zeros(1, dtype=EVENT_DTYPE), "index")
+
+
+def test_the_words_and_to_pandas_decode_every_kinds_flags_alike():
+    from uvm_lab.events import make_events
+    from uvm_lab.events.trace import Trace
+
+    kinds = [k for k in EventKind for _ in range(256)]
+    events = make_events(len(kinds), kind=kinds, flags=list(range(256)) * len(EventKind))
+    table = Trace(events).to_pandas()
+    said = {"user prefetch": "user", "driver prefetch": "prefetch", "user prefetch (inferred)": "user_inferred"}
+    for word, cause, detail, kind, flags in zip(cause_names(events), table["cause"], table["detail"],
+                                                table["kind"], events["flags"].tolist(), strict=True):
+        if not word:
+            continue   # a kind whose flags are no cause or access type
+        name = cause or (detail if not detail.isdigit() else "")
+        assert said.get(word, word.replace(" ", "_")) == (name or "unknown"), (kind, flags, word, cause, detail)

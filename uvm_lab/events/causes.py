@@ -18,14 +18,25 @@ whole array at once, as an index into :data:`CAUSE_NAMES`.
 
 from __future__ import annotations
 
+from enum import IntEnum
 from typing import Final
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from .schema import EVENT_DTYPE, INFERRED_BIT, EventKind, MigrationCause, UnobservedCause
+from .schema import (
+    EVENT_DTYPE,
+    INFERRED_BIT,
+    AccessType,
+    Advice,
+    EventKind,
+    MemoryKind,
+    MigrationCause,
+    RemoteMapCause,
+    UnobservedCause,
+)
 
-__all__ = ["CAUSE_NAMES", "cause_codes"]
+__all__ = ["CAUSE_NAMES", "cause_codes", "decode_flags"]
 
 CAUSE_NAMES: Final = ("demand fault", "prefetch", "eviction", "coherence", "thrashing", "remote map",
                       "inferred", "allocation", "advice")
@@ -68,3 +79,30 @@ def cause_codes(records: np.ndarray) -> np.ndarray:
     collapse = (kinds == EventKind.UNOBSERVED) & (flags == UnobservedCause.COLLAPSE)
     out[collapse] = _COHERENCE
     return out
+
+
+# What a record's ``flags`` mean, by kind: (its cause's enum, or its detail's enum). CUPTI's flags are a
+# different enum for each kind.
+_CAUSE_ENUM: dict[int, type[IntEnum]] = {
+    **{int(k): MigrationCause for k in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD)},
+    int(EventKind.REMOTE_MAP): RemoteMapCause,
+    int(EventKind.UNOBSERVED): UnobservedCause,
+}
+_DETAIL_ENUM: dict[int, type[IntEnum]] = {
+    int(EventKind.GPU_PAGE_FAULT): AccessType, int(EventKind.CPU_PAGE_FAULT): AccessType,
+    int(EventKind.ADVICE): Advice,
+    int(EventKind.SEGMENT_ALLOC): MemoryKind, int(EventKind.SEGMENT_FREE): MemoryKind,
+}
+
+
+def decode_flags(kind: int, flags: int) -> tuple[IntEnum | None, IntEnum | None]:
+    """``(cause, detail)``: what one record's ``flags`` say, as the enum member of its kind (a migration's or
+    remote map's cause; a fault's access type, an advice, a segment's memory kind), None where they say
+    nothing or hold a number its enum lacks. A PREFETCH record's flags say whether it completed unmeasured
+    (:data:`~.schema.MigrationCause.USER_INFERRED`)."""
+    if kind == EventKind.PREFETCH:
+        return (MigrationCause.USER_INFERRED if flags else MigrationCause.USER), None
+    cause_enum, detail_enum = _CAUSE_ENUM.get(kind), _DETAIL_ENUM.get(kind)
+    cause = cause_enum._value2member_map_.get(flags) if cause_enum else None
+    detail = detail_enum._value2member_map_.get(flags) if detail_enum else None
+    return cause, detail   # type: ignore[return-value]

@@ -12,16 +12,11 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from .bus import EventBus, get_bus
+from .causes import decode_flags
 from .schema import (
     EVENT_DTYPE,
     EVENT_DTYPE_WITHOUT_SOURCE,
-    AccessType,
-    Advice,
     EventKind,
-    MemoryKind,
-    MigrationCause,
-    RemoteMapCause,
-    UnobservedCause,
     as_events,
     is_inferred,
 )
@@ -39,26 +34,12 @@ _IS_MIGRATION[_MIGRATIONS] = True
 
 
 def _decode_flags(kind: int, flags: int) -> tuple[str, str]:
-    """``(cause, detail)``: CUPTI's flags mean a different enum for each kind."""
-    try:
-        k = EventKind(kind)
-        if k.is_migration:
-            return MigrationCause(flags).name.lower(), ""
-        if k in _FAULTS:
-            return "", AccessType(flags).name.lower()
-        if k is EventKind.REMOTE_MAP:
-            return RemoteMapCause(flags).name.lower(), ""
-        if k is EventKind.ADVICE:
-            return "", Advice(flags).name.lower()
-        if k in (EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE):
-            return "", MemoryKind(flags).name.lower()
-        if k is EventKind.UNOBSERVED:
-            return UnobservedCause(flags).name.lower(), ""
-        if k is EventKind.PREFETCH:
-            return ("user_inferred" if flags else "user"), ""
-    except ValueError:
-        pass
-    return "", str(flags) if flags else ""
+    """``(cause, detail)`` as ``to_pandas`` spells them: the enum members' names (:func:`.causes.decode_flags`),
+    or the number itself where its kind's enum lacks it."""
+    cause, detail = decode_flags(kind, flags)
+    if cause is None and detail is None:
+        return "", str(flags) if flags else ""
+    return (cause.name.lower() if cause is not None else ""), (detail.name.lower() if detail is not None else "")
 
 
 def _processor(p: int) -> str:

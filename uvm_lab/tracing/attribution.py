@@ -26,7 +26,8 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..events.bus import EventBus, Subscription
-from ..events.schema import EVENT_DTYPE, EventKind
+from ..events.causes import decode_flags
+from ..events.schema import EVENT_DTYPE, EventKind, MigrationCause
 
 __all__ = ["AllocationIndex", "attribute", "cause_names"]
 
@@ -186,33 +187,37 @@ def attribute(events: np.ndarray, index: AllocationIndex, *, overwrite: bool = F
     return out
 
 
-_CAUSES = {
-    1: "user prefetch",
-    2: "coherence",
-    3: "driver prefetch",
-    4: "eviction",
-    5: "access counters",
-    0x81: "user prefetch (inferred)",
-    255: "inferred",
-}
-_ACCESS = {1: "read", 2: "write", 3: "atomic", 4: "prefetch"}
-_REMOTE = {1: "coherence", 2: "thrashing", 3: "policy", 4: "out of memory", 5: "eviction"}
+# Where a cause's words are not its name's: what the request or the driver did.
+_MIGRATION_WORDS = {MigrationCause.USER: "user prefetch", MigrationCause.PREFETCH: "driver prefetch",
+                    MigrationCause.USER_INFERRED: "user prefetch (inferred)"}
+_SAID = frozenset(int(k) for k in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD, EventKind.GPU_PAGE_FAULT,
+                                   EventKind.CPU_PAGE_FAULT, EventKind.REMOTE_MAP))
 
 
 def cause_names(events: np.ndarray) -> list[str]:
     """Why each record happened, in words: the migration cause, the fault's access type, the remote map's
-    cause ("" where the record has none)."""
+    cause ("" where the record has none; "unknown" where its flags say nothing known). One decoding of the
+    flags (:func:`~uvm_lab.events.causes.decode_flags`), spelled for reading."""
     if not isinstance(events, np.ndarray) or events.dtype != EVENT_DTYPE:
         raise InvalidArgumentError("events must be an EVENT_DTYPE array", value=events,
                                    expected="a numpy array of uvm_lab.events.EVENT_DTYPE")
+    words: dict[tuple[int, int], str] = {}   # few distinct (kind, flags): decode each once
     out = []
-    for kind, flags in zip(events["kind"].tolist(), events["flags"].tolist(), strict=True):
-        if kind in (EventKind.HTOD, EventKind.DTOH, EventKind.DTOD):
-            out.append(_CAUSES.get(flags, "unknown"))
-        elif kind in (EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT):
-            out.append(_ACCESS.get(flags, "unknown"))
-        elif kind == EventKind.REMOTE_MAP:
-            out.append(_REMOTE.get(flags, "unknown"))
-        else:
-            out.append("")
+    for key in zip(events["kind"].tolist(), events["flags"].tolist(), strict=True):
+        word = words.get(key)
+        if word is None:
+            word = words[key] = _words(*key)
+        out.append(word)
     return out
+
+
+def _words(kind: int, flags: int) -> str:
+    if kind not in _SAID:
+        return ""
+    cause, detail = decode_flags(kind, flags)
+    said = cause if cause is not None else detail
+    if said is None:
+        return "unknown"
+    if isinstance(said, MigrationCause) and said in _MIGRATION_WORDS:
+        return _MIGRATION_WORDS[said]
+    return said.name.lower().replace("_", " ")
