@@ -100,3 +100,38 @@ def test_the_view_shows_cuptis_faults_with_tracing_on(cuda):
     finally:
         collector.stop()
         session.close()
+
+
+def test_the_views_controls_and_page_reads_on_a_real_gpu(cuda):
+    from uvm_lab.jupyter.comm import CONTROLS_SOURCE
+    from uvm_lab.jupyter.protocol import CELL_LIMIT
+
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False)
+    try:
+        buf = ul.DeviceBuffer(size="96MiB", mr=ul.mr.ManagedMemoryResource(), label="big")   # past CELL_LIMIT pages
+        ul.touch(buf, on="host", mode="write")
+        with ul.record() as trace:
+            assert session.handle({"type": "prefetch", "seq": 1, "id": buf.id, "location": "gpu:0",
+                                   "first_page": 20_000, "pages": 1000})["ok"]
+            cuda.synchronize()
+            get_bus().flush()
+        table = trace.to_pandas()
+        assert set(table["source"][table["kind"] == "prefetch"]) == {CONTROLS_SOURCE}   # the view's, not a cell's
+        comm.messages.clear()
+        # Those pages, one byte each, as ul.residency reads them: GPU 0 alone where the prefetch put them.
+        assert session.handle({"type": "pages", "seq": 2, "id": buf.id, "first_page": CELL_LIMIT,
+                               "pages": 8192})["ok"]
+        (header, buffers), _ = comm.messages
+        comm.messages.clear()
+        codes = np.frombuffer(buffers[0], np.uint8)
+        assert header["pages"] == 8192
+        assert codes.tolist() == ul.residency(buf, first_page=CELL_LIMIT, pages=8192).categories().tolist()
+        moved = codes[20_000 - CELL_LIMIT:21_000 - CELL_LIMIT]
+        assert set(moved.tolist()) == {5} and (codes != 5).sum() == 8192 - 1000
+        # The timeline's by-source table charges the moved bytes to the controls.
+        rows, _ = timeline(session, comm, buf.id)
+        by_line = {rows["sources"][str(r[0])]: r for r in rows["by_source"] if r[0]}
+        assert by_line[CONTROLS_SOURCE][4] == 1000 * 4096   # bytes to the GPU
+    finally:
+        session.close()

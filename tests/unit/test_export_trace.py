@@ -11,11 +11,9 @@ from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
-from google.protobuf.unknown_fields import UnknownFieldSet
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2
 
 import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
@@ -24,6 +22,10 @@ from uvm_lab.events.schema import AccessType, MigrationCause
 from uvm_lab.events.trace import Trace
 from uvm_lab.tracing import to_chrome_trace, to_perfetto, to_rmm_csv
 from uvm_lab.tracing.export import RMM_HEADER
+
+# Perfetto's own schema reads the files back (the test extra installs it; a GPU machine may lack it).
+perfetto_trace_pb2 = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")
+UnknownFieldSet = pytest.importorskip("google.protobuf.unknown_fields").UnknownFieldSet
 
 MiB = 1 << 20
 

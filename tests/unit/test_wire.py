@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.tracing import wire
+
+pb = pytest.importorskip("perfetto.protos.perfetto.trace.perfetto_trace_pb2")   # the schema that reads back
 
 UINT64 = st.integers(0, (1 << 64) - 1)
 
