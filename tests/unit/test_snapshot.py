@@ -149,3 +149,16 @@ def test_an_unbuilt_viewer_is_named_and_nothing_is_written(trace, tmp_path, monk
     with pytest.raises(InvalidStateError, match="jlpm build"):
         ul.snapshot(trace, tmp_path / "view.html")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_pages_data_has_a_same_named_typescript_twin_with_the_same_fields():
+    import typing
+    from pathlib import Path
+
+    source = (Path(__file__).resolve().parents[2] / "extension" / "src" / "snapshot.ts").read_text()
+    ts = {name: set(re.findall(r"^  (\w+)\??:", body, flags=re.M))
+          for name, body in re.findall(r"export interface I(\w+) \{(.*?)\n\}", source, flags=re.S)}
+    py = {name: set(typing.get_type_hints(obj)) for name, obj in vars(snapshot_module).items()
+          if isinstance(obj, type) and typing.is_typeddict(obj) and name.startswith("Snapshot")}
+    assert set(py) == {"SnapshotLevel", "SnapshotAllocation", "SnapshotBounds", "SnapshotData"}
+    assert {name: ts.get(name) for name in py} == py
