@@ -10,6 +10,7 @@ import itertools
 import threading
 import warnings
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
 from numbers import Integral
 from typing import Any
@@ -27,11 +28,17 @@ from .mr.current import get_current_device_resource
 from .stream import DEFAULT_STREAM, Stream, as_stream_handle
 from .units import PAGE_SIZE, format_bytes, parse_size
 
-__all__ = ["DeviceBuffer", "find_buffer", "live_buffers", "page_range"]
+__all__ = ["LABELS_KEPT", "DeviceBuffer", "find_buffer", "label_of", "labels_dropped", "live_buffers", "page_range"]
 
 _live: dict[int, weakref.ref[DeviceBuffer]] = {}
 _live_lock = threading.Lock()
 _empty_ids = itertools.count(-1, -1)   # zero-size buffers hold no allocation: negative ids never clash
+
+#: How many buffers' labels are kept after they are freed (records carry only ids; a trace's view names
+#: its lanes by them). Past it the oldest go, counted by :func:`labels_dropped`.
+LABELS_KEPT = 65_536
+_labels: OrderedDict[int, str] = OrderedDict()
+_labels_dropped = 0
 
 _ADVICE_NAMES = {
     "read_mostly": Advice.SET_READ_MOSTLY,
@@ -106,6 +113,7 @@ class DeviceBuffer:
         self._finalizer.atexit = False   # the process's exit frees device memory; nothing to publish then
         with _live_lock:
             _live[self.id] = weakref.ref(self)
+            _remember_label(self.id, self.label)
 
     # -- what it is --------------------------------------------------------------------------------------
     @property
@@ -389,6 +397,32 @@ def live_buffers() -> list[DeviceBuffer]:
     with _live_lock:
         refs = sorted(_live.items())
     return [buf for _, ref in refs if (buf := ref()) is not None and not buf.closed]
+
+
+def _remember_label(buffer_id: int, label: str) -> None:
+    global _labels_dropped
+    _labels[buffer_id] = label
+    if len(_labels) > LABELS_KEPT:
+        _labels.popitem(last=False)
+        _labels_dropped += 1
+
+
+def label_of(buffer_id: int) -> str | None:
+    """The label of buffer ``buffer_id``: a live buffer's own, else the one it was made with (it may have been
+    freed); None for an id no buffer of this process had, or whose label is no longer kept."""
+    if isinstance(buffer_id, bool) or not isinstance(buffer_id, Integral):
+        raise InvalidArgumentError(f"buffer id must be an int, got {buffer_id!r}", value=buffer_id,
+                                   expected="a buffer's id")
+    with _live_lock:
+        ref = _live.get(int(buffer_id))
+        remembered = _labels.get(int(buffer_id))
+    buf = ref() if ref is not None else None
+    return buf.label if buf is not None and not buf.closed else remembered
+
+
+def labels_dropped() -> int:
+    """Labels of freed buffers no longer kept, past :data:`LABELS_KEPT`."""
+    return _labels_dropped
 
 
 def find_buffer(buffer_id: int) -> DeviceBuffer:

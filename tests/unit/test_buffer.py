@@ -206,3 +206,24 @@ def test_a_bad_range_of_pages_is_refused(first_page, pages, match):
     buf = ul.DeviceBuffer(size=11 * 4096, label="ranged")
     with pytest.raises(ul.errors.InvalidArgumentError, match=match):
         ul.residency(buf, first_page=first_page, pages=pages)
+
+
+def test_a_freed_buffers_label_is_kept_for_views_of_what_happened(monkeypatch):
+    from uvm_lab import buffer as buffer_module
+
+    a = ul.DeviceBuffer(size=4096, label="kept")
+    a_id = a.id
+    a.close()
+    assert buffer_module.label_of(a_id) == "kept"
+    b = ul.DeviceBuffer(size=4096, label="made as")
+    b.label = "renamed"
+    assert buffer_module.label_of(b.id) == "renamed"   # a live buffer's own label
+    assert buffer_module.label_of(10**12) is None
+    with pytest.raises(ul.errors.InvalidArgumentError, match="buffer id must be an int"):
+        buffer_module.label_of("kept")
+    # Bounded: past LABELS_KEPT the oldest go, counted.
+    monkeypatch.setattr(buffer_module, "LABELS_KEPT", 2)
+    dropped = buffer_module.labels_dropped()
+    for i in range(3):
+        ul.DeviceBuffer(size=4096, label=f"many-{i}").close()
+    assert buffer_module.label_of(a_id) is None and buffer_module.labels_dropped() > dropped

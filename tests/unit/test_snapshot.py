@@ -98,6 +98,7 @@ def test_each_allocation_carries_the_traffic_the_live_view_counts(trace, tmp_pat
     assert layer0["traffic"]["dtoh_bytes"] == 4 << 20          # the prefetch to the host
     freed = [a for a in data["allocations"] if a["freed"] is not None]
     assert len(freed) == 1 and freed[0]["traffic"]["faults"] > 0   # read before the window let it go
+    assert freed[0]["label"] == "layer1"                          # named as it was made, though freed
     moved = sum(a["traffic"]["htod_bytes"] for a in data["allocations"])
     assert moved == trace.summary()["bytes_htod"]
     samples = data["samples"]

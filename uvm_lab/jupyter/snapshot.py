@@ -30,6 +30,7 @@ from typing import Any, Final, TypedDict
 
 import numpy as np
 
+from ..buffer import label_of
 from ..errors import InvalidArgumentError, InvalidStateError
 from ..events import EventKind, get_bus
 from ..events.sources import texts as source_texts
@@ -215,10 +216,9 @@ def _feed(window: EventWindow, events: np.ndarray) -> tuple[list[SnapshotAllocat
     made = events[kinds == EventKind.ALLOC]
     freed_at = {int(i): int(t) for i, t in zip(events["alloc_id"][frees].tolist(), events["start"][frees].tolist(),
                                                strict=True)}
-    labels = _live_labels()
     texts = source_texts(made["source"][:MAX_ALLOCATIONS])
     allocations = [
-        SnapshotAllocation(id=i, label=labels.get(i, f"buffer {i}"), address=address, size=size, made=t,
+        SnapshotAllocation(id=i, label=label_of(i) or f"buffer {i}", address=address, size=size, made=t,
                            freed=freed_at.get(i), source=text,
                            traffic=traffic[i] if i in traffic else window.traffic(i))
         for i, address, size, t, text in zip(made["alloc_id"][:MAX_ALLOCATIONS].tolist(),
@@ -227,13 +227,6 @@ def _feed(window: EventWindow, events: np.ndarray) -> tuple[list[SnapshotAllocat
                                              made["start"][:MAX_ALLOCATIONS].tolist(), texts, strict=True)
     ]
     return allocations, max(0, len(made) - MAX_ALLOCATIONS)
-
-
-def _live_labels() -> dict[int, str]:
-    """The labels of the buffers still alive: the only place a label is kept (records carry ids)."""
-    from ..buffer import live_buffers
-
-    return {buf.id: buf.label for buf in live_buffers()}
 
 
 def _pyramid(window: EventWindow, first: int, last: int, max_rows: int) -> tuple[list[SnapshotLevel], int]:
