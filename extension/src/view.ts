@@ -31,6 +31,9 @@ import { CAUSE_PALETTE } from './palette';
 import { CAUSE_NAMES, CategoryName, Location, RATE_LIMITS_MS, Result } from './protocol';
 import { Timeline } from './timeline';
 
+/** Below this width the view stacks its list above the charts and maps. */
+const NARROW_PX = 900;
+
 /** The update intervals offered, in ms (within the protocol's limits). */
 const RATES = [100, 250, 500, 1000, 2000].filter(ms => ms >= RATE_LIMITS_MS[0] && ms <= RATE_LIMITS_MS[1]);
 
@@ -291,6 +294,8 @@ export class UvmLabView extends Widget {
     }
     this._list.setData(allocations, this._selected);
 
+    // Narrow (beside a notebook): the list goes above the charts (style/base.css).
+    this.node.classList.toggle('jp-mod-narrow', this.node.clientWidth < NARROW_PX);
     const width = Math.max(0, (this.node.querySelector('.jp-UvmLabView-main') as HTMLElement)?.clientWidth - 24);
     const window = this._timeline.following ? null : this._timeline.window;
     this._lanes.render(model.samples, window, width);
