@@ -114,6 +114,7 @@ class PanelSession:
         self._paused = False
         self._snapshot_sent = False
         self._sent: dict[int, tuple[AllocationInfo, np.ndarray]] = {}  # what the panel holds, by id
+        self._lanes_seen = 0   # the timeline window's cursor: traffic read up to here is in _sent
         # The kernel's shared ones unless given (a test's, fed and clocked by the test).
         self._window, self._series = timeline or shared(bus)
         self._next_sample = 0  # the number of the first device sample the view does not hold
@@ -164,7 +165,8 @@ class PanelSession:
         with self._send_lock:
             try:
                 buffers = _panel_buffers(self._live)
-                infos, cells, held = self._describe_changed(buffers, force=everything)
+                lanes_seen, lanes = self._window.changed_lanes(self._lanes_seen)
+                infos, cells, held = self._describe_changed(buffers, force=everything, lanes=lanes)
                 gone = sorted(set(self._sent) - {b["id"] for b in buffers})
                 device = _device_info()
                 self._sample(device, buffers)
@@ -181,7 +183,7 @@ class PanelSession:
                     self._everything_dirty = True
                 raise
             self._sent.update(held)
-            self._next_sample = next_sample
+            self._next_sample, self._lanes_seen = next_sample, lanes_seen
             for alloc_id in gone:
                 del self._sent[alloc_id]
             return bool(infos or gone or samples)
@@ -194,6 +196,7 @@ class PanelSession:
         with self._send_lock:
             self._sent.clear()
             buffers = _panel_buffers(self._live)
+            lanes_seen, _ = self._window.changed_lanes(self._lanes_seen)
             infos, cells, held = self._describe_changed(buffers)
             device = _device_info()
             self._sample(device, buffers)
@@ -203,19 +206,22 @@ class PanelSession:
                                 samples_dropped=self._series.dropped)
             self._send(snapshot, cells)
             self._sent.update(held)
-            self._next_sample = next_sample
+            self._next_sample, self._lanes_seen = next_sample, lanes_seen
 
     def _sample(self, device: DeviceInfo, buffers: list[dict[str, Any]]) -> None:
         allocated = sum(buf["size"] for buf in buffers if buf["is_managed"])
         self._series.close_interval(ul.get_backend().now_ns(), device["total"] - device["free"], device["total"],
                                     allocated)
 
-    def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False) -> tuple[
+    def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False,
+                          lanes: set[int] | None = None) -> tuple[
             list[AllocationInfo], list[np.ndarray], dict[int, tuple[AllocationInfo, np.ndarray]]]:
         """Describe those of ``buffers`` that differ from what the panel holds, each as its changed runs where
         the panel holds it; with what it will hold once they are sent (noted by the caller after sending, so
         that a failed send leaves nothing noted). A description the journal left as it was is not packed
-        again (``force``: pack every one)."""
+        again (``force``: pack every one), and one packed again is packed from its last packing (only the
+        cells where pages changed). ``lanes``: the buffers whose traffic may have changed since what the panel
+        holds; the others, with their descriptions as they were, are passed over unread (None: read all)."""
         infos: list[AllocationInfo] = []
         payloads: list[np.ndarray] = []
         held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
@@ -223,15 +229,18 @@ class PanelSession:
         for plain in buffers:
             alloc_id = plain["id"]
             packed = self._packed.get(alloc_id)
-            if force or packed is None or packed[0] is not plain:
-                packed = (plain, *_pack(plain))
-            packed_now[alloc_id] = packed
+            if not force and packed is not None and packed[0] is plain:
+                packed_now[alloc_id] = packed
+                if lanes is not None and alloc_id not in lanes and alloc_id in self._sent:
+                    continue   # neither its pages nor its traffic changed: the panel holds it as it is
+            else:
+                packed = packed_now[alloc_id] = (plain, *_pack(plain, None if force else packed))
             # What the events say of it changes without its pages: read it every time (two lookups).
             info = AllocationInfo(**packed[1], traffic=self._window.traffic(alloc_id),  # type: ignore[typeddict-item]
                                   requested=self._window.requested(alloc_id))
             cells = packed[2]
             before = self._sent.get(alloc_id)
-            if before is not None and before[0] == info and np.array_equal(before[1], cells):
+            if before is not None and before[0] == info and (before[1] is cells or np.array_equal(before[1], cells)):
                 continue
             held[alloc_id] = (info, cells)
             payload = cells
@@ -321,7 +330,7 @@ class PanelSession:
             self._wake.clear()
             if self._closed.is_set():
                 break
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.thread_time()
             try:
                 # A copy each time: one context cannot be entered by two threads at once.
                 self._context.copy().run(self.flush)
@@ -335,7 +344,7 @@ class PanelSession:
                 self._wake.set()
             # The throttle (.throttle): at most one update an interval and 5% of the kernel's time; events
             # arriving meanwhile only set _wake, and go out together.
-            self._closed.wait(max(0.0, started + gap(self.interval, time.monotonic() - started) - time.monotonic()))
+            self._closed.wait(max(0.0, started + gap(self.interval, time.thread_time() - cpu) - time.monotonic()))
 
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:
@@ -353,9 +362,12 @@ def _panel_buffers(live: LiveAllocations) -> list[dict[str, Any]]:
     return [plain for plain in live.refresh() if plain["size"]]
 
 
-def _pack(plain: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
-    """An allocation's metadata (its AllocationInfo but for what the events say) and its residency bytes."""
-    cell_pages, cells, counts = pack_states(plain["states"])
+def _pack(plain: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any], np.ndarray] | None = None) -> tuple[
+        dict[str, Any], np.ndarray]:
+    """An allocation's metadata (its AllocationInfo but for what the events say) and its residency bytes; from
+    ``before``, the same allocation's last packing, where there is one."""
+    since = (before[0]["states"], before[2], before[1]["counts"]) if before is not None else None
+    cell_pages, cells, counts = pack_states(plain["states"], since=since)
     advice = plain["advice"] or {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
     info = dict(
         id=plain["id"], label=plain["label"], address=plain["address"], size=plain["size"],

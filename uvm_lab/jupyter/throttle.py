@@ -4,6 +4,10 @@ A view that watches a loop takes the GIL from it while it reads maps and packs m
 took ``cost`` seconds, the next waits :func:`gap`: at least the view's interval, and long enough that refreshing
 takes at most :data:`BUSY_SHARE` of the time (19 times the cost, at 5%). Both the lab view's session and the
 widget dashboard follow it.
+
+The cost is the refreshing thread's CPU time (``time.thread_time``), what it took from the kernel. Its wall
+time would also count the time it waited for the GIL while the loop held it: the busier the loop, the longer
+a refresh would seem, and a view of a busy loop would fall silent for seconds while costing it little.
 """
 
 from __future__ import annotations
