@@ -164,6 +164,7 @@ class PanelSession:
             everything, self._everything_dirty = self._everything_dirty, False
         with self._send_lock:
             try:
+                clock = time.time() * 1000   # before the maps are read: what changed earlier is in them
                 buffers = _panel_buffers(self._live)
                 lanes_seen, lanes = self._window.changed_lanes(self._lanes_seen)
                 infos, cells, held = self._describe_changed(buffers, force=everything, lanes=lanes)
@@ -172,7 +173,8 @@ class PanelSession:
                 self._sample(device, buffers)
                 samples, next_sample = self._series.since(self._next_sample)
                 if infos or samples:
-                    self._send(Update(type="update", device=device, allocations=infos, samples=samples), cells)
+                    self._send(Update(type="update", device=device, allocations=infos, samples=samples,
+                                      clock=clock), cells)
                 if gone:
                     self._send(Removed(type="removed", ids=gone))
             except BaseException:

@@ -24,7 +24,7 @@ carries is ever evaluated::
     kernel -> front end
         snapshot    {version, page_size, cell_limit, device, allocations, samples, samples_dropped}
                                                + one buffer per allocation
-        update      {device, allocations, samples}   + one buffer per allocation
+        update      {device, allocations, samples, clock}   + one buffer per allocation
         removed     {ids}
         timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
                      sources}
@@ -49,6 +49,10 @@ the whole map as above (always so in a snapshot, and for an allocation the view 
 ``"runs"``, only the cells that changed since the last message that carried it (:func:`encode_runs`,
 decoded by :func:`apply_runs` and its twin). A busy loop that moves a few pages of a large buffer sends
 those cells, not the buffer's sixteen thousand.
+
+An update's ``clock`` is the kernel's wall clock, in ms since the epoch, when it read the maps it carries:
+every change made before then is in it or in an earlier message. On one machine the page's clock is the
+same, so the time from a change to its picture on screen can be measured (``benchmarks/view_scale_browser.py``).
 
 The device lanes are ``samples``: one small row per update interval (memory used against capacity, bytes
 each way, faults, evictions), stamped on the backend's clock, the timeline's clock. A snapshot carries
@@ -274,6 +278,7 @@ class Update(TypedDict):
     device: DeviceInfo
     allocations: list[AllocationInfo]
     samples: list[DeviceSample]
+    clock: float  # the kernel's wall clock (ms since the epoch) when it read the maps sent: older changes are in
 
 
 class Removed(TypedDict):
