@@ -120,6 +120,8 @@ class PanelSession:
         self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
         self._closed = threading.Event()
+        # The throttle (.throttle), one budget for updates and timeline answers: neither starts before this.
+        self._quiet_until = 0.0
         self._context = contextvars.copy_context()  # where the panel's last message was handled
         self._subscription = (bus or get_bus()).subscribe(self._on_events)
         comm.on_msg(self._on_msg)
@@ -144,8 +146,14 @@ class PanelSession:
                         command=kind if isinstance(kind, str) else None, ok=True, error=None)
         try:
             command = parse_command(data)
+            if command["type"] == "timeline":
+                # An answer reads every event held: it takes from the same share of the kernel as updates do.
+                self._closed.wait(max(0.0, self._quiet_until - time.monotonic()))
+            started, cpu = time.monotonic(), time.thread_time()
             with self._command_lock:
                 self._execute(command)
+            if command["type"] == "timeline":
+                self._spend(started, time.thread_time() - cpu)
         except Exception as err:
             # Any failure, ours or the core's, is the command's answer, never the comm's end.
             result["ok"] = False
@@ -346,7 +354,13 @@ class PanelSession:
                 self._wake.set()
             # The throttle (.throttle): at most one update an interval and 5% of the kernel's time; events
             # arriving meanwhile only set _wake, and go out together.
-            self._closed.wait(max(0.0, started + gap(self.interval, time.thread_time() - cpu) - time.monotonic()))
+            self._spend(started, time.thread_time() - cpu)
+            self._closed.wait(max(0.0, max(started + self.interval, self._quiet_until) - time.monotonic()))
+
+    def _spend(self, started: float, cost: float) -> None:
+        """Note work that started at ``started`` (monotonic) and took ``cost`` s of this thread's CPU."""
+        with self._lock:
+            self._quiet_until = max(self._quiet_until, started + gap(0.0, cost))
 
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:

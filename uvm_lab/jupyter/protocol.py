@@ -466,7 +466,7 @@ def pack_states(states: np.ndarray, limit: int = CELL_LIMIT, *,
         if not len(changed):
             return cell_pages, cells, counts
         cells = cells.copy()
-        for first, stop in _spans(np.unique(changed // cell_pages)):
+        for first, stop in _spans(changed // cell_pages):   # sorted, as the pages are
             cells[first:stop] = bin_states(states, limit, bins=(first, stop), counts=False)["category"]
         gone, came = category_pages(before[changed]), category_pages(states[changed])
         counts = cast(PageCounts, {name: counts[name] - gone[name] + came[name]  # type: ignore[literal-required]
@@ -483,7 +483,7 @@ _MAX_SPANS = 32
 
 
 def _spans(cells: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted cell numbers as ``[first, stop)`` slices that cover them."""
+    """Sorted cell numbers (repeats allowed) as ``[first, stop)`` slices that cover them."""
     breaks = np.flatnonzero(np.diff(cells) > _SPAN_GAP)
     firsts, lasts = cells[np.r_[0, breaks + 1]], cells[np.r_[breaks, len(cells) - 1]]
     if len(firsts) > _MAX_SPANS:
@@ -515,9 +515,9 @@ def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     breaks = np.flatnonzero(np.diff(changed) > _RUN_GAP + 1)
     starts = changed[np.r_[0, breaks + 1]]
     ends = changed[np.r_[breaks, len(changed) - 1]] + 1
-    inside = np.zeros(len(new) + 1, dtype=np.int32)
-    np.add.at(inside, starts, 1)
-    np.add.at(inside, ends, -1)
+    inside = np.zeros(len(new) + 1, dtype=np.int8)
+    inside[starts] = 1    # runs are apart, so no start is another run's end: plain stores, not np.add.at
+    inside[ends] = -1
     header = np.concatenate([[len(starts)], starts, ends - starts]).astype("<u4")
     return np.concatenate([header.view(np.uint8), new[np.cumsum(inside[:-1]) > 0]])
 
