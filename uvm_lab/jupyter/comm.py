@@ -254,7 +254,9 @@ class PanelSession:
                 continue
             held[alloc_id] = (info, cells)
             payload = cells
-            if before is not None and len(before[1]) == len(cells):
+            # Runs hold a header of 12 bytes at least and every changed cell: worth encoding when few changed.
+            if before is not None and len(before[1]) == len(cells) and \
+                    12 + np.count_nonzero(before[1] != cells) < len(cells):
                 runs = encode_runs(before[1], cells)
                 if len(runs) < len(cells):
                     info, payload = AllocationInfo(**{**info, "encoding": "runs"}), runs  # type: ignore[typeddict-item]

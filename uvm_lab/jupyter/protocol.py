@@ -465,6 +465,8 @@ def pack_states(states: np.ndarray, limit: int = CELL_LIMIT, *,
         changed = np.flatnonzero(before != states)
         if not len(changed):
             return cell_pages, cells, counts
+        if 2 * len(changed) > len(states):   # most pages moved (a whole prefetch): packing anew costs less
+            return pack_states(states, limit)
         cells = cells.copy()
         for first, stop in _spans(changed // cell_pages):   # sorted, as the pages are
             cells[first:stop] = bin_states(states, limit, bins=(first, stop), counts=False)["category"]
