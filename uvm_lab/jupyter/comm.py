@@ -245,7 +245,7 @@ class PanelSession:
                     continue   # neither its pages nor its traffic changed: the panel holds it as it is
             else:
                 packed = packed_now[alloc_id] = (plain, *_pack(plain, None if force else packed))
-            # What the events say of it changes without its pages: read it every time (two lookups).
+            # What the events say of it changes without its pages: read where the window says it may have.
             info = AllocationInfo(**packed[1], traffic=self._window.traffic(alloc_id),  # type: ignore[typeddict-item]
                                   requested=self._window.requested(alloc_id))
             cells = packed[2]
