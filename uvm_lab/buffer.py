@@ -402,7 +402,7 @@ def live_buffers() -> list[DeviceBuffer]:
 def _remember_label(buffer_id: int, label: str) -> None:
     global _labels_dropped
     _labels[buffer_id] = label
-    if len(_labels) > LABELS_KEPT:
+    while len(_labels) > LABELS_KEPT:
         _labels.popitem(last=False)
         _labels_dropped += 1
 

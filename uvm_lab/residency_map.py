@@ -85,6 +85,19 @@ _COPY_COUNT = np.array([bin(v & 0x7F).count("1") for v in range(256)], dtype=np.
 
 
 
+def _where(states: np.ndarray) -> dict[str, np.ndarray]:
+    """Which of :meth:`ResidencyMap.counts`' groups each page state is in."""
+    unknown = (states & UNKNOWN) != 0
+    on_host = ((states & HOST) != 0) & ~unknown
+    on_gpu = gpu_bits(states) != 0
+    return {"gpu": on_gpu & ~on_host, "host": on_host & ~on_gpu, "both": on_host & on_gpu, "nowhere": states == 0,
+            "unknown": unknown}
+
+
+_WHERE_NAMES = tuple(_where(np.zeros(1, np.uint8)))
+_WHERE_BY_STATE = np.array(list(_where(np.arange(256, dtype=np.uint8)).values()), dtype=np.int64)
+
+
 @dataclass(frozen=True)
 class ResidencyMap:
     """A snapshot of the page states of one address range."""
@@ -106,16 +119,9 @@ class ResidencyMap:
         """Pages by where their copies are: ``gpu`` (on one or more GPUs only), ``host`` (only), ``both``,
         ``nowhere``, and ``unknown`` (whether a GPU holds them cannot be known; see :meth:`copies` for the
         host's side of those). The five add up to the pages of the map."""
-        unknown = (self.states & UNKNOWN) != 0
-        on_host = ((self.states & HOST) != 0) & ~unknown
-        on_gpu = gpu_bits(self.states) != 0
-        return {
-            "gpu": int((on_gpu & ~on_host).sum()),
-            "host": int((on_host & ~on_gpu).sum()),
-            "both": int((on_host & on_gpu).sum()),
-            "nowhere": int((self.states == 0).sum()),
-            "unknown": int(unknown.sum()),
-        }
+        # Pages by state (256 counters), then the rule (_where) over the states: one pass over the pages.
+        by_state = np.bincount(np.asarray(self.states, dtype=np.uint8), minlength=256)
+        return dict(zip(_WHERE_NAMES, (_WHERE_BY_STATE @ by_state).tolist(), strict=True))
 
     def summary(self) -> dict[str, float]:
         """Fractions of pages on the GPU only, the host only, both, nowhere, and unknown; they sum to 1."""

@@ -87,6 +87,11 @@ export class UvmLabModel implements ITimelineSource {
     return this._allocationsChanged;
   }
 
+  /** The kernel's wall clock (ms since the epoch) when it read the maps of the last update; 0 before one. */
+  get clock(): number {
+    return this._clock;
+  }
+
   get state(): ConnectionState {
     return this._state;
   }
@@ -395,6 +400,9 @@ export class UvmLabModel implements ITimelineSource {
   }
 
   private _onUpdate(data: Update, buffers: (ArrayBuffer | ArrayBufferView)[]): void {
+    if (Number.isFinite(data.clock)) {
+      this._clock = data.clock;
+    }
     this._store(data.allocations, buffers, data.time);
     this._device = data.device;
     this._setState('connected', this._summary());
@@ -558,6 +566,7 @@ export class UvmLabModel implements ITimelineSource {
   private _state: ConnectionState = 'no-notebook';
   private _status = 'Open a notebook to see its allocations.';
   private _device: DeviceInfo | null = null;
+  private _clock = 0;
   private _allocations = new Map<number, IAllocation>();
   private _pending = new Map<number, (result: Result) => void>();
   private _timelineWaiters = new Map<number, (answer: ITimeline | Result) => void>();

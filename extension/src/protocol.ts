@@ -244,6 +244,8 @@ export type Update = {
   device: DeviceInfo;
   allocations: AllocationInfo[];
   samples: DeviceSample[];
+  /** The kernel's wall clock (ms since the epoch) when it read the maps sent: older changes are in. */
+  clock: number;
 };
 
 export type Removed = {

@@ -20,6 +20,8 @@ const AXIS_PX = 22;
 const LABEL_PX = 110;
 /** The most lanes drawn at once; the rest are counted in the caption. */
 const MAX_LANES_DRAWN = 60;
+/** How soon to ask again for the same window and lanes (an update came, or an answer moved the window). */
+const FOLLOW_MS = 1000;
 
 export class Timeline {
   constructor(
@@ -157,7 +159,15 @@ export class Timeline {
         [Math.max(LABEL_PX + 1, width), Infinity]
       ]);
     }
-    this._requery();
+    // A new layout asks at once; otherwise (an update came) at most once a FOLLOW_MS: each answer costs the
+    // kernel a pass over the events it holds, and updates come ten times a second while a loop runs.
+    const layout = `${this._lanes.join()}|${width}`;
+    if (layout !== this._layout) {
+      this._layout = layout;
+      this._requery();
+    } else {
+      this._askLater();
+    }
     this._draw();
   }
 
@@ -225,7 +235,10 @@ export class Timeline {
         this._draw();
         this._answered.emit(answer);
         if (!this._frozen && this._base().domain().join() !== before) {
-          this._again = true; // the kernel's extent moved the window: ask for what it shows now
+          // The kernel's extent moved the window: ask for what it shows now, but not at once. While a loop
+          // runs every answer moves it, and asking back to back kept the kernel answering all the time;
+          // each update asks anyway, and this covers a kernel gone quiet.
+          this._askLater();
         }
       } else {
         this._caption.textContent = `Timeline: ${answer.error?.message ?? 'no answer'}`;
@@ -235,6 +248,15 @@ export class Timeline {
         this._requery();
       }
     });
+  }
+
+  private _askLater(): void {
+    if (this._later === null) {
+      this._later = window.setTimeout(() => {
+        this._later = null;
+        this._requery();
+      }, FOLLOW_MS);
+    }
   }
 
   private _draw(): void {
@@ -426,6 +448,8 @@ export class Timeline {
   private _cursor: number | null = null;
   private _inFlight = false;
   private _again = false;
+  private _later: number | null = null;
+  private _layout = '';
 }
 
 export namespace Timeline {

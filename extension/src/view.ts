@@ -278,6 +278,8 @@ export class UvmLabView extends Widget {
     }
     this._kernelLine.textContent = parts.join(' · ');
     this.node.dataset.state = model.state;
+    // What the picture shows is the kernel's state as of this time (a benchmark times changes to screen by it).
+    this.node.dataset.clock = String(model.clock);
     const showNotice = model.state === 'not-loaded' || model.state === 'no-kernel' || model.state === 'no-notebook';
     this._notice.hidden = !showNotice;
     this._noticeText.textContent = model.status;

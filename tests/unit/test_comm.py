@@ -318,6 +318,16 @@ def test_updates_carry_only_what_changed(session, device):
     assert [x["id"] for x in session.comm.of_type("update")[0][0]["allocations"]] == [c.id]
 
 
+def test_an_update_carries_the_wall_clock_at_which_it_read_the_maps(session, device):
+    buf = ul.DeviceBuffer(size="1MiB", label="a")
+    session.handle({"type": "hello", "seq": 1})
+    ul.touch(buf, on="gpu")
+    changed = time.time() * 1000
+    session.flush()
+    (update, _), = session.comm.of_type("update")
+    assert changed <= update["clock"] <= time.time() * 1000   # the change is older than the read, so it is in
+
+
 def test_pause_stops_updates_and_resume_sends_a_snapshot(session, device):
     buf = ul.DeviceBuffer(size="1MiB")
     session.handle({"type": "hello", "seq": 1})

@@ -122,11 +122,14 @@ class PanelSession:
         self._paused = False
         self._snapshot_sent = False
         self._sent: dict[int, tuple[AllocationInfo, np.ndarray]] = {}  # what the panel holds, by id
+        self._lanes_seen = 0   # the timeline window's cursor: traffic read up to here is in _sent
         # The kernel's shared ones unless given (a test's, fed and clocked by the test).
         self._window, self._series = timeline or shared(bus)
         self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
         self._closed = threading.Event()
+        # The throttle (.throttle), one budget for updates and timeline answers: neither starts before this.
+        self._quiet_until = 0.0
         self._context = contextvars.copy_context()  # where the panel's last message was handled
         self._subscription = (bus or get_bus()).subscribe(self._on_events)
         comm.on_msg(self._on_msg)
@@ -151,8 +154,14 @@ class PanelSession:
                         command=kind if isinstance(kind, str) else None, ok=True, error=None)
         try:
             command = parse_command(data)
+            if command["type"] == "timeline":
+                # An answer reads every event held: it takes from the same share of the kernel as updates do.
+                self._closed.wait(max(0.0, self._quiet_until - time.monotonic()))
+            started, cpu = time.monotonic(), time.thread_time()
             with self._command_lock:
                 self._execute(command)
+            if command["type"] == "timeline":
+                self._spend(started, time.thread_time() - cpu)
         except Exception as err:
             # Any failure, ours or the core's, is the command's answer, never the comm's end.
             result["ok"] = False
@@ -172,15 +181,17 @@ class PanelSession:
         with self._send_lock:
             try:
                 now = ul.get_backend().now_ns()   # the maps are read at this time or later
+                clock = time.time() * 1000   # before the maps are read: what changed earlier is in them
                 buffers = _panel_buffers(self._live)
-                infos, cells, held = self._describe_changed(buffers, force=everything)
+                lanes_seen, lanes = self._window.changed_lanes(self._lanes_seen)
+                infos, cells, held = self._describe_changed(buffers, force=everything, lanes=lanes)
                 gone = sorted(set(self._sent) - {b["id"] for b in buffers})
                 device = _device_info()
                 self._sample(now, device, buffers)
                 samples, next_sample = self._series.since(self._next_sample)
                 if infos or samples:
-                    self._send(Update(type="update", time=now, device=device, allocations=infos, samples=samples),
-                               cells)
+                    self._send(Update(type="update", time=now, device=device, allocations=infos, samples=samples,
+                                      clock=clock), cells)
                 if gone:
                     self._send(Removed(type="removed", ids=gone))
             except BaseException:
@@ -191,7 +202,7 @@ class PanelSession:
                     self._everything_dirty = True
                 raise
             self._sent.update(held)
-            self._next_sample = next_sample
+            self._next_sample, self._lanes_seen = next_sample, lanes_seen
             for alloc_id in gone:
                 del self._sent[alloc_id]
             return bool(infos or gone or samples)
@@ -205,6 +216,7 @@ class PanelSession:
             self._sent.clear()
             now = ul.get_backend().now_ns()
             buffers = _panel_buffers(self._live)
+            lanes_seen, _ = self._window.changed_lanes(self._lanes_seen)
             infos, cells, held = self._describe_changed(buffers)
             device = _device_info()
             self._sample(now, device, buffers)
@@ -214,18 +226,21 @@ class PanelSession:
                                 samples_dropped=self._series.dropped)
             self._send(snapshot, cells)
             self._sent.update(held)
-            self._next_sample = next_sample
+            self._next_sample, self._lanes_seen = next_sample, lanes_seen
 
     def _sample(self, now: int, device: DeviceInfo, buffers: list[dict[str, Any]]) -> None:
         allocated = sum(buf["size"] for buf in buffers if buf["is_managed"])
         self._series.close_interval(now, device["total"] - device["free"], device["total"], allocated)
 
-    def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False) -> tuple[
+    def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False,
+                          lanes: set[int] | None = None) -> tuple[
             list[AllocationInfo], list[np.ndarray], dict[int, tuple[AllocationInfo, np.ndarray]]]:
         """Describe those of ``buffers`` that differ from what the panel holds, each as its changed runs where
         the panel holds it; with what it will hold once they are sent (noted by the caller after sending, so
         that a failed send leaves nothing noted). A description the journal left as it was is not packed
-        again (``force``: pack every one)."""
+        again (``force``: pack every one), and one packed again is packed from its last packing (only the
+        cells where pages changed). ``lanes``: the buffers whose traffic may have changed since what the panel
+        holds; the others, with their descriptions as they were, are passed over unread (None: read all)."""
         infos: list[AllocationInfo] = []
         payloads: list[np.ndarray] = []
         held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
@@ -233,19 +248,24 @@ class PanelSession:
         for plain in buffers:
             alloc_id = plain["id"]
             packed = self._packed.get(alloc_id)
-            if force or packed is None or packed[0] is not plain:
-                packed = (plain, *_pack(plain))
-            packed_now[alloc_id] = packed
-            # What the events say of it changes without its pages: read it every time (two lookups).
+            if not force and packed is not None and packed[0] is plain:
+                packed_now[alloc_id] = packed
+                if lanes is not None and alloc_id not in lanes and alloc_id in self._sent:
+                    continue   # neither its pages nor its traffic changed: the panel holds it as it is
+            else:
+                packed = packed_now[alloc_id] = (plain, *_pack(plain, None if force else packed))
+            # What the events say of it changes without its pages: read where the window says it may have.
             info = AllocationInfo(**packed[1], traffic=self._window.traffic(alloc_id),  # type: ignore[typeddict-item]
                                   requested=self._window.requested(alloc_id))
             cells = packed[2]
             before = self._sent.get(alloc_id)
-            if before is not None and before[0] == info and np.array_equal(before[1], cells):
+            if before is not None and before[0] == info and (before[1] is cells or np.array_equal(before[1], cells)):
                 continue
             held[alloc_id] = (info, cells)
             payload = cells
-            if before is not None and len(before[1]) == len(cells):
+            # Runs hold a header of 12 bytes at least and every changed cell: worth encoding when few changed.
+            if before is not None and len(before[1]) == len(cells) and \
+                    12 + np.count_nonzero(before[1] != cells) < len(cells):
                 runs = encode_runs(before[1], cells)
                 if len(runs) < len(cells):
                     info, payload = AllocationInfo(**{**info, "encoding": "runs"}), runs  # type: ignore[typeddict-item]
@@ -343,7 +363,7 @@ class PanelSession:
             self._wake.clear()
             if self._closed.is_set():
                 break
-            started = time.monotonic()
+            started, cpu = time.monotonic(), time.thread_time()
             try:
                 # A copy each time: one context cannot be entered by two threads at once.
                 self._context.copy().run(self.flush)
@@ -357,7 +377,13 @@ class PanelSession:
                 self._wake.set()
             # The throttle (.throttle): at most one update an interval and 5% of the kernel's time; events
             # arriving meanwhile only set _wake, and go out together.
-            self._closed.wait(max(0.0, started + gap(self.interval, time.monotonic() - started) - time.monotonic()))
+            self._spend(started, time.thread_time() - cpu)
+            self._closed.wait(max(0.0, max(started + self.interval, self._quiet_until) - time.monotonic()))
+
+    def _spend(self, started: float, cost: float) -> None:
+        """Note work that started at ``started`` (monotonic) and took ``cost`` s of this thread's CPU."""
+        with self._lock:
+            self._quiet_until = max(self._quiet_until, started + gap(0.0, cost))
 
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:
@@ -375,9 +401,12 @@ def _panel_buffers(live: LiveAllocations) -> list[dict[str, Any]]:
     return [plain for plain in live.refresh() if plain["size"]]
 
 
-def _pack(plain: dict[str, Any]) -> tuple[dict[str, Any], np.ndarray]:
-    """An allocation's metadata (its AllocationInfo but for what the events say) and its residency bytes."""
-    cell_pages, cells, counts = pack_states(plain["states"])
+def _pack(plain: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any], np.ndarray] | None = None) -> tuple[
+        dict[str, Any], np.ndarray]:
+    """An allocation's metadata (its AllocationInfo but for what the events say) and its residency bytes; from
+    ``before``, the same allocation's last packing, where there is one."""
+    since = (before[0]["states"], before[2], before[1]["counts"]) if before is not None else None
+    cell_pages, cells, counts = pack_states(plain["states"], since=since)
     advice = plain["advice"] or {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
     info = dict(
         id=plain["id"], label=plain["label"], address=plain["address"], size=plain["size"],

@@ -27,7 +27,7 @@ carries is ever evaluated::
     kernel -> front end
         snapshot    {version, time, page_size, cell_limit, device, allocations, samples, samples_dropped}
                                                + one buffer per allocation
-        update      {time, device, allocations, samples}   + one buffer per allocation
+        update      {time, device, allocations, samples, clock}   + one buffer per allocation
         removed     {ids}
         timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
                      sources, by_source, by_source_others}
@@ -54,6 +54,10 @@ the whole map as above (always so in a snapshot, and for an allocation the view 
 decoded by :func:`apply_runs` and its twin). A busy loop that moves a few pages of a large buffer sends
 those cells, not the buffer's sixteen thousand.
 
+An update's ``clock`` is the kernel's wall clock, in ms since the epoch, when it read the maps it carries:
+every change made before then is in it or in an earlier message. On one machine the page's clock is the
+same, so the time from a change to its picture on screen can be measured (``benchmarks/view_scale_browser.py``).
+
 The device lanes are ``samples``: one small row per update interval (memory used against capacity, bytes
 each way, faults, evictions), stamped on the backend's clock, the timeline's clock. A snapshot carries
 the ones the kernel still holds and how many it dropped.
@@ -78,7 +82,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, ProtocolError
 from ..events.causes import CAUSE_NAMES
 from ..page_states import CATEGORY_NAMES
-from .dashboard.collect import bin_states
+from .dashboard.collect import bin_pages, bin_states, category_pages
 
 __all__ = [
     "ADVICE_NAMES",
@@ -295,6 +299,7 @@ class Update(TypedDict):
     device: DeviceInfo
     allocations: list[AllocationInfo]
     samples: list[DeviceSample]
+    clock: float  # the kernel's wall clock (ms since the epoch) when it read the maps sent: older changes are in
 
 
 class Removed(TypedDict):
@@ -473,21 +478,55 @@ def _choices(options: tuple[str, ...]) -> str:
 # --- residency encoding -------------------------------------------------------------------------
 
 
-def pack_states(states: np.ndarray, limit: int = CELL_LIMIT) -> tuple[int, np.ndarray, PageCounts]:
+def pack_states(states: np.ndarray, limit: int = CELL_LIMIT, *,
+                since: tuple[np.ndarray, np.ndarray, PageCounts] | None = None) -> tuple[int, np.ndarray, PageCounts]:
     """The bytes that carry a page-state array, and its exact counts: ``(cell_pages, cells, counts)``.
 
     Each byte is a category code (:func:`uvm_lab.page_states.categories`). Up to ``limit`` pages, one
     byte per page (``cell_pages`` 1). Beyond, each byte stands for ``cell_pages`` consecutive pages and
     holds the category most of them are in (the dashboard's binning, ties to the lower code); the last
     cell may stand for fewer pages. ``counts`` has every category, by name, with its exact pages.
+
+    ``since`` is an earlier map of the same pages with what packing it gave, ``(states, cells, counts)``:
+    then only the cells holding pages that differ are binned again (by the same rule, on their slice) and
+    the counts move by those pages, so a few changed pages of a large map cost a few cells. The result is
+    the same as packing ``states`` alone.
     """
     if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
         raise InvalidArgumentError(f"limit must be a whole number of cells >= 1, got {limit!r}", value=limit,
                                    expected="a whole number >= 1")
-    bins = bin_states(states, limit)
-    counts = cast(PageCounts, {name: int(bins[name].sum()) for name in CATEGORY_NAMES})
-    cell_pages = int(bins["last"][0] - bins["first"][0] + 1) if len(bins["first"]) else 1
-    return cell_pages, bins["category"], counts
+    cell_pages = bin_pages(len(states), limit)
+    if since is not None and len(since[0]) == len(states) and np.asarray(states).dtype == np.uint8:
+        before, cells, counts = since
+        changed = np.flatnonzero(before != states)
+        if not len(changed):
+            return cell_pages, cells, counts
+        if 2 * len(changed) > len(states):   # most pages moved (a whole prefetch): packing anew costs less
+            return pack_states(states, limit)
+        cells = cells.copy()
+        for first, stop in _spans(changed // cell_pages):   # sorted, as the pages are
+            cells[first:stop] = bin_states(states, limit, bins=(first, stop), counts=False)["category"]
+        gone, came = category_pages(before[changed]), category_pages(states[changed])
+        counts = cast(PageCounts, {name: counts[name] - gone[name] + came[name]  # type: ignore[literal-required]
+                                   for name in CATEGORY_NAMES})
+        return cell_pages, cells, counts
+    cells = bin_states(states, limit, counts=False)["category"]
+    return cell_pages, cells, cast(PageCounts, category_pages(states))
+
+
+# Changed cells this close together are binned again as one slice (the cells between cost less than a call).
+_SPAN_GAP = 64
+# Past this many slices, one slice from the first changed cell to the last.
+_MAX_SPANS = 32
+
+
+def _spans(cells: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted cell numbers (repeats allowed) as ``[first, stop)`` slices that cover them."""
+    breaks = np.flatnonzero(np.diff(cells) > _SPAN_GAP)
+    firsts, lasts = cells[np.r_[0, breaks + 1]], cells[np.r_[breaks, len(cells) - 1]]
+    if len(firsts) > _MAX_SPANS:
+        return [(int(cells[0]), int(cells[-1]) + 1)]
+    return list(zip(firsts.tolist(), (lasts + 1).tolist(), strict=True))
 
 
 # --- map changes --------------------------------------------------------------------------------
@@ -514,9 +553,9 @@ def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     breaks = np.flatnonzero(np.diff(changed) > _RUN_GAP + 1)
     starts = changed[np.r_[0, breaks + 1]]
     ends = changed[np.r_[breaks, len(changed) - 1]] + 1
-    inside = np.zeros(len(new) + 1, dtype=np.int32)
-    np.add.at(inside, starts, 1)
-    np.add.at(inside, ends, -1)
+    inside = np.zeros(len(new) + 1, dtype=np.int8)
+    inside[starts] = 1    # runs are apart, so no start is another run's end: plain stores, not np.add.at
+    inside[ends] = -1
     header = np.concatenate([[len(starts)], starts, ends - starts]).astype("<u4")
     return np.concatenate([header.view(np.uint8), new[np.cumsum(inside[:-1]) > 0]])
 

@@ -64,6 +64,8 @@ class EventWindow:
         # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
         self._traffic: dict[int, np.ndarray] = {}
         self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
+        self._stamps: dict[int, int] = {}   # per buffer, the last read-in that changed its traffic or destination
+        self._read_ins = 0
         self._pending: list[np.ndarray] = []     # fed, not yet read in, oldest first
         self._pending_count = 0
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
@@ -94,8 +96,8 @@ class EventWindow:
         with self._reading:
             with self._lock:
                 pending, self._pending, self._pending_count = self._pending, [], 0
-            for records in pending:
-                self._ingest(records)
+            if pending:   # in one piece: what a read-in costs is mostly per call, and loops publish small batches
+                self._ingest(np.concatenate(pending) if len(pending) > 1 else pending[0])
 
     def _ingest(self, records: np.ndarray) -> None:
         lanes, causes = self._lanes(records), cause_codes(records)
@@ -154,6 +156,13 @@ class EventWindow:
         dst = self._requested.get(lane)
         return None if dst is None else "host" if dst < 0 else f"gpu:{dst}"
 
+    def changed_lanes(self, since: int) -> tuple[int, set[int]]:
+        """The buffers whose :meth:`traffic` or :meth:`requested` may differ from what they were at cursor
+        ``since`` (0: ever), and the cursor to pass next time. A view reads those again, not every buffer."""
+        self._read_in()
+        with self._lock:
+            return self._read_ins, {lane for lane, at in self._stamps.items() if at > since}
+
     def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray) -> None:
         kinds = records["kind"]
         prefetches = np.flatnonzero((kinds == EventKind.PREFETCH) & (lanes != 0))
@@ -162,6 +171,10 @@ class EventWindow:
         counted = (fault | htod | dtoh) & (lanes != 0)
         freed = records["alloc_id"][kinds == EventKind.FREE].tolist()
         with self._lock:
+            self._read_ins += 1
+            stamp = self._read_ins
+            for lane in np.unique(lanes[counted | (kinds == EventKind.PREFETCH)]).tolist():
+                self._stamps[int(lane)] = stamp
             if counted.any():
                 values = np.stack([np.where(fault, records["value"], 0), np.where(htod, records["bytes"], 0),
                                    np.where(dtoh, records["bytes"], 0)], axis=1)[counted].astype(np.int64)
@@ -174,6 +187,7 @@ class EventWindow:
             for lane in freed:
                 self._traffic.pop(int(lane), None)
                 self._requested.pop(int(lane), None)
+                self._stamps.pop(int(lane), None)
 
     def _lanes(self, records: np.ndarray) -> np.ndarray:
         """The buffer each record concerns (0: none live then): by address, but a buffer's own ALLOC and FREE
@@ -306,8 +320,7 @@ class DeviceSeries:
             self._pending.append(records.copy())
             if len(self._pending) >= 1024:   # no view closes intervals now: sum them, so nothing piles up
                 pending, self._pending = self._pending, []
-                for part in pending:
-                    self._add(part)
+                self._add(np.concatenate(pending))
 
     def _add(self, records: np.ndarray) -> None:
         kinds = records["kind"]
@@ -330,8 +343,8 @@ class DeviceSeries:
         now = self._clock()
         with self._lock:
             pending, self._pending = self._pending, []
-            for records in pending:   # what was fed since the last close: this interval's (or the next's)
-                self._add(records)
+            if pending:   # what was fed since the last close: this interval's (or the next's), summed at once
+                self._add(np.concatenate(pending))
             if now - self._closed_at < self.interval:
                 return False
             self._closed_at = now

@@ -39,8 +39,8 @@ from uvm_lab.events import get_bus
 from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories
 from uvm_lab.residency_map import get_tracker
 
-__all__ = ["EventTotals", "LiveAllocations", "bin_states", "category_pages", "collect_snapshot", "describe_buffer",
-           "shown_categories"]
+__all__ = ["EventTotals", "LiveAllocations", "bin_pages", "bin_states", "category_pages", "collect_snapshot",
+           "describe_buffer", "shown_categories"]
 
 class EventTotals:
     """Running totals of ``Trace.summary()`` over every batch the bus delivers: events, counts per kind,
@@ -172,8 +172,13 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
 
 def category_pages(states: np.ndarray) -> dict[str, int]:
     """Pages in each category (:data:`~uvm_lab.page_states.CATEGORY_NAMES`, every one, in order) of ``states``."""
-    codes = categories(_page_states(states))
-    return dict(zip(CATEGORY_NAMES, np.bincount(codes, minlength=len(CATEGORY_NAMES)).tolist(), strict=True))
+    # Pages by state first (256 counters), then each state's pages to its category: one pass over the pages.
+    by_state = np.bincount(_page_states(states), minlength=256)
+    by_category = np.bincount(_STATE_CATEGORY, weights=by_state, minlength=len(CATEGORY_NAMES))
+    return dict(zip(CATEGORY_NAMES, by_category.astype(np.int64).tolist(), strict=True))
+
+
+_STATE_CATEGORY = categories(np.arange(256, dtype=np.uint8))   # the category of every page state
 
 
 def shown_categories(device_count: int, present: Iterable[str] = ()) -> tuple[str, ...]:
@@ -200,45 +205,53 @@ def shown_categories(device_count: int, present: Iterable[str] = ()) -> tuple[st
 _DISPLAY_ORDER = (*(f"gpu:{d}" for d in range(MAX_GPUS)), "gpus", "host", "both", "unknown", "nowhere")
 
 
-def bin_states(states: np.ndarray, n_bins: int) -> dict[str, np.ndarray]:
+def bin_states(states: np.ndarray, n_bins: int, *, bins: tuple[int, int] | None = None,
+               counts: bool = True) -> dict[str, np.ndarray]:
     """Group pages into at most ``n_bins`` equal runs; per bin: page range, pages per category, majority category.
 
     ``states`` is ``ResidencyMap.states``. Returns columns ``first``, ``last`` (page indices, inclusive),
     one per name of :data:`~uvm_lab.page_states.CATEGORY_NAMES` (the bin's pages in that category) and
     ``category`` (the code of the category most of the bin's pages are in; ties go to the lower code).
     Every bin but the last holds the same number of pages.
+
+    ``bins=(first, stop)`` bins only those bins of the map's binning, reading only their pages: a view that
+    keeps the bins of an earlier map re-bins where pages changed. ``counts=False`` leaves out the columns
+    per category (``category`` is all some views send).
     """
     states = _page_states(states)
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise InvalidArgumentError(f"n_bins must be a whole number >= 1, got {n_bins!r}", value=n_bins,
                                    expected="a whole number >= 1")
     n, k = len(states), len(CATEGORY_NAMES)
-    if n == 0:
-        empty = np.zeros(0, dtype=np.int64)
-        return {"first": empty, "last": empty, **{c: empty for c in CATEGORY_NAMES},
-                "category": np.zeros(0, np.uint8)}
-    codes = categories(states)
-    per_bin = -(-n // int(n_bins))          # ceil: every bin but the last holds per_bin pages
-    starts = np.arange(0, n, per_bin)
+    per_bin = bin_pages(n, n_bins)           # every bin but the last holds per_bin pages
+    total = -(-n // per_bin)
+    first_bin, stop_bin = (0, total) if bins is None else bins
+    if not 0 <= first_bin <= stop_bin <= total:
+        raise InvalidArgumentError(f"bins must be (first, stop) within the map's {total} bins, got {bins!r}",
+                                   value=bins, expected=f"0 <= first <= stop <= {total}")
+    starts = np.arange(first_bin * per_bin, min(stop_bin * per_bin, n), per_bin, dtype=np.int64)
+    out = {"first": starts, "last": np.minimum(starts + per_bin, n) - 1}
+    codes = categories(states[first_bin * per_bin: stop_bin * per_bin])
     if per_bin == 1:   # a page a bin: each bin's counts are one-hot, its category the page's
-        return {"first": starts.astype(np.int64), "last": starts.astype(np.int64),
-                **{name: (codes == i).astype(np.int64) for i, name in enumerate(CATEGORY_NAMES)},
-                "category": np.ascontiguousarray(codes, dtype=np.uint8)}
+        if counts:
+            out.update({name: (codes == i).astype(np.int64) for i, name in enumerate(CATEGORY_NAMES)})
+        return {**out, "category": np.ascontiguousarray(codes, dtype=np.uint8)}
     # One pass per category present (a map mostly holds two or three), over the full bins as rows.
-    counts = np.zeros((len(starts), k), dtype=np.int64)
-    full = n // per_bin
+    table = np.zeros((len(starts), k), dtype=np.int64)
+    full = len(codes) // per_bin
     rows = codes[: full * per_bin].reshape(full, per_bin)
     for code in np.flatnonzero(np.bincount(codes, minlength=k)).tolist():
-        counts[:full, code] = np.count_nonzero(rows == code, axis=1)
+        table[:full, code] = np.count_nonzero(rows == code, axis=1)
     if full < len(starts):
-        counts[full] = np.bincount(codes[full * per_bin:], minlength=k)
-    majority = counts.argmax(axis=1).astype(np.uint8)
-    return {
-        "first": starts.astype(np.int64),
-        "last": np.minimum(starts + per_bin, n).astype(np.int64) - 1,
-        **{name: counts[:, i] for i, name in enumerate(CATEGORY_NAMES)},
-        "category": np.ascontiguousarray(majority, dtype=np.uint8),
-    }
+        table[full] = np.bincount(codes[full * per_bin:], minlength=k)
+    if counts:
+        out.update({name: table[:, i] for i, name in enumerate(CATEGORY_NAMES)})
+    return {**out, "category": np.ascontiguousarray(table.argmax(axis=1), dtype=np.uint8)}
+
+
+def bin_pages(pages: int, n_bins: int) -> int:
+    """The pages each bin of :func:`bin_states` holds (the last may hold fewer): ``n_bins`` at most."""
+    return max(1, -(-pages // int(n_bins)))
 
 
 def _page_states(states: Any) -> np.ndarray:
