@@ -300,6 +300,18 @@ class DeviceBuffer:
         self._advise(adv, loc)
 
     @property
+    def advice(self) -> dict[str, Any]:
+        """Every advice in force, read back from the backend in one query: ``{"read_mostly": bool,
+        "preferred_location": "host" | "gpu:N" | None, "accessed_by": ("host", "gpu:N", ...)}``, as the three
+        properties below report them one at a time."""
+        advice = self._range_advice()
+        return {
+            "read_mostly": advice.read_mostly,
+            "preferred_location": str(advice.preferred_location) if advice.preferred_location is not None else None,
+            "accessed_by": tuple(str(loc) for loc in advice.accessed_by),
+        }
+
+    @property
     def read_mostly(self) -> bool:
         """ReadMostly advice: reads make read-only copies where they happen; a write collapses them."""
         return self._range_advice().read_mostly

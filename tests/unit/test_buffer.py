@@ -227,3 +227,17 @@ def test_a_freed_buffers_label_is_kept_for_views_of_what_happened(monkeypatch):
     for i in range(3):
         ul.DeviceBuffer(size=4096, label=f"many-{i}").close()
     assert buffer_module.label_of(a_id) is None and buffer_module.labels_dropped() > dropped
+
+
+def test_all_advice_reads_back_in_one_query_as_the_properties_do():
+    buf = ul.DeviceBuffer(size="1MiB", label="advised")
+    assert buf.advice == {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
+    buf.read_mostly = True
+    buf.preferred_location = "host"
+    buf.accessed_by = ["gpu"]
+    assert buf.advice == {"read_mostly": buf.read_mostly, "preferred_location": buf.preferred_location,
+                          "accessed_by": buf.accessed_by} == {"read_mostly": True, "preferred_location": "host",
+                                                              "accessed_by": ("gpu:0",)}
+    buf.close()
+    with pytest.raises(ul.errors.BufferClosedError):
+        _ = buf.advice

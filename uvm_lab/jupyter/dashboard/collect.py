@@ -75,13 +75,7 @@ class EventTotals:
 def describe_buffer(buf: Any) -> dict[str, Any]:
     """One allocation as plain data: identity, residency (page states and fractions), advice."""
     res = ul.residency(buf)
-    advice = None
-    if buf.is_managed:
-        advice = {
-            "read_mostly": bool(buf.read_mostly),
-            "preferred_location": buf.preferred_location,
-            "accessed_by": tuple(buf.accessed_by),
-        }
+    states = np.asarray(res.states, dtype=np.uint8)   # the map's own copy, read once
     return {
         "id": int(buf.id),
         "label": str(buf.label or ""),
@@ -89,10 +83,10 @@ def describe_buffer(buf: Any) -> dict[str, Any]:
         "address": int(buf.ptr),
         "is_managed": bool(buf.is_managed),
         "page_size": int(res.page_size),
-        "states": np.array(res.states, dtype=np.uint8, copy=True),
+        "states": states,
         "summary": {k: float(v) for k, v in res.summary().items()},
-        "category_pages": category_pages(res.states),
-        "advice": advice,
+        "category_pages": category_pages(states),
+        "advice": buf.advice if buf.is_managed else None,   # one query for all three
     }
 
 
