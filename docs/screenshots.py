@@ -37,10 +37,12 @@ def hover_a_mark(page, lane_index: int) -> None:
     box = canvas.bounding_box()
     y = box["y"] + 22 + 18 * lane_index + 9
     tooltip = page.locator(".jp-UvmLabView .jp-UvmLab-timeline .jp-UvmLab-hover")
-    for x in range(int(box["x"] + box["width"]) - 4, int(box["x"]) + 112, -3):
-        page.mouse.move(x, y)
-        if tooltip.is_visible():
-            return
+    middle = int(box["x"] + 110 + (box["width"] - 110) / 2)
+    for step in range(0, int(box["width"] / 2), 3):   # from the middle outwards: a hover in the picture's middle
+        for x in (middle + step, middle - step):
+            page.mouse.move(x, y)
+            if tooltip.is_visible():
+                return
     raise RuntimeError("no mark along the lane to hover")
 
 

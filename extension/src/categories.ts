@@ -156,6 +156,33 @@ export function button(label: string, className: string): HTMLButtonElement {
   return node;
 }
 
+/**
+ * Put a hover box (`position: fixed`) beside the pointer, within the window. It is measured first: where an
+ * ancestor is its containing block (JupyterLab contains its panels), fixed is relative to that, not the window.
+ */
+export function placeHover(hover: HTMLElement, event: MouseEvent): void {
+  hover.style.left = '0px';
+  hover.style.top = '0px';
+  const origin = hover.getBoundingClientRect(); // its size too: it keeps within the view that holds it
+  const view = hover.closest('.lm-Widget')?.getBoundingClientRect() ?? new DOMRect(0, 0, window.innerWidth, window.innerHeight);
+  const x = Math.max(view.left, Math.min(event.clientX + 12, view.right - origin.width - 4));
+  const y = Math.max(view.top, Math.min(event.clientY + 12, view.bottom - origin.height - 4));
+  hover.style.left = `${x - origin.left}px`;
+  hover.style.top = `${y - origin.top}px`;
+}
+
+/** An event kind (EVENT_KINDS' name) as a reader says it: "HtoD", "GPU fault", "prefetch". */
+export function kindName(kind: string): string {
+  const words: Record<string, string> = {
+    HTOD: 'HtoD',
+    DTOH: 'DtoH',
+    DTOD: 'DtoD',
+    CPU_PAGE_FAULT: 'CPU fault',
+    GPU_PAGE_FAULT: 'GPU fault'
+  };
+  return words[kind] ?? kind.toLowerCase().replace(/_/g, ' ');
+}
+
 /** A table row of `cells`' text, as header (`th`) or data (`td`) cells. */
 export function tableRow(cells: string[], tag: 'td' | 'th'): HTMLTableRowElement {
   const row = document.createElement('tr');

@@ -68,10 +68,11 @@ export class DeviceLanes {
   }
 
   /** Draw `samples` (oldest first) over [start, end] ns, or over all of them when no window is given. */
-  render(samples: ReadonlyArray<DeviceSample>, window: [number, number] | null, fullWidth: number): void {
+  render(given: ReadonlyArray<DeviceSample>, window: [number, number] | null, fullWidth: number): void {
     if (fullWidth < 50) {
       return;
     }
+    const samples = atDistinctTimes(given);
     // Two lanes a row where there is room.
     const width = fullWidth >= 700 ? Math.floor(fullWidth / 2) - 8 : fullWidth;
     const xs = samples.map(s => s.time);
@@ -171,3 +172,28 @@ export class DeviceLanes {
 }
 
 const HEIGHT = 90;
+
+/** What was moved and faulted per interval. */
+const SUMMED = ['htod_bytes', 'dtoh_bytes', 'gpu_faults', 'cpu_faults', 'evicted_bytes'] as const;
+
+/**
+ * Samples at one time each: a clock that stood still between samples (an idle simulator's) makes them one,
+ * its traffic summed and its memory the last one's. A chart cannot place two values at one time.
+ */
+function atDistinctTimes(samples: ReadonlyArray<DeviceSample>): ReadonlyArray<DeviceSample> {
+  if (samples.every((s, i) => i === 0 || s.time > samples[i - 1].time)) {
+    return samples;
+  }
+  const out: DeviceSample[] = [];
+  for (const sample of samples) {
+    const last = out[out.length - 1];
+    if (last && sample.time <= last.time) {
+      const merged = { ...sample, time: last.time };
+      SUMMED.forEach(field => (merged[field] = last[field] + sample[field]));
+      out[out.length - 1] = merged;
+    } else {
+      out.push(sample);
+    }
+  }
+  return out;
+}

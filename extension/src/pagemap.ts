@@ -7,7 +7,7 @@
 
 import { ISignal, Signal } from '@lumino/signaling';
 
-import { LABELS, COLOURS, cellPageRange, div, drawnCode, formatBytes, markPagesDrawn, pagesDrawn } from './categories';
+import { LABELS, COLOURS, cellPageRange, div, drawnCode, formatBytes, markPagesDrawn, pagesDrawn, placeHover } from './categories';
 import { IAllocation } from './model';
 import { CATEGORY_NAMES } from './protocol';
 
@@ -176,8 +176,7 @@ export class PageMap {
     this._hover.textContent = lines.join('\n');
     this._hover.dataset.cell = String(cell);
     this._hover.hidden = false;
-    this._hover.style.left = `${Math.min(event.clientX + 12, window.innerWidth - 240)}px`;
-    this._hover.style.top = `${Math.min(event.clientY + 12, window.innerHeight - 90)}px`;
+    placeHover(this._hover, event);
   }
 
   private _box: HTMLElement;

@@ -11,7 +11,7 @@ import { ScaleLinear, scaleLinear } from 'd3-scale';
 import { select } from 'd3-selection';
 import { ZoomBehavior, ZoomTransform, zoom, zoomIdentity } from 'd3-zoom';
 
-import { CAUSE_COLOURS, div, formatBytes, formatNs, processorName } from './categories';
+import { CAUSE_COLOURS, div, formatBytes, formatNs, kindName, placeHover, processorName } from './categories';
 import { ITimeline, ITimelineSource } from './model';
 import { CAUSE_NAMES, EVENT_KINDS } from './protocol';
 
@@ -401,13 +401,20 @@ export class Timeline {
 
   private _describe(i: number): string {
     const c = this._answer!.columns;
-    const kind = EVENT_KINDS[c.kind[i]] ?? `kind ${c.kind[i]}`;
+    const raw = EVENT_KINDS[c.kind[i]];
+    const kind = raw ? kindName(raw) : `kind ${c.kind[i]}`;
     const cause = CAUSE_NAMES[c.cause[i]] ?? 'inferred';
     const count = c.count[i];
+    // Where: a move's way, a fault's processor; nothing for what has no place (an allocation, advice).
+    const where = raw?.endsWith('PAGE_FAULT')
+      ? `on ${processorName(c.dst[i])}`
+      : ['HTOD', 'DTOH', 'DTOD', 'PREFETCH', 'REMOTE_MAP', 'UNOBSERVED'].includes(raw ?? '')
+        ? `${processorName(c.src[i])} → ${processorName(c.dst[i])}`
+        : '';
     const lines = [
       `${kind}${count > 1 ? ` ×${count}` : ''} · ${cause}`,
       `${formatBytes(c.bytes[i])} · ${Math.ceil(c.bytes[i] / 4096)} pages`,
-      `${processorName(c.src[i])} → ${processorName(c.dst[i])}`,
+      ...(where ? [where] : []),
       `at ${formatNs(c.start[i])}, for ${formatNs(c.end[i] - c.start[i])}`,
       // The line of code it came from: what no other memory tool shows.
       c.source[i] ? `from ${this._answer!.rows.sources[String(c.source[i])] ?? 'an unknown line'}` : 'from: not known'
@@ -424,9 +431,8 @@ export class Timeline {
     const lane = this._answer!.columns.lane[hit];
     this._hover.textContent = `${this._labels.get(lane) ?? (lane ? `#${lane}` : 'no allocation')}\n${this._describe(hit)}`;
     this._hover.hidden = false;
-    // Fixed to the window: the lanes' scroll box must not clip it.
-    this._hover.style.left = `${Math.min(event.clientX + 12, window.innerWidth - 240)}px`;
-    this._hover.style.top = `${Math.min(event.clientY + 12, window.innerHeight - 110)}px`;
+    // Fixed (to the view): the lanes' scroll box must not clip it.
+    placeHover(this._hover, event);
   }
 
   private _caption: HTMLElement;
