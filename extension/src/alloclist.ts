@@ -89,6 +89,11 @@ export class AllocationList {
     return this._rows.map(a => a.info.id);
   }
 
+  /** The ids of the rows in the page now (the visible ones, and a few either side). */
+  get visibleIds(): ReadonlyArray<number> {
+    return this._visible;
+  }
+
   dispose(): void {
     this._unmount();
   }
@@ -110,13 +115,16 @@ export class AllocationList {
     const items = this._virtualizer.getVirtualItems();
     this._sizer.style.height = `${this._virtualizer.getTotalSize()}px`;
     const rows: HTMLElement[] = [];
+    const visible: number[] = [];
     for (const item of items) {
       const allocation = this._rows[item.index];
       if (!allocation) {
         continue;
       }
       rows.push(this._row(allocation, item.start));
+      visible.push(allocation.info.id);
     }
+    this._visible = visible;
     this._sizer.replaceChildren(...rows);
   }
 
@@ -163,6 +171,7 @@ export class AllocationList {
   private _scroller: HTMLDivElement;
   private _sizer: HTMLDivElement;
   private _virtualizer: Virtualizer<HTMLDivElement, HTMLDivElement>;
+  private _visible: number[] = [];
   private _unmount: () => void;
   private _all: ReadonlyMap<number, IAllocation> = new Map();
   private _rows: IAllocation[] = [];

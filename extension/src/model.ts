@@ -153,6 +153,11 @@ export class UvmLabModel implements ITimelineSource {
     return last ? last.time : 0;
   }
 
+  /** Say which allocations' maps are on screen (null: all): the kernel reads those first. */
+  watch(ids: number[] | null): Promise<Result> {
+    return this.send({ type: 'watch', ids });
+  }
+
   /** Ask for the least time between two updates, in ms. */
   setRate(intervalMs: number): Promise<Result> {
     return this.send({ type: 'rate', interval_ms: intervalMs });

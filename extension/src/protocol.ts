@@ -156,7 +156,14 @@ export type Pages = {
   pages: number;
 };
 
-export type Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages;
+/** The allocations whose maps the view shows (null: all): those are read whenever they change. */
+export type Watch = {
+  type: 'watch';
+  seq: number;
+  ids: number[] | null;
+};
+
+export type Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages | Watch;
 
 // --- kernel -> front end ----------------------------------------------------------------------
 

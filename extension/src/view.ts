@@ -152,6 +152,8 @@ export class UvmLabView extends Widget {
       () => this._schedule()
     );
     side.append(this._list.node);
+    // Scrolling the list brings other maps on screen: the kernel is told (_watchShown) at the next frame.
+    this._list.node.addEventListener('scroll', () => this._schedule(), true);
 
     const main = div('jp-UvmLabView-main');
     this._lanes = new DeviceLanes(div(''));
@@ -295,6 +297,7 @@ export class UvmLabView extends Widget {
       this._selected = allocations.keys().next().value ?? null;
     }
     this._list.setData(allocations, this._selected);
+    this._watchShown();
 
     // Narrow (beside a notebook): the list goes above the charts (style/base.css).
     this.node.classList.toggle('jp-mod-narrow', this.node.clientWidth < NARROW_PX);
@@ -353,6 +356,22 @@ export class UvmLabView extends Widget {
     this._placement.dataset.requested = info.requested ?? '';
     // Traffic by cause: faults and bytes each way, the causes that have any.
     this._traffic.replaceChildren(...trafficRows(info.traffic));
+  }
+
+  /** Tell the kernel which maps are on screen (the list's rows and the selected one), when that changes. */
+  private _watchShown(): void {
+    if (this.model.state !== 'connected') {
+      this._watching = '';
+      return;
+    }
+    const ids = [...new Set([...this._list.visibleIds, ...(this._selected === null ? [] : [this._selected])])].sort(
+      (a, b) => a - b
+    );
+    const key = ids.join(',');
+    if (key !== this._watching) {
+      this._watching = key;
+      void this.model.watch(ids);
+    }
   }
 
   /** The time the cursor shows, or null when it is live. */
@@ -627,6 +646,7 @@ export class UvmLabView extends Widget {
   private _cursor!: HTMLInputElement;
   private _cursorText!: HTMLElement;
   private _cursorLive = true;
+  private _watching = '';
   private _cursorAt: number | null = null;
   private _history = new MapHistory();
   private _selected: number | null = null;

@@ -460,6 +460,26 @@ def test_live_allocations_describe_again_only_what_changed(sim):
     assert c.id not in ids and ids[-1] == d.id
 
 
+def test_maps_on_screen_are_read_first_and_the_others_a_few_a_refresh(sim):
+    live = LiveAllocations()
+    shown, *hidden = (ul.DeviceBuffer(size="1MiB", label=f"b{i}") for i in range(4))
+    before = {d["id"]: d for d in live.refresh()}
+    for buf in (shown, *hidden):
+        ul.touch(buf, on="gpu", mode="write")
+    # The shown one always; of the three others, one a refresh, oldest first.
+    now = {d["id"]: d for d in live.refresh(first={shown.id}, others=1)}
+    assert now[shown.id] is not before[shown.id] and now[shown.id]["category_pages"]["gpu:0"] == 256
+    assert [now[b.id] is before[b.id] for b in hidden] == [False, True, True]
+    later = {d["id"]: d for d in live.refresh(first={shown.id}, others=1)}
+    assert [later[b.id] is now[b.id] for b in hidden] == [True, False, True]
+    # Nothing is lost: a refresh that reads all catches up, and each map is the residency's.
+    final = {d["id"]: d for d in live.refresh()}
+    for buf in (shown, *hidden):
+        assert final[buf.id]["states"].tolist() == ul.residency(buf).states.tolist()
+    new = ul.DeviceBuffer(size="1MiB", label="new")       # a new buffer is read at once, shown or not
+    assert new.id in {d["id"] for d in live.refresh(first=set(), others=0)}
+
+
 def test_the_overview_patches_the_rows_that_changed(sim):
     overview = ResidencyOverview(bins=8)
     live = LiveAllocations()

@@ -50,6 +50,8 @@ VALID = [
     ({"type": "timeline", "seq": 8, "start": 5, "end": 9, "width": 800, "lanes": [0, 3, 2]},
      {"type": "timeline", "seq": 8, "start": 5, "end": 9, "width": 800, "lanes": [0, 2, 3]}),  # sorted
     ({"type": "pages", "seq": 9, "id": 7, "first_page": 0, "pages": 1}, None),
+    ({"type": "watch", "seq": 10, "ids": None}, None),
+    ({"type": "watch", "seq": 10, "ids": [9, 3, 3]}, {"type": "watch", "seq": 10, "ids": [3, 9]}),  # sorted, once
     ({"type": "pages", "seq": 9, "id": 7, "first_page": 10**9, "pages": protocol.CELL_LIMIT}, None),
 ]
 
@@ -75,9 +77,13 @@ MALFORMED = [
     ({"seq": 1}, "unknown command type None"),
     ({"type": 3, "seq": 1}, "unknown command type 3"),
     ({"type": "exec", "seq": 1, "code": "import os"}, "unknown command type 'exec'"),
-    ({"type": "__import__", "seq": 1}, "the commands are hello, prefetch, set_advice, pause, rate, timeline, pages"),
+    ({"type": "__import__", "seq": 1},
+     "the commands are hello, prefetch, set_advice, pause, rate, timeline, pages, watch"),
     ({"type": "Hello", "seq": 1}, "unknown command type 'Hello'"),
     ({"type": "hello"}, "missing field 'seq'"),
+    ({"type": "watch", "seq": 1, "ids": [0]}, "a watch id must be an allocation id (1 to 2**53-1), got 0"),
+    ({"type": "watch", "seq": 1, "ids": "all"}, "watch ids must be a list of allocation ids or null"),
+    ({"type": "watch", "seq": 1, "ids": list(range(1, protocol.MAX_LANES + 2))}, "watch ids takes at most"),
     ({"type": "pages", "seq": 1, "id": 7, "first_page": 0, "pages": protocol.CELL_LIMIT + 1},
      f"pages must be a whole number from 1 to {protocol.CELL_LIMIT}"),
     ({"type": "pages", "seq": 1, "id": 7, "first_page": -1, "pages": 4}, "first_page must be a whole number"),
@@ -347,7 +353,7 @@ def _py_typeddicts() -> dict[str, set[str]]:
 
 def test_every_message_has_a_same_named_twin_with_the_same_fields():
     ts, py = _ts_types(), _py_typeddicts()
-    assert len(py) == 20  # 7 commands, 6 kernel messages, 7 parts
+    assert len(py) == 21  # 8 commands, 6 kernel messages, 7 parts
     assert ts == py
 
 

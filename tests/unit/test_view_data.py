@@ -573,6 +573,33 @@ def test_the_pages_query_reads_a_large_allocations_pages_one_byte_each(device):
         session.close()
 
 
+def test_maps_the_view_shows_come_first_and_the_others_catch_up(device, monkeypatch):
+    import uvm_lab.jupyter.comm as comm_module
+
+    monkeypatch.setattr(comm_module, "OTHERS_PER_UPDATE", 0)
+    shown, hidden = ul.DeviceBuffer(size="1MiB", label="shown"), ul.DeviceBuffer(size="1MiB", label="hidden")
+    comm, view = RecordingComm(), ViewOfMaps()
+    session = PanelSession(comm, start=False)
+    try:
+        session.handle({"type": "hello", "seq": 0})
+        assert session.handle({"type": "watch", "seq": 1, "ids": [shown.id]})["ok"]
+        for buf in (shown, hidden):
+            ul.touch(buf, on="gpu", mode="write")
+        ul.events.get_bus().flush()
+        session.flush()
+        view.read(comm.messages)
+        comm.messages.clear()
+        assert view.maps[shown.id].tolist() == pack_states(ul.residency(shown).states)[1].tolist()
+        assert view.maps[hidden.id].tolist() != pack_states(ul.residency(hidden).states)[1].tolist()   # not yet
+        # Watching every map again (the sidebar's way): the other catches up at the next update.
+        assert session.handle({"type": "watch", "seq": 2, "ids": None})["ok"]
+        session.flush()
+        view.read(comm.messages)
+        assert view.maps[hidden.id].tolist() == pack_states(ul.residency(hidden).states)[1].tolist()
+    finally:
+        session.close()
+
+
 def test_an_idle_kernel_still_sends_device_samples(device):
     clock = Clock()
     window, series = EventWindow(), DeviceSeries(clock=clock)

@@ -81,6 +81,9 @@ __all__ = ["PanelSession", "register_comm_target", "sessions"]
 
 log = logging.getLogger("uvm_lab.jupyter.comm")
 
+#: Changed maps a view does not show (see the ``watch`` command) read in one update, at most.
+OTHERS_PER_UPDATE = 8
+
 #: What the events of a prefetch or advice sent from the panel or the view are charged to.
 CONTROLS_SOURCE = "UVM Lab controls"
 
@@ -123,6 +126,7 @@ class PanelSession:
         self._snapshot_sent = False
         self._sent: dict[int, tuple[AllocationInfo, np.ndarray]] = {}  # what the panel holds, by id
         self._lanes_seen = 0   # the timeline window's cursor: traffic read up to here is in _sent
+        self._watched: frozenset[int] | None = None   # the maps the view shows (None: all, the sidebar's way)
         # The kernel's shared ones unless given (a test's, fed and clocked by the test).
         self._window, self._series = timeline or shared(bus)
         self._next_sample = 0  # the number of the first device sample the view does not hold
@@ -182,7 +186,7 @@ class PanelSession:
             try:
                 now = ul.get_backend().now_ns()   # the maps are read at this time or later
                 clock = time.time() * 1000   # before the maps are read: what changed earlier is in them
-                buffers = _panel_buffers(self._live)
+                buffers = _panel_buffers(self._live, self._watched)
                 lanes_seen, lanes = self._window.changed_lanes(self._lanes_seen)
                 infos, cells, held = self._describe_changed(buffers, force=everything, lanes=lanes)
                 gone = sorted(set(self._sent) - {b["id"] for b in buffers})
@@ -215,7 +219,7 @@ class PanelSession:
         with self._send_lock:
             self._sent.clear()
             now = ul.get_backend().now_ns()
-            buffers = _panel_buffers(self._live)
+            buffers = _panel_buffers(self._live, None)   # a snapshot holds every map as it is
             lanes_seen, _ = self._window.changed_lanes(self._lanes_seen)
             infos, cells, held = self._describe_changed(buffers)
             device = _device_info()
@@ -298,6 +302,10 @@ class PanelSession:
             self.interval = command["interval_ms"] / 1000
         elif command["type"] == "timeline":
             self._answer_timeline(command)
+        elif command["type"] == "watch":
+            ids = command["ids"]
+            self._watched = None if ids is None else frozenset(ids)
+            self._wake.set()   # maps just come into view are read at the next update
         elif command["type"] == "pages":
             now = ul.get_backend().now_ns()
             pages = ul.residency(command["id"], first_page=command["first_page"], pages=command["pages"])
@@ -396,9 +404,11 @@ class PanelSession:
 # -- reading the core --------------------------------------------------------------------------------------
 
 
-def _panel_buffers(live: LiveAllocations) -> list[dict[str, Any]]:
+def _panel_buffers(live: LiveAllocations, watched: frozenset[int] | None) -> list[dict[str, Any]]:
+    # Maps the view does not show are read a few an update (OTHERS_PER_UPDATE), the ones it shows always.
+    described = live.refresh(watched, None if watched is None else OTHERS_PER_UPDATE)
     # A zero-size buffer holds no pages: there is nothing to draw or to move.
-    return [plain for plain in live.refresh() if plain["size"]]
+    return [plain for plain in described if plain["size"]]
 
 
 def _pack(plain: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any], np.ndarray] | None = None) -> tuple[

@@ -23,6 +23,9 @@ carries is ever evaluated::
         pages       {seq, id, first_page, pages}
                                                one byte a page of those pages (at most CELL_LIMIT): a
                                                large allocation's map at one page a cell
+        watch       {seq, ids}                 the allocations whose maps the view shows (null: all):
+                                               their maps are read whenever they change, the others'
+                                               a few an update
 
     kernel -> front end
         snapshot    {version, time, page_size, cell_limit, device, allocations, samples, samples_dropped}
@@ -118,6 +121,7 @@ __all__ = [
     "TimelineRows",
     "Traffic",
     "Update",
+    "Watch",
     "apply_runs",
     "encode_runs",
     "pack_states",
@@ -219,7 +223,13 @@ class Pages(TypedDict):
     pages: int  # at most CELL_LIMIT: one byte a page
 
 
-Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages
+class Watch(TypedDict):
+    type: Literal["watch"]
+    seq: int
+    ids: list[int] | None  # the allocations whose maps the view shows; None: every one
+
+
+Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages | Watch
 
 
 # --- kernel -> front end ------------------------------------------------------------------------
@@ -358,6 +368,7 @@ COMMANDS: Final[dict[str, tuple[str, ...]]] = {
     "rate": ("seq", "interval_ms"),
     "timeline": ("seq", "start", "end", "width", "lanes"),
     "pages": ("seq", "id", "first_page", "pages"),
+    "watch": ("seq", "ids"),
 }
 
 
@@ -392,6 +403,8 @@ def parse_command(data: object) -> Command:
         return Rate(type="rate", seq=seq, interval_ms=_integer(data, "interval_ms", low=low, high=high))
     if kind == "timeline":
         return _timeline(data, seq)
+    if kind == "watch":
+        return Watch(type="watch", seq=seq, ids=_ids(data, "ids", "watch ids"))
     alloc_id = _integer(data, "id", low=1)
     if kind == "pages":
         return Pages(type="pages", seq=seq, id=alloc_id, first_page=_integer(data, "first_page", low=0),
@@ -413,18 +426,24 @@ def _timeline(data: Mapping[str, Any], seq: int) -> Timeline:
     if end <= start:
         raise ProtocolError(f"timeline end must be after its start, got start {start} and end {end}", command=data)
     width = _integer(data, "width", low=1, high=MAX_WIDTH)
-    lanes = data["lanes"]
-    if lanes is not None:
-        if not isinstance(lanes, list):
-            raise ProtocolError(f"timeline lanes must be a list of allocation ids or null, got {lanes!r}", command=data)
-        if len(lanes) > MAX_LANES:
-            raise ProtocolError(f"timeline lanes takes at most {MAX_LANES} ids, got {len(lanes)}", command=data)
-        for lane in lanes:
-            if type(lane) is not int or not 0 <= lane <= _MAX_INT:
-                raise ProtocolError(f"a timeline lane must be an allocation id (0 to 2**53-1), got {lane!r}",
-                                    command=data)
-        lanes = sorted(set(lanes))
+    lanes = _ids(data, "lanes", "timeline lanes", low=0)
     return Timeline(type="timeline", seq=seq, start=start, end=end, width=width, lanes=lanes)
+
+
+def _ids(data: Mapping[str, Any], name: str, what: str, *, low: int = 1) -> list[int] | None:
+    """A field that is a list of allocation ids (at most MAX_LANES; sorted, without repeats), or null."""
+    ids = data[name]
+    if ids is None:
+        return None
+    if not isinstance(ids, list):
+        raise ProtocolError(f"{what} must be a list of allocation ids or null, got {ids!r}", command=data)
+    if len(ids) > MAX_LANES:
+        raise ProtocolError(f"{what} takes at most {MAX_LANES} ids, got {len(ids)}", command=data)
+    for one in ids:
+        if type(one) is not int or not low <= one <= _MAX_INT:
+            raise ProtocolError(f"a {what[:-1]} must be an allocation id ({low} to 2**53-1), got {one!r}",
+                                command=data)
+    return sorted(set(ids))
 
 
 def _advice_value(data: Mapping[str, Any], advice: str) -> bool | str | list[str] | None:

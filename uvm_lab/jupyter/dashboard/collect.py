@@ -28,7 +28,7 @@ Views never decode a page state's bits: they draw and count its category
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from typing import Any
 
 import numpy as np
@@ -103,28 +103,42 @@ class LiveAllocations:
     def __init__(self) -> None:
         self._cursor: int | None = None
         self._described: dict[int, dict[str, Any]] = {}
+        self._pending: set[int] = set()   # changed since described, not described again yet
 
-    def refresh(self) -> list[dict[str, Any]]:
-        """Every live buffer's description, oldest first."""
+    def refresh(self, first: Collection[int] | None = None, others: int | None = None) -> list[dict[str, Any]]:
+        """Every live buffer's description, oldest first.
+
+        A view that shows only some maps names them in ``first``: those are described again whenever they
+        change, and at most ``others`` other changed buffers a refresh (None: every one); the rest keep their
+        last description until a later refresh reaches them. A new buffer is always described.
+        """
         tracker = get_tracker()
         if self._cursor is None:
             cursor, ranges = tracker.changes(0)[0], None   # the first time: everything
         else:
             cursor, ranges = tracker.changes(self._cursor)
         buffers = ul.live_buffers()
-        stale = _touched(buffers, ranges)
+        pending = self._pending | {buf.id for buf, redo in zip(buffers, _touched(buffers, ranges), strict=True)
+                                   if redo}
+        allowance = others
         out, kept = [], {}
-        for buf, redo in zip(buffers, stale, strict=True):
-            described = None if redo else self._described.get(buf.id)
-            if described is None:
-                try:
-                    described = describe_buffer(buf)
-                except (BufferClosedError, InvalidArgumentError):
-                    continue  # freed by another thread between live_buffers() and now
+        for buf in buffers:
+            described = self._described.get(buf.id)
+            if described is None or buf.id in pending:
+                favoured = first is None or buf.id in first
+                if described is None or favoured or allowance is None or allowance > 0:
+                    if described is not None and not favoured and allowance is not None:
+                        allowance -= 1
+                    try:
+                        described = describe_buffer(buf)
+                    except (BufferClosedError, InvalidArgumentError):
+                        continue  # freed by another thread between live_buffers() and now
+                    pending.discard(buf.id)
             out.append(described)
             kept[buf.id] = described
         # Only now: a refresh that failed part way reports the same changes again next time.
         self._described, self._cursor = kept, cursor
+        self._pending = pending & kept.keys()
         return out
 
 
