@@ -82,7 +82,7 @@ __all__ = ["PanelSession", "register_comm_target", "sessions"]
 log = logging.getLogger("uvm_lab.jupyter.comm")
 
 #: Changed maps a view does not show (see the ``watch`` command) read in one update, at most.
-OTHERS_PER_UPDATE = 8
+OTHERS_PER_UPDATE = 2
 
 #: What the events of a prefetch or advice sent from the panel or the view are charged to.
 CONTROLS_SOURCE = "UVM Lab controls"

@@ -69,6 +69,7 @@ class EventWindow:
         self._pending: list[np.ndarray] = []     # fed, not yet read in, oldest first
         self._pending_count = 0
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
+        self._last_window: tuple[tuple, dict[str, np.ndarray]] | None = None   # see _window
 
     @property
     def held(self) -> int:
@@ -221,18 +222,26 @@ class EventWindow:
 
     def _window(self, start: int, end: int, lanes: list[int] | None,
                 names: tuple[str, ...]) -> dict[str, np.ndarray]:
-        """Columns ``names`` of the events held that overlap ``[start, end]`` in ``lanes`` (None: all)."""
+        """Columns ``names`` of the events held that overlap ``[start, end]`` in ``lanes`` (None: all).
+
+        The last window read is kept until an event arrives: a view's timeline answer reads it twice (its
+        rows, then its by-source table), and the second read costs nothing."""
         self._read_in()
         with self._lock:
             chunks = list(self._chunks)
-        parts = [c for c in chunks if len(c["start"]) and c["start"].min() <= end and c["end"].max() >= start]
-        wanted = set(names) | {"start", "end", "lane"}
-        columns = {name: np.concatenate([c[name] for c in parts]) if parts else np.zeros(0, _HELD[name])
-                   for name in wanted}
-        keep = (columns["start"] <= end) & (columns["end"] >= start)
-        if lanes is not None:
-            keep &= np.isin(columns["lane"], np.asarray(lanes, dtype=np.float64))
-        return {name: columns[name][keep] for name in names}
+            key = (self._seen, start, end, None if lanes is None else tuple(lanes))
+            cached = self._last_window
+        if cached is None or cached[0] != key:
+            parts = [c for c in chunks if len(c["start"]) and c["start"].min() <= end and c["end"].max() >= start]
+            columns = {name: np.concatenate([c[name] for c in parts]) if parts else np.zeros(0, dtype)
+                       for name, dtype in _HELD.items()}
+            keep = (columns["start"] <= end) & (columns["end"] >= start)
+            if lanes is not None:
+                keep &= np.isin(columns["lane"], np.asarray(lanes, dtype=np.float64))
+            cached = (key, {name: column[keep] for name, column in columns.items()})
+            with self._lock:
+                self._last_window = cached
+        return {name: cached[1][name] for name in names}
 
     def query(self, start: int, end: int, width: int,
               lanes: list[int] | None) -> tuple[dict[str, np.ndarray], int, int]:
