@@ -127,6 +127,7 @@ class PanelSession:
         self._sent: dict[int, tuple[AllocationInfo, np.ndarray]] = {}  # what the panel holds, by id
         self._lanes_seen = 0   # the timeline window's cursor: traffic read up to here is in _sent
         self._watched: frozenset[int] | None = None   # the maps the view shows (None: all, the sidebar's way)
+        self._lanes_deferred: set[int] = set()   # off-screen buffers whose new counts wait for a later update
         # The kernel's shared ones unless given (a test's, fed and clocked by the test).
         self._window, self._series = timeline or shared(bus)
         self._next_sample = 0  # the number of the first device sample the view does not hold
@@ -188,6 +189,8 @@ class PanelSession:
                 clock = time.time() * 1000   # before the maps are read: what changed earlier is in them
                 buffers = _panel_buffers(self._live, self._watched)
                 lanes_seen, lanes = self._window.changed_lanes(self._lanes_seen)
+                lanes |= self._lanes_deferred
+                self._lanes_deferred = set()
                 infos, cells, held = self._describe_changed(buffers, force=everything, lanes=lanes)
                 gone = sorted(set(self._sent) - {b["id"] for b in buffers})
                 device = _device_info()
@@ -249,6 +252,7 @@ class PanelSession:
         payloads: list[np.ndarray] = []
         held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
         packed_now: dict[int, tuple[dict[str, Any], dict[str, Any], np.ndarray]] = {}
+        others = OTHERS_PER_UPDATE * 8   # off-screen buffers whose counts alone changed, read this update
         for plain in buffers:
             alloc_id = plain["id"]
             packed = self._packed.get(alloc_id)
@@ -256,11 +260,19 @@ class PanelSession:
                 packed_now[alloc_id] = packed
                 if lanes is not None and alloc_id not in lanes and alloc_id in self._sent:
                     continue   # neither its pages nor its traffic changed: the panel holds it as it is
+                if lanes is not None and alloc_id in self._sent and self._watched is not None and \
+                        alloc_id not in self._watched:
+                    if others <= 0:
+                        self._lanes_deferred.add(alloc_id)   # off screen, only its counts moved: a later update
+                        continue
+                    others -= 1
             else:
                 packed = packed_now[alloc_id] = (plain, *_pack(plain, None if force else packed))
             # What the events say of it changes without its pages: read where the window says it may have.
-            info = AllocationInfo(**packed[1], traffic=self._window.traffic(alloc_id),  # type: ignore[typeddict-item]
-                                  requested=self._window.requested(alloc_id))
+            # As of the flush's one read-in (changed_lanes): a loop running meanwhile is not read in per buffer.
+            info = AllocationInfo(**packed[1],  # type: ignore[typeddict-item]
+                                  traffic=self._window.traffic(alloc_id, read_in=False),
+                                  requested=self._window.requested(alloc_id, read_in=False))
             cells = packed[2]
             before = self._sent.get(alloc_id)
             if before is not None and before[0] == info and (before[1] is cells or np.array_equal(before[1], cells)):

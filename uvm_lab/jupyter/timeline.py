@@ -98,7 +98,7 @@ class EventWindow:
             with self._lock:
                 pending, self._pending, self._pending_count = self._pending, [], 0
             if pending:   # in one piece: what a read-in costs is mostly per call, and loops publish small batches
-                self._ingest(np.concatenate(pending) if len(pending) > 1 else pending[0])
+                self._ingest(_joined(pending))
 
     def _ingest(self, records: np.ndarray) -> None:
         lanes, causes = self._lanes(records), cause_codes(records)
@@ -142,18 +142,22 @@ class EventWindow:
                 return 0, 0
             return int(chunks[0]["start"].min()), int(max(c["end"].max() for c in chunks))
 
-    def traffic(self, lane: int) -> Traffic:
-        """What buffer ``lane`` has seen since it was made (as far as this window has watched)."""
-        self._read_in()
+    def traffic(self, lane: int, *, read_in: bool = True) -> Traffic:
+        """What buffer ``lane`` has seen since it was made (as far as this window has watched). ``read_in=False``:
+        as of the last read-in (:meth:`changed_lanes`'s), for a view that reads many lanes as of one moment."""
+        if read_in:
+            self._read_in()
         with self._lock:
             table = self._traffic.get(lane)
             rows = table.tolist() if table is not None else [[0, 0, 0] for _ in CAUSE_NAMES]
         return Traffic(faults=sum(r[0] for r in rows), htod_bytes=sum(r[1] for r in rows),
                        dtoh_bytes=sum(r[2] for r in rows), by_cause=rows)
 
-    def requested(self, lane: int) -> str | None:
-        """Where the last prefetch of buffer ``lane`` sent it: ``"host"``, ``"gpu:N"``, or None if none did."""
-        self._read_in()
+    def requested(self, lane: int, *, read_in: bool = True) -> str | None:
+        """Where the last prefetch of buffer ``lane`` sent it: ``"host"``, ``"gpu:N"``, or None if none did
+        (``read_in`` as for :meth:`traffic`)."""
+        if read_in:
+            self._read_in()
         dst = self._requested.get(lane)
         return None if dst is None else "host" if dst < 0 else f"gpu:{dst}"
 
@@ -179,10 +183,13 @@ class EventWindow:
             if counted.any():
                 values = np.stack([np.where(fault, records["value"], 0), np.where(htod, records["bytes"], 0),
                                    np.where(dtoh, records["bytes"], 0)], axis=1)[counted].astype(np.int64)
-                for lane in np.unique(lanes[counted]).tolist():
-                    mine = lanes[counted] == lane
+                # Summed for every lane at once (one pass), then added to each lane's table.
+                touched, row = np.unique(lanes[counted], return_inverse=True)
+                sums = np.zeros((len(touched), len(CAUSE_NAMES), 3), np.int64)
+                np.add.at(sums, (row.reshape(-1), causes[counted]), values)
+                for lane, add in zip(touched.tolist(), sums, strict=True):
                     table = self._traffic.setdefault(int(lane), np.zeros((len(CAUSE_NAMES), 3), np.int64))
-                    np.add.at(table, causes[counted][mine], values[mine])
+                    table += add
             for lane, dst in zip(lanes[prefetches].tolist(), records["dst"][prefetches].tolist(), strict=True):
                 self._requested[int(lane)] = dst
             for lane in freed:
@@ -267,6 +274,14 @@ class EventWindow:
             events, truncated
 
 
+def _joined(batches: list[np.ndarray]) -> np.ndarray:
+    """Record batches (contiguous, of one dtype) as one array. Joined as bytes: np.concatenate works out a
+    structured dtype's promotion for every piece, which costs more than copying a loop's small batches."""
+    if len(batches) == 1:
+        return batches[0]
+    return np.concatenate([np.ascontiguousarray(b).view(np.uint8) for b in batches]).view(batches[0].dtype)
+
+
 def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) -> dict[str, np.ndarray]:
     """One row per lane, pixel, kind and cause of ``cols`` (events narrower than a pixel)."""
     n = len(cols["start"])
@@ -329,7 +344,7 @@ class DeviceSeries:
             self._pending.append(records.copy())
             if len(self._pending) >= 1024:   # no view closes intervals now: sum them, so nothing piles up
                 pending, self._pending = self._pending, []
-                self._add(np.concatenate(pending))
+                self._add(_joined(pending))
 
     def _add(self, records: np.ndarray) -> None:
         kinds = records["kind"]
@@ -353,7 +368,7 @@ class DeviceSeries:
         with self._lock:
             pending, self._pending = self._pending, []
             if pending:   # what was fed since the last close: this interval's (or the next's), summed at once
-                self._add(np.concatenate(pending))
+                self._add(_joined(pending))
             if now - self._closed_at < self.interval:
                 return False
             self._closed_at = now
