@@ -83,6 +83,8 @@ log = logging.getLogger("uvm_lab.jupyter.comm")
 
 #: Changed maps a view does not show (see the ``watch`` command) read in one update, at most.
 OTHERS_PER_UPDATE = 2
+#: Buffers a view does not show whose counts alone changed (no map to read: cheaper), sent in one update.
+COUNTS_PER_UPDATE = 16
 
 #: What the events of a prefetch or advice sent from the panel or the view are charged to.
 CONTROLS_SOURCE = "UVM Lab controls"
@@ -252,7 +254,7 @@ class PanelSession:
         payloads: list[np.ndarray] = []
         held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
         packed_now: dict[int, tuple[dict[str, Any], dict[str, Any], np.ndarray]] = {}
-        others = OTHERS_PER_UPDATE * 8   # off-screen buffers whose counts alone changed, read this update
+        others = COUNTS_PER_UPDATE
         for plain in buffers:
             alloc_id = plain["id"]
             packed = self._packed.get(alloc_id)
