@@ -28,10 +28,12 @@ from .mr.current import get_current_device_resource
 from .stream import DEFAULT_STREAM, Stream, as_stream_handle
 from .units import PAGE_SIZE, format_bytes, parse_size
 
-__all__ = ["LABELS_KEPT", "DeviceBuffer", "find_buffer", "label_of", "labels_dropped", "live_buffers", "page_range"]
+__all__ = ["LABELS_KEPT", "DeviceBuffer", "find_buffer", "label_of", "labels_dropped", "live_buffers",
+           "live_generation", "page_range"]
 
 _live: dict[int, weakref.ref[DeviceBuffer]] = {}
 _live_lock = threading.Lock()
+_live_generation = 0   # bumped whenever a buffer joins or leaves _live: see live_generation()
 _empty_ids = itertools.count(-1, -1)   # zero-size buffers hold no allocation: negative ids never clash
 
 #: How many buffers' labels are kept after they are freed (records carry only ids; a trace's view names
@@ -61,8 +63,10 @@ def _access_prefetcher(mr: MemoryResource) -> Any:
 
 
 def _release(mr: MemoryResource, ptr: int, size: int, stream: int, buffer_id: int, stream_owner: object = None) -> None:
+    global _live_generation
     with _live_lock:
-        _live.pop(buffer_id, None)
+        if _live.pop(buffer_id, None) is not None:
+            _live_generation += 1
     try:
         mr.deallocate(ptr, size, stream)
     except Exception as exc:  # a destructor never raises
@@ -111,8 +115,10 @@ class DeviceBuffer:
         # The caller's stream object rides along with the free, so its handle is still valid then.
         self._finalizer = weakref.finalize(self, deferred.defer, _release, mr, ptr, nbytes, handle, self.id, stream)
         self._finalizer.atexit = False   # the process's exit frees device memory; nothing to publish then
+        global _live_generation
         with _live_lock:
             _live[self.id] = weakref.ref(self)
+            _live_generation += 1
             _remember_label(self.id, self.label)
 
     # -- what it is --------------------------------------------------------------------------------------
@@ -409,6 +415,13 @@ def live_buffers() -> list[DeviceBuffer]:
     with _live_lock:
         refs = sorted(_live.items())
     return [buf for _, ref in refs if (buf := ref()) is not None and not buf.closed]
+
+
+def live_generation() -> int:
+    """A number that grows whenever a buffer is made or freed: while it stays the same, :func:`live_buffers`
+    lists the same buffers (but for any collected meanwhile, whose memory is freed soon after). A view that
+    keeps its own list reads it again only when this moves."""
+    return _live_generation
 
 
 def _remember_label(buffer_id: int, label: str) -> None:

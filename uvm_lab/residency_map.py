@@ -40,8 +40,8 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import deque
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -115,13 +115,20 @@ class ResidencyMap:
     BOTH = BOTH
     UNKNOWN = UNKNOWN
 
+    @cached_property
+    def pages_by_state(self) -> np.ndarray:
+        """How many pages are in each of the 256 page states (``int64``): one pass over the pages, which every
+        count of the map (:meth:`counts`, a view's categories) then reads. The map is a snapshot: read once."""
+        counts = np.bincount(np.asarray(self.states, dtype=np.uint8), minlength=256)
+        counts.flags.writeable = False
+        return counts
+
     def counts(self) -> dict[str, int]:
         """Pages by where their copies are: ``gpu`` (on one or more GPUs only), ``host`` (only), ``both``,
         ``nowhere``, and ``unknown`` (whether a GPU holds them cannot be known; see :meth:`copies` for the
         host's side of those). The five add up to the pages of the map."""
-        # Pages by state (256 counters), then the rule (_where) over the states: one pass over the pages.
-        by_state = np.bincount(np.asarray(self.states, dtype=np.uint8), minlength=256)
-        return dict(zip(_WHERE_NAMES, (_WHERE_BY_STATE @ by_state).tolist(), strict=True))
+        # Pages by state (256 counters), then the rule (_where) over the states.
+        return dict(zip(_WHERE_NAMES, (_WHERE_BY_STATE @ self.pages_by_state).tolist(), strict=True))
 
     def summary(self) -> dict[str, float]:
         """Fractions of pages on the GPU only, the host only, both, nowhere, and unknown; they sum to 1."""
@@ -206,7 +213,10 @@ class ResidencyTracker:
         self._inferred: list[np.ndarray] = []   # migrations to publish once a batch is replayed
         self._touched: list[tuple[int, int]] = []   # address ranges the batch being replayed changed
         self._touched_runs: list[np.ndarray] = []    # the same, from bulk runs: (n, 2) arrays
-        self._journal: deque[tuple[int, int, int]] = deque()   # (batch number, start, end), oldest first
+        # Rows (batch number, start, end), oldest first, in _journal[_journal_head:_journal_tail]; room for twice
+        # JOURNAL rows, moved down when the end is reached, so a reader finds its place by one search.
+        self._journal = np.zeros((0, 3), dtype=np.int64)
+        self._journal_head = self._journal_tail = 0
         self._batches = 0          # batches that changed something
         self._forgotten = 0        # the newest batch number that fell out of the journal
         self.bus = bus or get_bus()
@@ -254,10 +264,21 @@ class ResidencyTracker:
                      for i in np.unique(which).tolist()]
             merged = np.array(spans, dtype=np.int64).reshape(-1, 2)
         self._batches += 1
-        for lo, hi in merged.tolist():
-            if len(self._journal) >= self.JOURNAL:
-                self._forgotten = self._journal.popleft()[0]
-            self._journal.append((self._batches, lo, hi))
+        self._journal_add(merged)
+
+    def _journal_add(self, ranges: np.ndarray) -> None:
+        """Journal ``ranges`` as batch ``_batches``'s; past ``JOURNAL`` rows the oldest fall out (lock held)."""
+        rows = np.column_stack([np.full(len(ranges), self._batches, dtype=np.int64), ranges])
+        if self._journal_tail + len(rows) > len(self._journal):   # no room left at the end: move the rows down
+            held = self._journal[self._journal_head:self._journal_tail]
+            journal = np.zeros((max(2 * self.JOURNAL, 2 * len(rows)), 3), dtype=np.int64)
+            journal[:len(held)] = held
+            self._journal, self._journal_head, self._journal_tail = journal, 0, len(held)
+        self._journal[self._journal_tail:self._journal_tail + len(rows)] = rows
+        self._journal_tail += len(rows)
+        if self._journal_tail - self._journal_head > self.JOURNAL:
+            self._journal_head = self._journal_tail - self.JOURNAL
+            self._forgotten = int(self._journal[self._journal_head - 1, 0])
 
     def changes(self, since: int = 0) -> tuple[int, np.ndarray | None]:
         """Where page states (or advice) may have changed since ``since``: ``(now, ranges)``.
@@ -277,9 +298,10 @@ class ResidencyTracker:
                                            expected=f"an int from 0 to {self._batches}")
             if since < self._forgotten:
                 return self._batches, None
-            newer = [(lo, hi) for batch, lo, hi in reversed(self._journal) if batch > since] if \
-                since < self._batches else []
-            return self._batches, _merge(np.array(newer, dtype=np.int64).reshape(-1, 2))
+            # The rows after the caller's place, found by one search: a reader that keeps up reads only what is new.
+            journal = self._journal[self._journal_head:self._journal_tail]
+            newer = journal[np.searchsorted(journal[:, 0], since, side="right"):, 1:]
+            return self._batches, _merge(newer)
 
     def _lookup_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[_Segment]]:
         if self._table is None:

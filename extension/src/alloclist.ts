@@ -116,16 +116,30 @@ export class AllocationList {
     this._sizer.style.height = `${this._virtualizer.getTotalSize()}px`;
     const rows: HTMLElement[] = [];
     const visible: number[] = [];
+    const painted = new Map<number, IPaintedRow>();
     for (const item of items) {
       const allocation = this._rows[item.index];
       if (!allocation) {
         continue;
       }
-      rows.push(this._row(allocation, item.start));
-      visible.push(allocation.info.id);
+      // A row whose allocation, place and selection are as they were is kept: an update changes a few.
+      const id = allocation.info.id;
+      const selected = id === this._selected;
+      const before = this._painted.get(id);
+      const row =
+        before && before.allocation === allocation && before.top === item.start && before.selected === selected
+          ? before
+          : { allocation, top: item.start, selected, node: this._row(allocation, item.start) };
+      painted.set(id, row);
+      rows.push(row.node);
+      visible.push(id);
     }
     this._visible = visible;
-    this._sizer.replaceChildren(...rows);
+    const same = rows.length === this._sizer.children.length && rows.every((row, i) => row === this._sizer.children[i]);
+    if (!same) {
+      this._sizer.replaceChildren(...rows);
+    }
+    this._painted = painted;
   }
 
   private _row(allocation: IAllocation, top: number): HTMLElement {
@@ -172,8 +186,17 @@ export class AllocationList {
   private _sizer: HTMLDivElement;
   private _virtualizer: Virtualizer<HTMLDivElement, HTMLDivElement>;
   private _visible: number[] = [];
+  private _painted = new Map<number, IPaintedRow>();
   private _unmount: () => void;
   private _all: ReadonlyMap<number, IAllocation> = new Map();
   private _rows: IAllocation[] = [];
   private _selected: number | null = null;
+}
+
+/** A row on screen, and what it was drawn from. */
+interface IPaintedRow {
+  allocation: IAllocation;
+  top: number;
+  selected: boolean;
+  node: HTMLElement;
 }

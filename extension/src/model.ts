@@ -418,6 +418,9 @@ export class UvmLabModel implements ITimelineSource {
   }
 
   private _addSamples(samples: DeviceSample[]): void {
+    if (!samples.length) {
+      return;
+    }
     this._samples.push(...samples);
     const extra = this._samples.length - MAX_SAMPLES;
     if (extra > 0) {

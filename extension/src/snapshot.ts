@@ -267,7 +267,7 @@ export class SnapshotPage {
     const window = this._timeline.following ? null : this._timeline.window;
     this._lanes.render(this._data.samples, window, width);
     const labels = new Map(this._data.allocations.map(a => [a.id, a.label]));
-    this._timeline.render(this._list.shownIds, labels, this._selected, width);
+    this._timeline.render(this._list.shownIds, id => labels.get(id), this._selected, width);
     this._renderSelection();
   }
 

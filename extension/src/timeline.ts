@@ -22,6 +22,8 @@ const LABEL_PX = 110;
 const MAX_LANES_DRAWN = 60;
 /** How soon to ask again for the same window and lanes (an update came, or an answer moved the window). */
 const FOLLOW_MS = 1000;
+/** While the timeline follows the kernel's clock, it is drawn again at most this often when only the clock moved. */
+const FOLLOW_DRAW_MS = 100;
 
 export class Timeline {
   constructor(
@@ -143,9 +145,21 @@ export class Timeline {
   }
 
   /** Lay the timeline out for `lanes` (allocation ids, in order) and `width` pixels; ask for rows. */
-  render(lanes: ReadonlyArray<number>, labels: ReadonlyMap<number, string>, selected: number | null, width: number): void {
+  render(
+    lanes: ReadonlyArray<number>,
+    labelOf: (id: number) => string | undefined,
+    selected: number | null,
+    width: number
+  ): void {
     this._lanes = [...lanes.slice(0, MAX_LANES_DRAWN), 0];
     this._hiddenLanes = Math.max(0, lanes.length - MAX_LANES_DRAWN);
+    const labels = new Map<number, string>();
+    for (const id of this._lanes) {
+      const label = labelOf(id);
+      if (label !== undefined) {
+        labels.set(id, label);
+      }
+    }
     this._labels = labels;
     this._selected = selected;
     if (width !== this._width) {
@@ -168,7 +182,14 @@ export class Timeline {
     } else {
       this._askLater();
     }
-    this._draw();
+    // Drawn again where the lanes, their labels or the selection changed; else, while it follows the kernel's
+    // clock, a few times a second (each update moves "now" a little).
+    const look = `${layout}|${[...this._labels.values()].join('\u0000')}|${selected}`;
+    const now = performance.now();
+    if (look !== this._look || (this._following && now - this._drawnAt >= FOLLOW_DRAW_MS)) {
+      this._look = look;
+      this._draw();
+    }
   }
 
   /** The last event the rows held touch `[first, end)` of allocation `lane`, in words, or null. */
@@ -260,6 +281,7 @@ export class Timeline {
   }
 
   private _draw(): void {
+    this._drawnAt = performance.now();
     const canvas = this._canvas;
     const width = this._width;
     const height = AXIS_PX + this._lanes.length * LANE_PX;
@@ -447,6 +469,8 @@ export class Timeline {
   private _lanes: number[] = [0];
   private _hiddenLanes = 0;
   private _labels: ReadonlyMap<number, string> = new Map();
+  private _look = '';
+  private _drawnAt = 0;
   private _selected: number | null = null;
   private _answer: ITimeline | null = null;
   private _answered = new Signal<this, ITimeline | null>(this);

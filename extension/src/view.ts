@@ -35,7 +35,7 @@ import { Timeline } from './timeline';
 const NARROW_PX = 900;
 
 /** The update intervals offered, in ms (within the protocol's limits). */
-const RATES = [100, 250, 500, 1000, 2000].filter(ms => ms >= RATE_LIMITS_MS[0] && ms <= RATE_LIMITS_MS[1]);
+const RATES = [50, 100, 250, 500, 1000, 2000].filter(ms => ms >= RATE_LIMITS_MS[0] && ms <= RATE_LIMITS_MS[1]);
 
 export class UvmLabView extends Widget {
   constructor(model: UvmLabModel) {
@@ -45,7 +45,10 @@ export class UvmLabView extends Widget {
     this.node.tabIndex = -1;
     this._build();
     model.stateChanged.connect(this._schedule, this);
-    model.allocationsChanged.connect(this._schedule, this);
+    model.allocationsChanged.connect((_, ids) => {
+      ids.forEach(id => this._changed.add(id));
+      this._schedule();
+    }, this);
     model.samplesChanged.connect(this._schedule, this);
     model.setPaused(true); // until shown
   }
@@ -296,14 +299,26 @@ export class UvmLabView extends Widget {
     if (this._selected === null && allocations.size) {
       this._selected = allocations.keys().next().value ?? null;
     }
-    this._list.setData(allocations, this._selected);
+    // Each part is drawn again only where what it shows changed: an update a loop causes changes a few
+    // allocations of a thousand, and comes twenty times a second.
+    const changed = [...this._changed];
+    this._changed.clear();
+    if (changed.length || this._selected !== this._listedSelection) {
+      this._listedSelection = this._selected;
+      this._list.setData(allocations, this._selected);
+    }
     this._watchShown();
 
     // Narrow (beside a notebook): the list goes above the charts (style/base.css).
     this.node.classList.toggle('jp-mod-narrow', this.node.clientWidth < NARROW_PX);
     const width = Math.max(0, (this.node.querySelector('.jp-UvmLabView-main') as HTMLElement)?.clientWidth - 24);
     const window = this._timeline.following ? null : this._timeline.window;
-    this._lanes.render(model.samples, window, width);
+    const samples = model.samples;
+    const lanesKey = `${samples.length}|${samples[samples.length - 1]?.time}|${model.samplesDropped}|${window}|${width}`;
+    if (lanesKey !== this._lanesKey) {
+      this._lanesKey = lanesKey;
+      this._lanes.render(samples, window, width);
+    }
     this._lanesNote.textContent = model.samplesDropped
       ? `${model.samplesDropped} older samples no longer held`
       : '';
@@ -311,13 +326,19 @@ export class UvmLabView extends Widget {
       this._timeline.clear();
       this._history.clear(); // another kernel's ids may mean other allocations
     } else {
-      this._history.record(allocations.values());
+      const recorded: IAllocation[] = [];
+      for (const id of changed) {
+        const allocation = allocations.get(id);
+        if (allocation) {
+          recorded.push(allocation);
+        }
+      }
+      this._history.record(recorded);
     }
     const cursor = this._cursorTime();
     this._lanes.setCursor(cursor);
     this._timeline.setCursor(cursor);
-    const labels = new Map([...allocations.values()].map(a => [a.info.id, a.info.label]));
-    this._timeline.render(this._list.shownIds, labels, this._selected, width);
+    this._timeline.render(this._list.shownIds, id => allocations.get(id)?.info.label, this._selected, width);
 
     const selected = this._selectedAllocation();
     this._renderSelection(selected, width);
@@ -325,6 +346,13 @@ export class UvmLabView extends Widget {
   }
 
   private _renderSelection(selected: IAllocation | undefined, width: number): void {
+    const shown = this._atCursor(selected);
+    const key = [selected, shown, width, this.model.state, this._deviceCount(), this._detailRange, this._detailAnswer,
+      this._detailError];
+    if (key.length === this._selectionKey.length && key.every((part, i) => part === this._selectionKey[i])) {
+      return; // nothing it shows changed
+    }
+    this._selectionKey = key;
     this._selectedTitle.textContent = selected
       ? `${selected.info.label} (#${selected.info.id}, ${formatBytes(selected.info.size)}, ${selected.info.pages} pages)`
       : this.model.state === 'connected'
@@ -336,7 +364,6 @@ export class UvmLabView extends Widget {
       this._legendSpec = spec.join('|');
       this._legend.replaceChildren(...legendItems(spec));
     }
-    const shown = this._atCursor(selected);
     this._map.render(shown, Math.min(width, 900));
     this._renderDetail(selected, Math.min(width, 900));
     if (!selected) {
@@ -649,6 +676,10 @@ export class UvmLabView extends Widget {
   private _watching = '';
   private _cursorAt: number | null = null;
   private _history = new MapHistory();
+  private _changed = new Set<number>(); // allocations an update or snapshot changed since the last drawing
+  private _listedSelection: number | null | undefined = undefined;
+  private _lanesKey = '';
+  private _selectionKey: unknown[] = [];
   private _selected: number | null = null;
   private _legendSpec = '';
   private _busy = false;

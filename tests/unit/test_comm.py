@@ -198,7 +198,9 @@ def test_every_category_travels_apart_with_exact_counts(session, device, monkeyp
 
     def describe(b):
         plain = real(b)
-        return {**plain, "states": states} if b.id == buf.id else plain
+        if b.id != buf.id:
+            return plain
+        return {**plain, "states": states, "category_pages": collect.category_pages(states)}
 
     monkeypatch.setattr(collect, "describe_buffer", describe)
     session.handle({"type": "hello", "seq": 1})

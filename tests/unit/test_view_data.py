@@ -576,7 +576,7 @@ def test_the_pages_query_reads_a_large_allocations_pages_one_byte_each(device):
 def test_maps_the_view_shows_come_first_and_the_others_catch_up(device, monkeypatch):
     import uvm_lab.jupyter.comm as comm_module
 
-    monkeypatch.setattr(comm_module, "OTHERS_PER_UPDATE", 0)
+    monkeypatch.setattr(comm_module, "OTHERS_PER_SECOND", 0)
     shown, hidden = ul.DeviceBuffer(size="1MiB", label="shown"), ul.DeviceBuffer(size="1MiB", label="hidden")
     comm, view = RecordingComm(), ViewOfMaps()
     session = PanelSession(comm, start=False)

@@ -7,7 +7,7 @@ The panel opens a comm to target ``"uvm_lab"`` with a ``hello``; each open comm 
   entry points user code calls (``DeviceBuffer.prefetch`` and the advice properties); a bad
   command or a failing call comes back as an error result and never closes the comm;
 - listens to the event bus, and from a background thread sends at most one ``update`` per
-  ``interval`` (0.1 s, or what the view asks with ``rate``) holding only the allocations whose
+  ``interval`` (0.05 s, or what the view asks with ``rate``) holding only the allocations whose
   residency or advice changed, each as the cells that changed (``"runs"``), and the device lanes'
   new samples, so the map follows a cell while it runs;
 - answers ``timeline`` queries from the kernel's shared event window (:mod:`.timeline`);
@@ -33,10 +33,11 @@ waits on a send.
 from __future__ import annotations
 
 import contextvars
+import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -74,25 +75,29 @@ from .protocol import (
     pack_states,
     parse_command,
 )
-from .throttle import gap
+from .throttle import Budget
 from .timeline import DeviceSeries, EventWindow, shared
 
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
 
 log = logging.getLogger("uvm_lab.jupyter.comm")
 
-#: Changed maps a view does not show (see the ``watch`` command) read in one update, at most.
-OTHERS_PER_UPDATE = 2
+#: Changed maps a view does not show (see the ``watch`` command) read a second, at most (one an update).
+OTHERS_PER_SECOND = 5
 #: Buffers a view does not show whose counts alone changed (no map to read: cheaper), sent in one update.
-COUNTS_PER_UPDATE = 16
+COUNTS_PER_UPDATE = 4
+
+# A "runs" buffer that changes no cell.
+_NO_RUNS = np.zeros(4, dtype=np.uint8)
 
 #: What the events of a prefetch or advice sent from the panel or the view are charged to.
 CONTROLS_SOURCE = "UVM Lab controls"
 
 #: Seconds between two updates of an idle kernel's view: a sample for the device lanes, nothing else.
 IDLE_SAMPLE = 1.0
-#: The least time between two updates, in seconds: about 10 a second at most.
-UPDATE_INTERVAL = 0.1
+#: The least time between two updates, in seconds: about 20 a second at most, so that a change waits for the next
+#: update 25 ms on average and 50 ms at most.
+UPDATE_INTERVAL = 0.05
 
 
 class CommLike(Protocol):
@@ -129,16 +134,18 @@ class PanelSession:
         self._sent: dict[int, tuple[AllocationInfo, np.ndarray]] = {}  # what the panel holds, by id
         self._lanes_seen = 0   # the timeline window's cursor: traffic read up to here is in _sent
         self._watched: frozenset[int] | None = None   # the maps the view shows (None: all, the sidebar's way)
-        self._lanes_deferred: set[int] = set()   # off-screen buffers whose new counts wait for a later update
+        self._next_other = 0.0   # when the next map off the view's screen may be read (_refresh)
+        self._lanes_deferred: dict[int, None] = {}   # off-screen buffers whose new counts wait, in order (_due)
         # The kernel's shared ones unless given (a test's, fed and clocked by the test).
         self._window, self._series = timeline or shared(bus)
         self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
         self._closed = threading.Event()
-        # The throttle (.throttle), one budget for updates and timeline answers: neither starts before this.
-        self._quiet_until = 0.0
+        # The throttle (.throttle), one budget for updates and timeline answers: neither starts before it allows.
+        self._budget = Budget()
         self._context = contextvars.copy_context()  # where the panel's last message was handled
-        self._subscription = (bus or get_bus()).subscribe(self._on_events)
+        self._bus = bus or get_bus()
+        self._subscription = self._bus.subscribe(self._on_events)
         comm.on_msg(self._on_msg)
         comm.on_close(self._on_close)
         self._thread = threading.Thread(target=self._run, name="uvm_lab-panel-updates", daemon=True)
@@ -163,12 +170,13 @@ class PanelSession:
             command = parse_command(data)
             if command["type"] == "timeline":
                 # An answer reads every event held: it takes from the same share of the kernel as updates do.
-                self._closed.wait(max(0.0, self._quiet_until - time.monotonic()))
+                self._closed.wait(max(0.0, self._budget.ready_at() - time.monotonic()))
+                self._bus.flush()   # not charged: see _run
             started, cpu = time.monotonic(), time.thread_time()
             with self._command_lock:
                 self._execute(command)
             if command["type"] == "timeline":
-                self._spend(started, time.thread_time() - cpu)
+                self._budget.spend(started, time.thread_time() - cpu)
         except Exception as err:
             # Any failure, ours or the core's, is the command's answer, never the comm's end.
             result["ok"] = False
@@ -189,14 +197,16 @@ class PanelSession:
             try:
                 now = ul.get_backend().now_ns()   # the maps are read at this time or later
                 clock = time.time() * 1000   # before the maps are read: what changed earlier is in them
-                buffers = _panel_buffers(self._live, self._watched)
+                described = self._refresh()
                 lanes_seen, lanes = self._window.changed_lanes(self._lanes_seen)
-                lanes |= self._lanes_deferred
-                self._lanes_deferred = set()
-                infos, cells, held = self._describe_changed(buffers, force=everything, lanes=lanes)
-                gone = sorted(set(self._sent) - {b["id"] for b in buffers})
+                # Only what may differ from what the panel holds: maps described again, and counts that moved.
+                if everything:
+                    self._lanes_deferred.clear()
+                candidates = None if everything else self._due(lanes)
+                infos, cells, held = self._describe_changed(described, candidates)
+                gone = sorted(self._sent.keys() - described.keys())
                 device = _device_info()
-                self._sample(now, device, buffers)
+                self._sample(now, device)
                 samples, next_sample = self._series.since(self._next_sample)
                 if infos or samples:
                     self._send(Update(type="update", time=now, device=device, allocations=infos, samples=samples,
@@ -214,6 +224,9 @@ class PanelSession:
             self._next_sample, self._lanes_seen = next_sample, lanes_seen
             for alloc_id in gone:
                 del self._sent[alloc_id]
+                self._lanes_deferred.pop(alloc_id, None)
+            for alloc_id in self._packed.keys() - described.keys():
+                del self._packed[alloc_id]
             return bool(infos or gone or samples)
 
     def send_snapshot(self) -> None:
@@ -223,12 +236,15 @@ class PanelSession:
             self._snapshot_sent = True
         with self._send_lock:
             self._sent.clear()
+            self._lanes_deferred.clear()
             now = ul.get_backend().now_ns()
-            buffers = _panel_buffers(self._live, None)   # a snapshot holds every map as it is
+            self._live.refresh()   # a snapshot holds every map as it is
+            described = self._live.described
             lanes_seen, _ = self._window.changed_lanes(self._lanes_seen)
-            infos, cells, held = self._describe_changed(buffers)
+            self._packed.clear()
+            infos, cells, held = self._describe_changed(described, None)
             device = _device_info()
-            self._sample(now, device, buffers)
+            self._sample(now, device)
             samples, next_sample = self._series.since(0)
             snapshot = Snapshot(type="snapshot", version=PROTOCOL_VERSION, time=now, page_size=PAGE_SIZE,
                                 cell_limit=CELL_LIMIT, device=device, allocations=infos, samples=samples,
@@ -237,39 +253,56 @@ class PanelSession:
             self._sent.update(held)
             self._next_sample, self._lanes_seen = next_sample, lanes_seen
 
-    def _sample(self, now: int, device: DeviceInfo, buffers: list[dict[str, Any]]) -> None:
-        allocated = sum(buf["size"] for buf in buffers if buf["is_managed"])
-        self._series.close_interval(now, device["total"] - device["free"], device["total"], allocated)
+    def _sample(self, now: int, device: DeviceInfo) -> None:
+        self._series.close_interval(now, device["total"] - device["free"], device["total"], self._live.managed_bytes)
 
-    def _describe_changed(self, buffers: list[dict[str, Any]], *, force: bool = False,
-                          lanes: set[int] | None = None) -> tuple[
+    def _refresh(self) -> Mapping[int, dict[str, Any]]:
+        """Every live buffer's description: the maps the view shows read again where they changed, and
+        another's (changed too) now and then (``OTHERS_PER_SECOND``), so the rest catch up in time."""
+        others = None
+        if self._watched is not None:
+            now = time.monotonic()
+            others = 1 if OTHERS_PER_SECOND > 0 and now >= self._next_other else 0
+            if others:
+                self._next_other = now + 1 / OTHERS_PER_SECOND
+        self._live.refresh(self._watched, others)
+        return self._live.described
+
+    def _due(self, lanes: set[int]) -> set[int]:
+        """The buffers to describe to the panel now: those whose maps were read again, and of ``lanes`` (those
+        whose counts moved) the ones it shows and those it has not had; off-screen counts wait their turn,
+        ``COUNTS_PER_UPDATE`` an update, the longest waiting first."""
+        due = set(self._live.changed)
+        for lane in lanes:
+            if self._watched is None or lane in self._watched or lane not in self._sent:
+                due.add(lane)
+            else:
+                self._lanes_deferred.setdefault(lane)   # a dict as an ordered set: a lane keeps its place
+        for lane in due.intersection(self._lanes_deferred):
+            del self._lanes_deferred[lane]   # its counts go now anyway
+        for lane in list(itertools.islice(self._lanes_deferred, COUNTS_PER_UPDATE)):
+            del self._lanes_deferred[lane]
+            due.add(lane)
+        return due
+
+    def _describe_changed(self, described: Mapping[int, dict[str, Any]], candidates: set[int] | None) -> tuple[
             list[AllocationInfo], list[np.ndarray], dict[int, tuple[AllocationInfo, np.ndarray]]]:
-        """Describe those of ``buffers`` that differ from what the panel holds, each as its changed runs where
-        the panel holds it; with what it will hold once they are sent (noted by the caller after sending, so
-        that a failed send leaves nothing noted). A description the journal left as it was is not packed
-        again (``force``: pack every one), and one packed again is packed from its last packing (only the
-        cells where pages changed). ``lanes``: the buffers whose traffic may have changed since what the panel
-        holds; the others, with their descriptions as they were, are passed over unread (None: read all)."""
+        """Describe those of ``candidates`` (None: every one of ``described``) that differ from what the panel
+        holds, each as its changed runs where the panel holds it; with what it will hold once they are sent
+        (noted by the caller after sending, so that a failed send leaves nothing noted). A description the
+        journal left as it was is not packed again, and one packed again is packed from its last packing (only
+        the cells where pages changed)."""
         infos: list[AllocationInfo] = []
         payloads: list[np.ndarray] = []
         held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
-        packed_now: dict[int, tuple[dict[str, Any], dict[str, Any], np.ndarray]] = {}
-        others = COUNTS_PER_UPDATE
-        for plain in buffers:
-            alloc_id = plain["id"]
+        ids = described.keys() if candidates is None else sorted(candidates & described.keys())
+        for alloc_id in ids:
+            plain = described[alloc_id]
+            if not plain["size"]:
+                continue   # a zero-size buffer holds no pages: there is nothing to draw or to move
             packed = self._packed.get(alloc_id)
-            if not force and packed is not None and packed[0] is plain:
-                packed_now[alloc_id] = packed
-                if lanes is not None and alloc_id not in lanes and alloc_id in self._sent:
-                    continue   # neither its pages nor its traffic changed: the panel holds it as it is
-                if lanes is not None and alloc_id in self._sent and self._watched is not None and \
-                        alloc_id not in self._watched:
-                    if others <= 0:
-                        self._lanes_deferred.add(alloc_id)   # off screen, only its counts moved: a later update
-                        continue
-                    others -= 1
-            else:
-                packed = packed_now[alloc_id] = (plain, *_pack(plain, None if force else packed))
+            if packed is None or packed[0] is not plain:
+                packed = self._packed[alloc_id] = (plain, *_pack(plain, packed))
             # What the events say of it changes without its pages: read where the window says it may have.
             # As of the flush's one read-in (changed_lanes): a loop running meanwhile is not read in per buffer.
             info = AllocationInfo(**packed[1],  # type: ignore[typeddict-item]
@@ -282,14 +315,15 @@ class PanelSession:
             held[alloc_id] = (info, cells)
             payload = cells
             # Runs hold a header of 12 bytes at least and every changed cell: worth encoding when few changed.
-            if before is not None and len(before[1]) == len(cells) and \
+            if before is not None and before[1] is cells:   # its counts alone moved: no run at all
+                info, payload = AllocationInfo(**{**info, "encoding": "runs"}), _NO_RUNS  # type: ignore[typeddict-item]
+            elif before is not None and len(before[1]) == len(cells) and \
                     12 + np.count_nonzero(before[1] != cells) < len(cells):
                 runs = encode_runs(before[1], cells)
                 if len(runs) < len(cells):
                     info, payload = AllocationInfo(**{**info, "encoding": "runs"}), runs  # type: ignore[typeddict-item]
             infos.append(info)
             payloads.append(payload)
-        self._packed = packed_now
         return infos, payloads, held
 
     def close(self) -> None:
@@ -385,6 +419,9 @@ class PanelSession:
             self._wake.clear()
             if self._closed.is_set():
                 break
+            # The records the loop has queued are handed to the bus's subscribers here, rather than at the loop's
+            # next publish: the loop's own work, moved, not the view's, so not charged to the view's share.
+            self._bus.flush()
             started, cpu = time.monotonic(), time.thread_time()
             try:
                 # A copy each time: one context cannot be entered by two threads at once.
@@ -399,13 +436,8 @@ class PanelSession:
                 self._wake.set()
             # The throttle (.throttle): at most one update an interval and 5% of the kernel's time; events
             # arriving meanwhile only set _wake, and go out together.
-            self._spend(started, time.thread_time() - cpu)
-            self._closed.wait(max(0.0, max(started + self.interval, self._quiet_until) - time.monotonic()))
-
-    def _spend(self, started: float, cost: float) -> None:
-        """Note work that started at ``started`` (monotonic) and took ``cost`` s of this thread's CPU."""
-        with self._lock:
-            self._quiet_until = max(self._quiet_until, started + gap(0.0, cost))
+            self._budget.spend(started, time.thread_time() - cpu)
+            self._closed.wait(max(0.0, max(started + self.interval, self._budget.ready_at()) - time.monotonic()))
 
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:
@@ -418,19 +450,12 @@ class PanelSession:
 # -- reading the core --------------------------------------------------------------------------------------
 
 
-def _panel_buffers(live: LiveAllocations, watched: frozenset[int] | None) -> list[dict[str, Any]]:
-    # Maps the view does not show are read a few an update (OTHERS_PER_UPDATE), the ones it shows always.
-    described = live.refresh(watched, None if watched is None else OTHERS_PER_UPDATE)
-    # A zero-size buffer holds no pages: there is nothing to draw or to move.
-    return [plain for plain in described if plain["size"]]
-
-
 def _pack(plain: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any], np.ndarray] | None = None) -> tuple[
         dict[str, Any], np.ndarray]:
     """An allocation's metadata (its AllocationInfo but for what the events say) and its residency bytes; from
     ``before``, the same allocation's last packing, where there is one."""
     since = (before[0]["states"], before[2], before[1]["counts"]) if before is not None else None
-    cell_pages, cells, counts = pack_states(plain["states"], since=since)
+    cell_pages, cells, counts = pack_states(plain["states"], since=since, counts=plain["category_pages"])
     advice = plain["advice"] or {"read_mostly": False, "preferred_location": None, "accessed_by": ()}
     info = dict(
         id=plain["id"], label=plain["label"], address=plain["address"], size=plain["size"],

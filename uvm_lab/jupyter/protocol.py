@@ -498,7 +498,8 @@ def _choices(options: tuple[str, ...]) -> str:
 
 
 def pack_states(states: np.ndarray, limit: int = CELL_LIMIT, *,
-                since: tuple[np.ndarray, np.ndarray, PageCounts] | None = None) -> tuple[int, np.ndarray, PageCounts]:
+                since: tuple[np.ndarray, np.ndarray, PageCounts] | None = None,
+                counts: Mapping[str, int] | None = None) -> tuple[int, np.ndarray, PageCounts]:
     """The bytes that carry a page-state array, and its exact counts: ``(cell_pages, cells, counts)``.
 
     Each byte is a category code (:func:`uvm_lab.page_states.categories`). Up to ``limit`` pages, one
@@ -510,27 +511,33 @@ def pack_states(states: np.ndarray, limit: int = CELL_LIMIT, *,
     then only the cells holding pages that differ are binned again (by the same rule, on their slice) and
     the counts move by those pages, so a few changed pages of a large map cost a few cells. The result is
     the same as packing ``states`` alone.
+
+    ``counts``: the exact counts of ``states`` by category, where the caller has them already (a description's
+    ``category_pages``), so they are not counted again.
     """
     if isinstance(limit, bool) or not isinstance(limit, (int, np.integer)) or limit < 1:
         raise InvalidArgumentError(f"limit must be a whole number of cells >= 1, got {limit!r}", value=limit,
                                    expected="a whole number >= 1")
+    if counts is not None and (set(counts) != set(CATEGORY_NAMES) or sum(counts.values()) != len(states)):
+        raise InvalidArgumentError(f"counts must give every category's pages, {len(states)} in all; got {counts!r}",
+                                   value=counts, expected=f"pages for each of {', '.join(CATEGORY_NAMES)}")
     cell_pages = bin_pages(len(states), limit)
     if since is not None and len(since[0]) == len(states) and np.asarray(states).dtype == np.uint8:
-        before, cells, counts = since
+        before, cells, held = since
         changed = np.flatnonzero(before != states)
         if not len(changed):
-            return cell_pages, cells, counts
+            return cell_pages, cells, held
         if 2 * len(changed) > len(states):   # most pages moved (a whole prefetch): packing anew costs less
-            return pack_states(states, limit)
+            return pack_states(states, limit, counts=counts)
         cells = cells.copy()
         for first, stop in _spans(changed // cell_pages):   # sorted, as the pages are
             cells[first:stop] = bin_states(states, limit, bins=(first, stop), counts=False)["category"]
-        gone, came = category_pages(before[changed]), category_pages(states[changed])
-        counts = cast(PageCounts, {name: counts[name] - gone[name] + came[name]  # type: ignore[literal-required]
-                                   for name in CATEGORY_NAMES})
-        return cell_pages, cells, counts
+        if counts is None:
+            gone, came = category_pages(before[changed]), category_pages(states[changed])
+            counts = {name: held[name] - gone[name] + came[name] for name in CATEGORY_NAMES}  # type: ignore[literal-required]
+        return cell_pages, cells, cast(PageCounts, dict(counts))
     cells = bin_states(states, limit, counts=False)["category"]
-    return cell_pages, cells, cast(PageCounts, category_pages(states))
+    return cell_pages, cells, cast(PageCounts, dict(counts) if counts is not None else category_pages(states))
 
 
 # Changed cells this close together are binned again as one slice (the cells between cost less than a call).

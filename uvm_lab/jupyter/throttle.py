@@ -1,10 +1,12 @@
 """How often a live view may refresh: at most once an interval, and never more than a share of the kernel's time.
 
-A view that watches a loop takes the GIL from it while it reads maps and packs messages. After a refresh that
-took ``cost`` seconds, the next waits :func:`gap`: at least the view's interval, and long enough that refreshing
-takes at most :data:`BUSY_SHARE` of the time (19 times the cost, at 5%). Both the lab view's session and the
-widget dashboard follow it; the lab view's session counts its answers to timeline queries in the same budget
-(an answer reads every event it holds), so that updates and answers together stay within the share.
+A view that watches a loop takes the GIL from it while it reads maps and packs messages. Each refresh (and each
+answer to a timeline query, which reads every event held) is paid for by the time after it: work that took
+``cost`` seconds uses up ``cost / BUSY_SHARE`` seconds of the clock (19 times the cost after it, at 5%), and the
+next piece of work may start once what came before is paid for. Up to :data:`BURST` seconds may be owed at a
+time, so one costly answer does not hold the updates back that follow it; over any stretch of time, the work
+takes at most :data:`BUSY_SHARE` of it and ``BUSY_SHARE * BURST`` seconds more. Both the lab view's session and
+the widget dashboard follow it.
 
 The cost is the refreshing thread's CPU time (``time.thread_time``), what it took from the kernel. Its wall
 time would also count the time it waited for the GIL while the loop held it: the busier the loop, the longer
@@ -13,12 +15,34 @@ a refresh would seem, and a view of a busy loop would fall silent for seconds wh
 
 from __future__ import annotations
 
-__all__ = ["BUSY_SHARE", "gap"]
+import threading
+
+__all__ = ["BURST", "BUSY_SHARE", "Budget"]
 
 #: The most of the kernel's time that a live view's refreshes may take.
 BUSY_SHARE = 0.05
+#: The most time (in seconds of the clock) that work done may be owed for before more work waits.
+BURST = 1.0
 
 
-def gap(interval: float, cost: float) -> float:
-    """Seconds from the start of one refresh to the next, after one that took ``cost`` seconds."""
-    return max(interval, cost / BUSY_SHARE)
+class Budget:
+    """The kernel time a view has spent, and when it may next spend some. Thread-safe.
+
+    Times are ``time.monotonic()`` seconds, given by the caller (a test passes its own).
+    """
+
+    def __init__(self, share: float = BUSY_SHARE, burst: float = BURST) -> None:
+        self._share = share
+        self._burst = burst
+        self._lock = threading.Lock()
+        self._paid_at = float("-inf")   # the moment at which the work done so far is paid for
+
+    def spend(self, started: float, cost: float) -> None:
+        """Note work that started at ``started`` and took ``cost`` seconds of its thread's CPU."""
+        with self._lock:
+            self._paid_at = max(self._paid_at, started) + cost / self._share
+
+    def ready_at(self) -> float:
+        """The earliest moment at which the next piece of work may start."""
+        with self._lock:
+            return self._paid_at - self._burst

@@ -23,7 +23,7 @@ from ..errors import InvalidArgumentError
 from ..events import EventKind, MigrationCause, get_bus
 from ..events.bus import EventBus
 from ..events.causes import CAUSE_NAMES, cause_codes
-from ..events.schema import INFERRED_BIT
+from ..events.schema import EVENT_DTYPE, INFERRED_BIT
 from ..events.sources import totals
 from ..tracing.attribution import AllocationIndex
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
@@ -37,6 +37,56 @@ SEVERAL: Final = -3
 _KEPT = {name: np.dtype(dtype) for name, dtype in TIMELINE_COLUMNS if name != "count"}
 # What it holds of each: those, and a fault record's count (for by_source).
 _HELD = {**_KEPT, "value": np.dtype(np.float64)}
+
+
+class _Chunk:
+    """Consecutive events as columns (:data:`_HELD`, and ``lane_id``: the lane as an int, for matching), with the
+    earliest start and the latest end among them, so a query passes over a chunk outside its window unread."""
+
+    __slots__ = ("_by_lane", "columns", "first", "last")
+
+    def __init__(self, columns: dict[str, np.ndarray]) -> None:
+        self.columns = columns
+        self.first = float(columns["start"].min()) if len(columns["start"]) else np.inf
+        self.last = float(columns["end"].max()) if len(columns["end"]) else -np.inf
+        self._by_lane: tuple[np.ndarray, np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return len(self.columns["start"])
+
+    def in_lanes(self, wanted: np.ndarray) -> np.ndarray:
+        """Which rows are in one of the lanes ``wanted`` (sorted ``int64``): a mask, or the rows' indices in order.
+
+        A large chunk sorts its rows by lane once (a chunk does not change) and then finds a view's few lanes
+        by searching, at a cost that grows with the rows found rather than the rows held."""
+        lane = self.columns["lane_id"]
+        if len(lane) < _INDEXED_ROWS:
+            return np.isin(lane, wanted)
+        if self._by_lane is None:
+            order = np.argsort(lane, kind="stable")
+            self._by_lane = (lane[order], order)
+        lanes, order = self._by_lane
+        lo, hi = np.searchsorted(lanes, wanted, side="left"), np.searchsorted(lanes, wanted, side="right")
+        found = [order[a:b] for a, b in zip(lo.tolist(), hi.tolist(), strict=True) if b > a]
+        return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+
+# The counter a record of each kind adds to: 0 faults (its value), 1 bytes to the GPU, 2 to the host; -1 none.
+_COUNTER = np.full(256, -1, dtype=np.int64)
+_COUNTER[[EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT]] = 0
+_COUNTER[EventKind.HTOD] = 1
+_COUNTER[EventKind.DTOH] = 2
+
+#: Read-ins whose changed buffers are kept for changed_lanes (a reader further behind scans every buffer).
+_CHANGES_KEPT = 256
+
+#: A chunk of at least this many rows finds a view's lanes through its rows sorted by lane.
+_INDEXED_ROWS = 4096
+
+#: Chunks are joined while the older of two is no longer than the newer, up to this many rows: a loop reads in
+#: small batches, and a query pays per chunk, so the window holds a few large chunks (each row copied a few
+#: times over its life, as in a binary counter).
+_CHUNK_ROWS = 1 << 16
 
 
 class EventWindow:
@@ -56,7 +106,7 @@ class EventWindow:
                                        value=capacity, expected="an int >= 1")
         self._capacity = capacity
         self._lock = threading.Lock()
-        self._chunks: deque[dict[str, np.ndarray]] = deque()
+        self._chunks: deque[_Chunk] = deque()
         self._held = 0
         self._seen = 0
         # A record's alloc_id names the backend's segment; a lane is a buffer (what the view lists).
@@ -65,9 +115,10 @@ class EventWindow:
         self._traffic: dict[int, np.ndarray] = {}
         self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
         self._stamps: dict[int, int] = {}   # per buffer, the last read-in that changed its traffic or destination
+        # The buffers each recent read-in changed, newest last: a reader that keeps up reads these, not _stamps.
+        self._changes: deque[tuple[int, list[int]]] = deque(maxlen=_CHANGES_KEPT)
         self._read_ins = 0
-        self._pending: list[np.ndarray] = []     # fed, not yet read in, oldest first
-        self._pending_count = 0
+        self._pending = _Staged()     # fed, not yet read in
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
         self._last_window: tuple[tuple, dict[str, np.ndarray]] | None = None   # see _window
 
@@ -87,28 +138,28 @@ class EventWindow:
         if not len(records):
             return
         with self._lock:
-            self._pending.append(records.copy())   # a producer may reuse its array once it is delivered
-            self._pending_count += len(records)
-            full = self._pending_count > self._capacity
+            self._pending.add(records)
+            full = len(self._pending) > self._capacity
         if full:   # nothing reads: bound what waits
             self._read_in()
 
     def _read_in(self) -> None:
         with self._reading:
             with self._lock:
-                pending, self._pending, self._pending_count = self._pending, [], 0
-            if pending:   # in one piece: what a read-in costs is mostly per call, and loops publish small batches
-                self._ingest(_joined(pending))
+                pending = self._pending.take()
+            if len(pending):   # in one piece: what a read-in costs is mostly per call, and loops publish small batches
+                self._ingest(pending)
 
     def _ingest(self, records: np.ndarray) -> None:
         lanes, causes = self._lanes(records), cause_codes(records)
         self._count_traffic(records, lanes, causes)
         seen = len(records)
         records, lanes, causes = records[-self._capacity:], lanes[-self._capacity:], causes[-self._capacity:]
-        chunk = {
+        chunk = _Chunk({
             "start": records["start"].astype(np.float64),
             "end": np.maximum(records["end"], records["start"]).astype(np.float64),
             "lane": lanes,
+            "lane_id": lanes.astype(np.int64),
             "kind": records["kind"].copy(),
             "cause": causes,
             "src": records["src"].astype(np.int16),
@@ -118,29 +169,35 @@ class EventWindow:
             "reach": (records["address"] + records["bytes"]).astype(np.float64),
             "source": records["source"].astype(np.uint32),
             "value": records["value"].astype(np.float64),   # a fault record's fault count: for by_source
-        }
+        })
         with self._lock:
             self._seen += seen
-            self._chunks.append(chunk)
+            chunks = self._chunks
+            chunks.append(chunk)
+            while len(chunks) > 1 and len(chunks[-2]) <= len(chunk) and len(chunks[-2]) + len(chunk) <= _CHUNK_ROWS:
+                older = chunks[-2]
+                chunk = _Chunk({k: np.concatenate([older.columns[k], v]) for k, v in chunk.columns.items()})
+                chunks.pop()
+                chunks[-1] = chunk
             self._held += len(records)
             while self._held > self._capacity:
                 extra = self._held - self._capacity
-                first = self._chunks[0]
-                if len(first["start"]) <= extra:
-                    self._chunks.popleft()
-                    self._held -= len(first["start"])
+                first = chunks[0]
+                if len(first) <= extra:
+                    chunks.popleft()
+                    self._held -= len(first)
                 else:
-                    self._chunks[0] = {k: v[extra:] for k, v in first.items()}
+                    chunks[0] = _Chunk({k: v[extra:] for k, v in first.columns.items()})
                     self._held -= extra
 
     def extent(self) -> tuple[int, int]:
         """The start of the oldest event held and the latest end of any, in ns; ``(0, 0)`` when none is."""
         self._read_in()
         with self._lock:
-            chunks = [c for c in self._chunks if len(c["start"])]
+            chunks = [c for c in self._chunks if len(c)]
             if not chunks:
                 return 0, 0
-            return int(chunks[0]["start"].min()), int(max(c["end"].max() for c in chunks))
+            return int(min(c.first for c in chunks)), int(max(c.last for c in chunks))
 
     def traffic(self, lane: int, *, read_in: bool = True) -> Traffic:
         """What buffer ``lane`` has seen since it was made (as far as this window has watched). ``read_in=False``:
@@ -166,32 +223,53 @@ class EventWindow:
         ``since`` (0: ever), and the cursor to pass next time. A view reads those again, not every buffer."""
         self._read_in()
         with self._lock:
+            changes = self._changes
+            if changes and changes[0][0] <= since + 1:   # every read-in after `since` is in the log
+                lanes: set[int] = set()
+                for stamp, changed in reversed(changes):
+                    if stamp <= since:
+                        break
+                    lanes.update(changed)
+                return self._read_ins, lanes
             return self._read_ins, {lane for lane, at in self._stamps.items() if at > since}
 
     def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray) -> None:
         kinds = records["kind"]
-        prefetches = np.flatnonzero((kinds == EventKind.PREFETCH) & (lanes != 0))
-        fault = (kinds == EventKind.GPU_PAGE_FAULT) | (kinds == EventKind.CPU_PAGE_FAULT)
-        htod, dtoh = kinds == EventKind.HTOD, kinds == EventKind.DTOH
-        counted = (fault | htod | dtoh) & (lanes != 0)
-        freed = records["alloc_id"][kinds == EventKind.FREE].tolist()
+        # Per kind, which of the three counters (faults, bytes to the GPU, bytes to the host) a record adds to.
+        column = _COUNTER[kinds]
+        counted = (column >= 0) & (lanes != 0)
+        prefetch = (kinds == EventKind.PREFETCH) & (lanes != 0)
+        changed = np.unique(lanes[counted | prefetch]).astype(np.int64).tolist()
+        touched: list[int] = []
+        if counted.any():
+            # Summed for every lane at once (one pass), then added to each lane's table.
+            lanes_counted, row = np.unique(lanes[counted], return_inverse=True)
+            touched = lanes_counted.astype(np.int64).tolist()
+            what = column[counted]
+            amount = np.where(what == 0, records["value"][counted], records["bytes"][counted])
+            cell = (row.reshape(-1) * len(CAUSE_NAMES) + causes[counted]) * 3 + what
+            # Float sums of whole numbers: exact below 2**53 (8 PiB in one read-in).
+            sums = np.rint(np.bincount(cell, weights=amount, minlength=len(touched) * len(CAUSE_NAMES) * 3))
+            sums = sums.astype(np.int64).reshape(len(touched), len(CAUSE_NAMES), 3)
+        requested = {}
+        if prefetch.any():
+            for lane, dst in zip(lanes[prefetch].astype(np.int64).tolist(), records["dst"][prefetch].tolist(),
+                                 strict=True):
+                requested[lane] = dst   # the last prefetch of each lane wins
+        freed = records["alloc_id"][kinds == EventKind.FREE].tolist() if (kinds == EventKind.FREE).any() else []
         with self._lock:
             self._read_ins += 1
             stamp = self._read_ins
-            for lane in np.unique(lanes[counted | (kinds == EventKind.PREFETCH)]).tolist():
-                self._stamps[int(lane)] = stamp
-            if counted.any():
-                values = np.stack([np.where(fault, records["value"], 0), np.where(htod, records["bytes"], 0),
-                                   np.where(dtoh, records["bytes"], 0)], axis=1)[counted].astype(np.int64)
-                # Summed for every lane at once (one pass), then added to each lane's table.
-                touched, row = np.unique(lanes[counted], return_inverse=True)
-                sums = np.zeros((len(touched), len(CAUSE_NAMES), 3), np.int64)
-                np.add.at(sums, (row.reshape(-1), causes[counted]), values)
-                for lane, add in zip(touched.tolist(), sums, strict=True):
-                    table = self._traffic.setdefault(int(lane), np.zeros((len(CAUSE_NAMES), 3), np.int64))
+            for lane in changed:
+                self._stamps[lane] = stamp
+            self._changes.append((stamp, changed))
+            for lane, add in zip(touched, sums if touched else (), strict=True):
+                table = self._traffic.get(lane)
+                if table is None:
+                    self._traffic[lane] = add
+                else:
                     table += add
-            for lane, dst in zip(lanes[prefetches].tolist(), records["dst"][prefetches].tolist(), strict=True):
-                self._requested[int(lane)] = dst
+            self._requested.update(requested)
             for lane in freed:
                 self._traffic.pop(int(lane), None)
                 self._requested.pop(int(lane), None)
@@ -239,13 +317,22 @@ class EventWindow:
             key = (self._seen, start, end, None if lanes is None else tuple(lanes))
             cached = self._last_window
         if cached is None or cached[0] != key:
-            parts = [c for c in chunks if len(c["start"]) and c["start"].min() <= end and c["end"].max() >= start]
-            columns = {name: np.concatenate([c[name] for c in parts]) if parts else np.zeros(0, dtype)
-                       for name, dtype in _HELD.items()}
-            keep = (columns["start"] <= end) & (columns["end"] >= start)
-            if lanes is not None:
-                keep &= np.isin(columns["lane"], np.asarray(lanes, dtype=np.float64))
-            cached = (key, {name: column[keep] for name, column in columns.items()})
+            wanted = None if lanes is None else np.unique(np.asarray(lanes, dtype=np.int64))
+            parts = []
+            for chunk in chunks:   # each filtered on its own: a view's few lanes are a small share of the rows
+                if not len(chunk) or chunk.first > end or chunk.last < start:
+                    continue
+                columns = chunk.columns
+                if wanted is not None:   # the lanes first: a view's few lanes are a small share of the rows
+                    rows = chunk.in_lanes(wanted)
+                    columns = {name: columns[name][rows] for name in _HELD}
+                if not (chunk.first >= start and chunk.last <= end):
+                    keep = (columns["start"] <= end) & (columns["end"] >= start)
+                    columns = {name: columns[name][keep] for name in _HELD}
+                parts.append(columns)
+            joined = {name: np.concatenate([part[name] for part in parts]) if parts else np.zeros(0, dtype)
+                      for name, dtype in _HELD.items()}
+            cached = (key, joined)
             with self._lock:
                 self._last_window = cached
         return {name: cached[1][name] for name in names}
@@ -274,12 +361,27 @@ class EventWindow:
             events, truncated
 
 
-def _joined(batches: list[np.ndarray]) -> np.ndarray:
-    """Record batches (contiguous, of one dtype) as one array. Joined as bytes: np.concatenate works out a
-    structured dtype's promotion for every piece, which costs more than copying a loop's small batches."""
-    if len(batches) == 1:
-        return batches[0]
-    return np.concatenate([np.ascontiguousarray(b).view(np.uint8) for b in batches]).view(batches[0].dtype)
+class _Staged:
+    """Records fed and not read yet, as their bytes: each batch is copied in as it is delivered (its producer may
+    reuse the array), and all are read out as one array. Copied as bytes: copying a structured array, or joining
+    many, costs several times more per call, and a loop delivers many small batches. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._bytes = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._bytes) // EVENT_DTYPE.itemsize
+
+    def add(self, records: np.ndarray) -> None:
+        if records.dtype != EVENT_DTYPE:
+            raise InvalidArgumentError(f"records must have EVENT_DTYPE, got {records.dtype}", value=records.dtype,
+                                       expected="uvm_lab.events.EVENT_DTYPE")
+        self._bytes += records.tobytes()
+
+    def take(self) -> np.ndarray:
+        """Everything added since the last take, oldest first; empty afterwards."""
+        data, self._bytes = self._bytes, bytearray()
+        return np.frombuffer(data, dtype=EVENT_DTYPE)
 
 
 def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) -> dict[str, np.ndarray]:
@@ -330,7 +432,7 @@ class DeviceSeries:
         self._taken = 0       # samples ever closed; the index of the next one
         self._closed_at = -float("inf")
         self._open = dict.fromkeys(("htod_bytes", "dtoh_bytes", "gpu_faults", "cpu_faults", "evicted_bytes"), 0)
-        self._pending: list[np.ndarray] = []   # fed since the last close_interval, summed there
+        self._pending = _Staged()   # fed since the last close_interval, summed there
 
     @property
     def dropped(self) -> int:
@@ -341,10 +443,9 @@ class DeviceSeries:
         if not len(records):
             return
         with self._lock:
-            self._pending.append(records.copy())
-            if len(self._pending) >= 1024:   # no view closes intervals now: sum them, so nothing piles up
-                pending, self._pending = self._pending, []
-                self._add(_joined(pending))
+            self._pending.add(records)
+            if len(self._pending) >= 1 << 16:   # no view closes intervals now: sum them, so nothing piles up
+                self._add(self._pending.take())
 
     def _add(self, records: np.ndarray) -> None:
         kinds = records["kind"]
@@ -366,9 +467,9 @@ class DeviceSeries:
         share the series). Returns whether it did."""
         now = self._clock()
         with self._lock:
-            pending, self._pending = self._pending, []
-            if pending:   # what was fed since the last close: this interval's (or the next's), summed at once
-                self._add(_joined(pending))
+            pending = self._pending.take()
+            if len(pending):   # what was fed since the last close: this interval's (or the next's), summed at once
+                self._add(pending)
             if now - self._closed_at < self.interval:
                 return False
             self._closed_at = now

@@ -28,12 +28,15 @@ Views never decode a page state's bits: they draw and count its category
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection, Iterable
+import weakref
+from collections.abc import Collection, Iterable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
 import uvm_lab as ul
+from uvm_lab.buffer import live_generation
 from uvm_lab.errors import BufferClosedError, InvalidArgumentError
 from uvm_lab.events import get_bus
 from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories
@@ -85,7 +88,7 @@ def describe_buffer(buf: Any) -> dict[str, Any]:
         "page_size": int(res.page_size),
         "states": states,
         "summary": {k: float(v) for k, v in res.summary().items()},
-        "category_pages": category_pages(states),
+        "category_pages": _category_pages(res.pages_by_state),   # the map's one pass over its pages, shared
         "advice": buf.advice if buf.is_managed else None,   # one query for all three
     }
 
@@ -96,14 +99,36 @@ class LiveAllocations:
     Each :meth:`refresh` asks the residency tracker where pages or advice changed since the last one
     (:meth:`~uvm_lab.residency_map.ResidencyTracker.changes`) and describes again only the buffers there and
     the new ones; every other buffer keeps the very same description object, so a view can tell by identity
-    what it need not redraw. A view at 1,000 allocations and 16 M pages then costs what a loop changes, not
-    what the device holds. Not thread-safe: one reader each.
+    what it need not redraw. The list of buffers is read again only when one was made or freed
+    (:func:`~uvm_lab.buffer.live_generation`). A view at 1,000 allocations and 16 M pages then costs what a
+    loop changes, not what the device holds. Not thread-safe: one reader each.
     """
 
     def __init__(self) -> None:
         self._cursor: int | None = None
-        self._described: dict[int, dict[str, Any]] = {}
+        self._generation: int | None = None
+        self._buffers: dict[int, weakref.ref[Any]] = {}   # by id, oldest first
+        self._by_address: tuple[np.ndarray, np.ndarray, list[int]] = (np.zeros(0, np.int64), np.zeros(0, np.int64),
+                                                                      [])
+        self._described: dict[int, dict[str, Any]] = {}   # by id, in the order of _buffers
         self._pending: set[int] = set()   # changed since described, not described again yet
+        self._changed: frozenset[int] = frozenset()
+        self._managed_bytes = 0
+
+    @property
+    def managed_bytes(self) -> int:
+        """The bytes of every live managed buffer, as of the last :meth:`refresh`."""
+        return self._managed_bytes
+
+    @property
+    def described(self) -> Mapping[int, dict[str, Any]]:
+        """Every live buffer's description as of the last :meth:`refresh`, by id, oldest first."""
+        return MappingProxyType(self._described)
+
+    @property
+    def changed(self) -> frozenset[int]:
+        """The buffers the last :meth:`refresh` described again (the new ones among them)."""
+        return self._changed
 
     def refresh(self, first: Collection[int] | None = None, others: int | None = None) -> list[dict[str, Any]]:
         """Every live buffer's description, oldest first.
@@ -117,41 +142,61 @@ class LiveAllocations:
             cursor, ranges = tracker.changes(0)[0], None   # the first time: everything
         else:
             cursor, ranges = tracker.changes(self._cursor)
-        buffers = ul.live_buffers()
-        pending = self._pending | {buf.id for buf, redo in zip(buffers, _touched(buffers, ranges), strict=True)
-                                   if redo}
+        generation = live_generation()
+        buffers, by_address = self._buffers, self._by_address
+        if generation != self._generation:   # made or freed since: list them again (before the cursor moves on)
+            live = ul.live_buffers()
+            buffers = {buf.id: weakref.ref(buf) for buf in live}
+            order = sorted((buf for buf in live if buf.size), key=lambda buf: buf.ptr)   # an empty one holds no page
+            by_address = (np.array([b.ptr for b in order], dtype=np.int64),
+                          np.array([b.ptr + b.size for b in order], dtype=np.int64), [b.id for b in order])
+        pending = self._pending | _touched(by_address, ranges)
+        if generation == self._generation:   # the same buffers: only the changed ones are visited
+            described = dict(self._described)
+            todo = sorted(i for i in pending if i in buffers)   # (a set & a dict's keys would walk every key)
+        else:
+            described = {i: self._described[i] for i in buffers if i in self._described}
+            todo = [i for i in buffers if i not in described or i in pending]
         allowance = others
-        out, kept = [], {}
-        for buf in buffers:
-            described = self._described.get(buf.id)
-            if described is None or buf.id in pending:
-                favoured = first is None or buf.id in first
-                if described is None or favoured or allowance is None or allowance > 0:
-                    if described is not None and not favoured and allowance is not None:
-                        allowance -= 1
-                    try:
-                        described = describe_buffer(buf)
-                    except (BufferClosedError, InvalidArgumentError):
-                        continue  # freed by another thread between live_buffers() and now
-                    pending.discard(buf.id)
-            out.append(described)
-            kept[buf.id] = described
+        changed = set()
+        for alloc_id in todo:
+            favoured = first is None or alloc_id in first
+            if alloc_id in described and not favoured and allowance is not None:
+                if allowance <= 0:
+                    continue   # keeps its last description: a later refresh reaches it
+                allowance -= 1
+            buf = buffers[alloc_id]()
+            try:
+                if buf is None:
+                    raise BufferClosedError(f"buffer {alloc_id} was collected")
+                described[alloc_id] = describe_buffer(buf)
+            except (BufferClosedError, InvalidArgumentError):
+                described.pop(alloc_id, None)   # freed since it was listed (the list is read again once it is)
+                continue
+            changed.add(alloc_id)
+            pending.discard(alloc_id)
+        if generation != self._generation:   # new ones were described last: put them in their place
+            described = {i: described[i] for i in buffers if i in described}
+            self._managed_bytes = sum(plain["size"] for plain in described.values() if plain["is_managed"])
         # Only now: a refresh that failed part way reports the same changes again next time.
-        self._described, self._cursor = kept, cursor
-        self._pending = pending & kept.keys()
-        return out
+        self._described, self._cursor, self._changed = described, cursor, frozenset(changed)
+        self._buffers, self._by_address, self._generation = buffers, by_address, generation
+        self._pending = {i for i in pending if i in described}
+        return list(described.values())
 
 
-def _touched(buffers: list[Any], ranges: np.ndarray | None) -> list[bool]:
-    """Whether each buffer overlaps one of ``ranges`` (sorted, disjoint ``[start, end)``); all, for None."""
+def _touched(by_address: tuple[np.ndarray, np.ndarray, list[int]], ranges: np.ndarray | None) -> set[int]:
+    """The ids of the buffers (``(starts, ends, ids)``, sorted by start) that overlap one of ``ranges`` (sorted,
+    disjoint ``[start, end)``); every one, for None."""
+    starts, ends, ids = by_address
     if ranges is None:
-        return [True] * len(buffers)
-    if not len(ranges) or not buffers:
-        return [False] * len(buffers)
-    starts = np.array([b.ptr for b in buffers], dtype=np.int64)
-    ends = starts + np.array([max(b.size, 1) for b in buffers], dtype=np.int64)
-    last = np.searchsorted(ranges[:, 0], ends, side="left") - 1   # the last range starting before the end
-    return ((last >= 0) & (ranges[np.maximum(last, 0), 1] > starts)).tolist()
+        return set(ids)
+    if not len(ranges) or not ids:
+        return set()
+    # Buffers do not overlap: those a range meets are a slice of the sorted ones, found by two searches.
+    first = np.searchsorted(ends, ranges[:, 0], side="right")
+    stop = np.searchsorted(starts, ranges[:, 1], side="left")
+    return {ids[i] for a, b in zip(first.tolist(), stop.tolist(), strict=True) for i in range(a, b)}
 
 
 def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | None = None) -> dict[str, Any]:
@@ -181,7 +226,11 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
 def category_pages(states: np.ndarray) -> dict[str, int]:
     """Pages in each category (:data:`~uvm_lab.page_states.CATEGORY_NAMES`, every one, in order) of ``states``."""
     # Pages by state first (256 counters), then each state's pages to its category: one pass over the pages.
-    by_state = np.bincount(_page_states(states), minlength=256)
+    return _category_pages(np.bincount(_page_states(states), minlength=256))
+
+
+def _category_pages(by_state: np.ndarray) -> dict[str, int]:
+    """:func:`category_pages` from the pages in each of the 256 states."""
     by_category = np.bincount(_STATE_CATEGORY, weights=by_state, minlength=len(CATEGORY_NAMES))
     return dict(zip(CATEGORY_NAMES, by_category.astype(np.int64).tolist(), strict=True))
 

@@ -22,7 +22,7 @@ import uvm_lab as ul
 from uvm_lab.events import get_bus
 from uvm_lab.units import format_bytes
 
-from ..throttle import gap
+from ..throttle import Budget
 from .allocations import AllocationList
 from .base import BokehView, DashboardComponent, close_widget_tree
 from .collect import EventTotals, LiveAllocations, collect_snapshot
@@ -93,7 +93,7 @@ class Dashboard:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._last = 0.0
-        self._cost = 0.0     # what the last live refresh took
+        self._budget = Budget()   # what live refreshes have taken of the kernel (..throttle)
         self._closed = False
         self._subscription = bus.subscribe(self._on_events) if live else None
         self.refresh()
@@ -158,12 +158,12 @@ class Dashboard:
             self._wake.wait()
             # The throttle (..throttle): at most one refresh an interval and 5% of the kernel's time; what
             # arrives meanwhile is drawn in that one.
-            if self._stop.wait(max(0.0, self._last + gap(self.interval, self._cost) - time.monotonic())):
+            if self._stop.wait(max(0.0, max(self._last + self.interval, self._budget.ready_at()) - time.monotonic())):
                 break
             self._wake.clear()   # events from here on wake the next round
-            started = time.thread_time()
+            started, cpu = time.monotonic(), time.thread_time()
             self.refresh()
-            self._cost = time.thread_time() - started   # see ..throttle: the time taken, not waited
+            self._budget.spend(started, time.thread_time() - cpu)   # see ..throttle: the time taken, not waited
 
     @property
     def live(self) -> bool:

@@ -1,0 +1,56 @@
+"""The live views' throttle: a share of the kernel's time, with a burst, on a clock the test gives."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from uvm_lab.jupyter.throttle import Budget
+
+
+def run_greedy(budget: Budget, costs: list[float], interval: float = 0.0, now: float = 0.0) -> list[float]:
+    """Start each piece of work as soon as the budget and the interval allow; the moments they started."""
+    starts = []
+    for cost in costs:
+        now = max(now, budget.ready_at())
+        starts.append(now)
+        budget.spend(now, cost)
+        now += max(cost, interval)
+    return starts
+
+
+def test_steady_work_takes_at_most_the_share_of_the_time():
+    budget = Budget(share=0.05, burst=1.0)
+    starts = run_greedy(budget, [0.01] * 500)
+    # 5 s of work at 5% needs 100 s of clock, less the one-second burst it may owe at the end.
+    assert starts[-1] + 0.01 == pytest.approx(100.0 - 1.0, abs=0.2)
+    for t in (10.0, 30.0, 60.0):   # and at any moment, no more than the share of the time so far and the burst
+        done = 0.01 * sum(1 for s in starts if s < t)
+        assert done <= 0.05 * (t + 1.0) + 0.01
+
+
+def test_one_costly_piece_does_not_hold_back_the_cheap_ones_after_it():
+    budget = Budget(share=0.05, burst=1.0)
+    # A timeline answer of 20 ms (0.4 s of clock to pay), then updates of 1 ms every 50 ms.
+    budget.spend(0.0, 0.020)
+    starts = run_greedy(budget, [0.001] * 10, interval=0.05)
+    gaps = [b - a for a, b in itertools.pairwise(starts)]
+    assert starts[0] == 0.0 and gaps == pytest.approx([0.05] * 9)
+
+
+def test_work_beyond_the_burst_waits_until_it_is_paid_for():
+    budget = Budget(share=0.05, burst=1.0)
+    budget.spend(0.0, 0.1)   # 2 s of clock: 1 s more than may be owed
+    assert budget.ready_at() == pytest.approx(1.0)
+    budget.spend(1.0, 0.0)
+    assert budget.ready_at() == pytest.approx(1.0)
+
+
+def test_an_idle_spell_is_not_saved_up_beyond_the_burst():
+    budget = Budget(share=0.05, burst=1.0)
+    budget.spend(0.0, 0.001)
+    # A hundred seconds later, the same burst as at the start: 1 s of clock, 50 ms of work back to back.
+    starts = run_greedy(budget, [0.01] * 10, now=100.0)
+    assert starts[:6] == pytest.approx([100.0 + 0.01 * i for i in range(6)])
+    assert starts[7] > starts[6] + 0.01
