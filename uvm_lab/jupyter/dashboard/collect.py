@@ -27,6 +27,7 @@ Views never decode a page state's bits: they draw and count its category
 
 from __future__ import annotations
 
+import itertools
 import threading
 import weakref
 from collections.abc import Collection, Iterable, Mapping
@@ -111,7 +112,7 @@ class LiveAllocations:
         self._by_address: tuple[np.ndarray, np.ndarray, list[int]] = (np.zeros(0, np.int64), np.zeros(0, np.int64),
                                                                       [])
         self._described: dict[int, dict[str, Any]] = {}   # by id, in the order of _buffers
-        self._pending: set[int] = set()   # changed since described, not described again yet
+        self._pending: dict[int, None] = {}   # changed since described, not described again yet: oldest first
         self._changed: frozenset[int] = frozenset()
         self._managed_bytes = 0
 
@@ -150,13 +151,19 @@ class LiveAllocations:
             order = sorted((buf for buf in live if buf.size), key=lambda buf: buf.ptr)   # an empty one holds no page
             by_address = (np.array([b.ptr for b in order], dtype=np.int64),
                           np.array([b.ptr + b.size for b in order], dtype=np.int64), [b.id for b in order])
-        pending = self._pending | _touched(by_address, ranges)
-        if generation == self._generation:   # the same buffers: only the changed ones are visited
-            described = dict(self._described)
-            todo = sorted(i for i in pending if i in buffers)   # (a set & a dict's keys would walk every key)
-        else:
+        pending = dict(self._pending)
+        for alloc_id in sorted(_touched(by_address, ranges)):
+            pending.setdefault(alloc_id)   # one waiting already keeps its place
+        if generation != self._generation:
             described = {i: self._described[i] for i in buffers if i in self._described}
             todo = [i for i in buffers if i not in described or i in pending]
+        elif first is None or others is None:   # the same buffers: only the changed ones are visited
+            described = dict(self._described)
+            todo = [i for i in pending if i in buffers]
+        else:   # and of those, the favoured ones and the `others` that waited longest: not the whole backlog
+            described = dict(self._described)
+            todo = [i for i in first if i in pending and i in buffers]
+            todo += itertools.islice((i for i in pending if i not in first and i in buffers), others)
         allowance = others
         changed = set()
         for alloc_id in todo:
@@ -174,14 +181,14 @@ class LiveAllocations:
                 described.pop(alloc_id, None)   # freed since it was listed (the list is read again once it is)
                 continue
             changed.add(alloc_id)
-            pending.discard(alloc_id)
+            pending.pop(alloc_id, None)
         if generation != self._generation:   # new ones were described last: put them in their place
             described = {i: described[i] for i in buffers if i in described}
             self._managed_bytes = sum(plain["size"] for plain in described.values() if plain["is_managed"])
         # Only now: a refresh that failed part way reports the same changes again next time.
         self._described, self._cursor, self._changed = described, cursor, frozenset(changed)
         self._buffers, self._by_address, self._generation = buffers, by_address, generation
-        self._pending = {i for i in pending if i in described}
+        self._pending = pending if generation == self._generation else {i: None for i in pending if i in described}
         return list(described.values())
 
 
