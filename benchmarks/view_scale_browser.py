@@ -79,15 +79,14 @@ print("alone", len(alone) / {seconds:.3f}, "ops/s")"""
 
 VIEW = "%uvm view"
 
-# Counts what each message to the view would put on the wire, from here on (the view's snapshot is sent).
+# Counts what each message to the view would put on the wire, from here on (the view's snapshot is sent). Each
+# message is kept and measured after the run: measuring it as it is sent would charge the view for the count.
 COUNT = """\
 from uvm_lab.jupyter.comm import sessions
-wire = {"bytes": 0, "messages": 0, "updates": 0}
+sent = []
 def counting(send):
     def counted(data=None, metadata=None, buffers=None):
-        wire["bytes"] += len(json.dumps(data)) + sum(memoryview(b).nbytes for b in buffers or ())
-        wire["messages"] += 1
-        wire["updates"] += isinstance(data, dict) and data.get("type") == "update"
+        sent.append((data, [memoryview(b).nbytes for b in buffers or ()]))
         return send(data=data, metadata=metadata, buffers=buffers)
     return counted
 for s in sessions():
@@ -99,6 +98,8 @@ started = time.time() * 1000
 watched = loop({seconds}, 1)
 seconds = (time.time() * 1000 - started) / 1000
 time.sleep(1.0)   # the update that carries the last changes
+wire = {{"bytes": sum(len(json.dumps(data)) + sum(sizes) for data, sizes in sent), "messages": len(sent),
+         "updates": sum(isinstance(data, dict) and data.get("type") == "update" for data, _ in sent)}}
 json.dump({{"ops": watched, "seconds": seconds, "alone_ops_per_s": len(alone) / {seconds:.3f}, **wire}},
           open("watched.json", "w"))
 print("watched", len(watched) / seconds, "ops/s")"""

@@ -75,7 +75,7 @@ from .protocol import (
     pack_states,
     parse_command,
 )
-from .throttle import Budget
+from .throttle import BUSY_SHARE, Budget
 from .timeline import DeviceSeries, EventWindow, shared
 
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
@@ -95,6 +95,8 @@ CONTROLS_SOURCE = "UVM Lab controls"
 
 #: Seconds between two updates of an idle kernel's view: a sample for the device lanes, nothing else.
 IDLE_SAMPLE = 1.0
+#: The share of the kernel's time (of the view's BUSY_SHARE) that updates may take; timeline answers take the rest.
+UPDATES_SHARE = 0.04
 #: The least time between two updates, in seconds: about 20 a second at most, so that a change waits for the next
 #: update 25 ms on average and 50 ms at most.
 UPDATE_INTERVAL = 0.05
@@ -141,8 +143,10 @@ class PanelSession:
         self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
         self._closed = threading.Event()
-        # The throttle (.throttle), one budget for updates and timeline answers: neither starts before it allows.
-        self._budget = Budget()
+        # The throttle (.throttle): updates and timeline answers each have their share of the view's, so that an
+        # answer (it reads every event held, once a second) never leaves a hole in the updates.
+        self._budget = Budget(UPDATES_SHARE)
+        self._answers = Budget(BUSY_SHARE - UPDATES_SHARE)
         self._context = contextvars.copy_context()  # where the panel's last message was handled
         self._bus = bus or get_bus()
         self._subscription = self._bus.subscribe(self._on_events)
@@ -169,14 +173,14 @@ class PanelSession:
         try:
             command = parse_command(data)
             if command["type"] == "timeline":
-                # An answer reads every event held: it takes from the same share of the kernel as updates do.
-                self._closed.wait(max(0.0, self._budget.ready_at() - time.monotonic()))
+                # An answer reads every event held: it waits for its own share of the kernel (see __init__).
+                self._closed.wait(max(0.0, self._answers.ready_at() - time.monotonic()))
                 self._bus.flush()   # not charged: see _run
             started, cpu = time.monotonic(), time.thread_time()
             with self._command_lock:
                 self._execute(command)
             if command["type"] == "timeline":
-                self._budget.spend(started, time.thread_time() - cpu)
+                self._answers.spend(started, time.thread_time() - cpu)
         except Exception as err:
             # Any failure, ours or the core's, is the command's answer, never the comm's end.
             result["ok"] = False

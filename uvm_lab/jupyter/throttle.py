@@ -5,8 +5,9 @@ answer to a timeline query, which reads every event held) is paid for by the tim
 ``cost`` seconds uses up ``cost / BUSY_SHARE`` seconds of the clock (19 times the cost after it, at 5%), and the
 next piece of work may start once what came before is paid for. Up to :data:`BURST` seconds may be owed at a
 time, so one costly answer does not hold the updates back that follow it; over any stretch of time, the work
-takes at most :data:`BUSY_SHARE` of it and ``BUSY_SHARE * BURST`` seconds more. Both the lab view's session and
-the widget dashboard follow it.
+takes at most its share of it and ``share * BURST`` seconds more. Both the lab view's session and the widget
+dashboard follow it; the session splits :data:`BUSY_SHARE` between its updates and its answers to timeline queries,
+each with a budget of its own, so that a costly answer never holds the updates back.
 
 The cost is the refreshing thread's CPU time (``time.thread_time``), what it took from the kernel. Its wall
 time would also count the time it waited for the GIL while the loop held it: the busier the loop, the longer
