@@ -85,7 +85,7 @@ log = logging.getLogger("uvm_lab.jupyter.comm")
 #: Changed maps a view does not show (see the ``watch`` command) read a second, at most (one an update).
 OTHERS_PER_SECOND = 5
 #: Buffers a view does not show whose counts alone changed (no map to read: cheaper), sent in one update.
-COUNTS_PER_UPDATE = 4
+COUNTS_PER_UPDATE = 2
 
 # A "runs" buffer that changes no cell.
 _NO_RUNS = np.zeros(4, dtype=np.uint8)

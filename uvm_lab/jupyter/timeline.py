@@ -239,7 +239,6 @@ class EventWindow:
         column = _COUNTER[kinds]
         counted = (column >= 0) & (lanes != 0)
         prefetch = (kinds == EventKind.PREFETCH) & (lanes != 0)
-        changed = np.unique(lanes[counted | prefetch]).astype(np.int64).tolist()
         touched: list[int] = []
         if counted.any():
             # Summed for every lane at once (one pass), then added to each lane's table.
@@ -256,6 +255,7 @@ class EventWindow:
             for lane, dst in zip(lanes[prefetch].astype(np.int64).tolist(), records["dst"][prefetch].tolist(),
                                  strict=True):
                 requested[lane] = dst   # the last prefetch of each lane wins
+        changed = sorted({*touched, *requested})   # the lanes whose traffic or last prefetch moved
         freed = records["alloc_id"][kinds == EventKind.FREE].tolist() if (kinds == EventKind.FREE).any() else []
         with self._lock:
             self._read_ins += 1
