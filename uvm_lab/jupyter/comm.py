@@ -299,7 +299,7 @@ class PanelSession:
         infos: list[AllocationInfo] = []
         payloads: list[np.ndarray] = []
         held: dict[int, tuple[AllocationInfo, np.ndarray]] = {}
-        ids = described.keys() if candidates is None else sorted(candidates & described.keys())
+        ids = described.keys() if candidates is None else sorted(i for i in candidates if i in described)
         for alloc_id in ids:
             plain = described[alloc_id]
             if not plain["size"]:
