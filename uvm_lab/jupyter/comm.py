@@ -438,7 +438,7 @@ class PanelSession:
                     log.exception("uvm_lab panel update failed")
                 failing = True
                 self._wake.set()
-            # The throttle (.throttle): at most one update an interval and 5% of the kernel's time; events
+            # The throttle (.throttle): at most one update an interval and UPDATES_SHARE of the kernel's time; events
             # arriving meanwhile only set _wake, and go out together.
             self._budget.spend(started, time.thread_time() - cpu)
             self._closed.wait(max(0.0, max(started + self.interval, self._budget.ready_at()) - time.monotonic()))

@@ -2,7 +2,7 @@
 
 A view that watches a loop takes the GIL from it while it reads maps and packs messages. Each refresh (and each
 answer to a timeline query, which reads every event held) is paid for by the time after it: work that took
-``cost`` seconds uses up ``cost / BUSY_SHARE`` seconds of the clock (19 times the cost after it, at 5%), and the
+``cost`` seconds uses up ``cost / share`` seconds of the clock (19 times the cost after it, at 5%), and the
 next piece of work may start once what came before is paid for. Up to :data:`BURST` seconds may be owed at a
 time, so one costly answer does not hold the updates back that follow it; over any stretch of time, the work
 takes at most its share of it and ``share * BURST`` seconds more. Both the lab view's session and the widget
