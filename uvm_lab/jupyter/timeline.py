@@ -256,7 +256,7 @@ class EventWindow:
                                  strict=True):
                 requested[lane] = dst   # the last prefetch of each lane wins
         changed = sorted({*touched, *requested})   # the lanes whose traffic or last prefetch moved
-        freed = records["alloc_id"][kinds == EventKind.FREE].tolist() if (kinds == EventKind.FREE).any() else []
+        freed = records["alloc_id"][kinds == EventKind.FREE].tolist()
         with self._lock:
             self._read_ins += 1
             stamp = self._read_ins
@@ -319,7 +319,7 @@ class EventWindow:
         if cached is None or cached[0] != key:
             wanted = None if lanes is None else np.unique(np.asarray(lanes, dtype=np.int64))
             parts = []
-            for chunk in chunks:   # each filtered on its own: a view's few lanes are a small share of the rows
+            for chunk in chunks:   # each filtered on its own
                 if not len(chunk) or chunk.first > end or chunk.last < start:
                     continue
                 columns = chunk.columns
