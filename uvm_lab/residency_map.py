@@ -519,9 +519,9 @@ def _merge(ranges: np.ndarray) -> np.ndarray:
         return ranges.copy()
     ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
     reach = np.maximum.accumulate(ranges[:, 1])
-    new = np.r_[True, ranges[1:, 0] > reach[:-1]]   # a range that starts past everything before it
-    firsts = np.flatnonzero(new)
-    ends = reach[np.r_[firsts[1:] - 1, len(ranges) - 1]]
+    # A range that starts past everything before it starts a joined one; the one before it ends the last.
+    firsts = np.concatenate([[0], np.flatnonzero(ranges[1:, 0] > reach[:-1]) + 1])
+    ends = reach[np.append(firsts[1:] - 1, len(ranges) - 1)]
     return np.stack([ranges[firsts, 0], ends], axis=1)
 
 

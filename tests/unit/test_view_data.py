@@ -318,6 +318,28 @@ def test_a_lane_is_the_buffer_the_address_is_in_while_it_lives():
     assert list(zip(cols["start"].tolist(), cols["lane"].tolist(), strict=True)) == [(10, 1), (20, 1), (30, 0)]
 
 
+def test_each_buffer_counts_only_its_own_traffic_across_many_made_and_freed():
+    # More buffers than fit the first table, freed and made again in turns: a freed buffer's counts go with it,
+    # and one made after it starts from nothing.
+    window, expected = EventWindow(), {}
+    for rnd in range(3):
+        ids = list(range(1 + 40 * rnd, 41 + 40 * rnd))
+        window.feed(make_events(len(ids), kind=EventKind.ALLOC, address=[BASE * i for i in ids], bytes=BASE,
+                                alloc_id=ids, start=10**15, end=10**15))
+        window.feed(_events(np.arange(len(ids)), 1, ids, nbytes=np.array(ids) * PAGE))
+        window.feed(_events(np.arange(len(ids) // 2), 1, ids[::2], kind=EventKind.DTOH, nbytes=PAGE))
+        for i in ids:
+            expected[i] = (i * PAGE, PAGE if (i - ids[0]) % 2 == 0 else 0)
+            traffic = window.traffic(i)
+            assert (traffic["htod_bytes"], traffic["dtoh_bytes"]) == expected[i]
+        freed = ids[: len(ids) // 2]
+        window.feed(make_events(len(freed), kind=EventKind.FREE, address=[BASE * i for i in freed], bytes=BASE,
+                                alloc_id=freed, start=10**15, end=10**15))
+        for i in freed:
+            assert window.traffic(i)["htod_bytes"] == 0
+        for i in ids[len(ids) // 2:]:
+            assert (window.traffic(i)["htod_bytes"], window.traffic(i)["dtoh_bytes"]) == expected[i]
+
 def test_the_timeline_holds_a_bounded_number_of_events_and_counts_the_rest():
     window = EventWindow(capacity=5)
     window.feed(_events(range(3), 1, 1))

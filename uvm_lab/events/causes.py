@@ -62,6 +62,8 @@ _BY_KIND[EventKind.INVALIDATE] = _COHERENCE
 _BY_KIND[[EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.ALLOC, EventKind.FREE,
           EventKind.ALLOC_FAILURE, EventKind.POOL_GROW]] = _ALLOCATION
 
+_UNOBSERVED, _COLLAPSE = int(EventKind.UNOBSERVED), int(UnobservedCause.COLLAPSE)   # as ints: compared per call
+
 _MIGRATIONS = np.zeros(256, dtype=bool)
 _MIGRATIONS[[EventKind.HTOD, EventKind.DTOH, EventKind.DTOD]] = True
 
@@ -76,7 +78,7 @@ def cause_codes(records: np.ndarray) -> np.ndarray:
     migration = _MIGRATIONS[kinds]
     # An inferred migration is inferred whatever cause it was inferred for.
     out[migration] = np.where(flags[migration] & INFERRED_BIT, _INFERRED, _MIGRATION[flags[migration]])
-    collapse = (kinds == EventKind.UNOBSERVED) & (flags == UnobservedCause.COLLAPSE)
+    collapse = (kinds == _UNOBSERVED) & (flags == _COLLAPSE)
     out[collapse] = _COHERENCE
     return out
 

@@ -208,7 +208,7 @@ class PanelSession:
                     self._lanes_deferred.clear()
                 candidates = None if everything else self._due(lanes)
                 infos, cells, held = self._describe_changed(described, candidates)
-                gone = sorted(self._sent.keys() - described.keys())
+                gone = sorted(self._sent.keys() - described.keys()) if self._live.relisted else []
                 device = _device_info()
                 self._sample(now, device)
                 samples, next_sample = self._series.since(self._next_sample)
@@ -229,7 +229,7 @@ class PanelSession:
             for alloc_id in gone:
                 del self._sent[alloc_id]
                 self._lanes_deferred.pop(alloc_id, None)
-            for alloc_id in self._packed.keys() - described.keys():
+            for alloc_id in self._packed.keys() - described.keys() if self._live.relisted else ():
                 del self._packed[alloc_id]
             return bool(infos or gone or samples)
 
@@ -282,7 +282,7 @@ class PanelSession:
                 due.add(lane)
             else:
                 self._lanes_deferred.setdefault(lane)   # a dict as an ordered set: a lane keeps its place
-        for lane in due.intersection(self._lanes_deferred):
+        for lane in [lane for lane in due if lane in self._lanes_deferred]:
             del self._lanes_deferred[lane]   # its counts go now anyway
         for lane in list(itertools.islice(self._lanes_deferred, COUNTS_PER_UPDATE)):
             del self._lanes_deferred[lane]

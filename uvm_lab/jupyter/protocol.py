@@ -549,7 +549,7 @@ _MAX_SPANS = 32
 def _spans(cells: np.ndarray) -> list[tuple[int, int]]:
     """Sorted cell numbers (repeats allowed) as ``[first, stop)`` slices that cover them."""
     breaks = np.flatnonzero(np.diff(cells) > _SPAN_GAP)
-    firsts, lasts = cells[np.r_[0, breaks + 1]], cells[np.r_[breaks, len(cells) - 1]]
+    firsts, lasts = cells[np.concatenate([[0], breaks + 1])], cells[np.append(breaks, len(cells) - 1)]
     if len(firsts) > _MAX_SPANS:
         return [(int(cells[0]), int(cells[-1]) + 1)]
     return list(zip(firsts.tolist(), (lasts + 1).tolist(), strict=True))
@@ -577,8 +577,8 @@ def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     if not len(changed):
         return np.zeros(4, dtype=np.uint8)
     breaks = np.flatnonzero(np.diff(changed) > _RUN_GAP + 1)
-    starts = changed[np.r_[0, breaks + 1]]
-    ends = changed[np.r_[breaks, len(changed) - 1]] + 1
+    starts = changed[np.concatenate([[0], breaks + 1])]
+    ends = changed[np.append(breaks, len(changed) - 1)] + 1
     inside = np.zeros(len(new) + 1, dtype=np.int8)
     inside[starts] = 1    # runs are apart, so no start is another run's end: plain stores, not np.add.at
     inside[ends] = -1

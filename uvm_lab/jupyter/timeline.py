@@ -12,6 +12,7 @@ update interval's transfers, faults and evictions into one small row.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -77,6 +78,11 @@ _COUNTER[[EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT]] = 0
 _COUNTER[EventKind.HTOD] = 1
 _COUNTER[EventKind.DTOH] = 2
 
+# A buffer's own records, found by id rather than by address (see _lanes); kinds compared in loops, as ints.
+_OWN = np.zeros(256, dtype=bool)
+_OWN[[EventKind.ALLOC, EventKind.FREE]] = True
+_PREFETCH, _FREE = int(EventKind.PREFETCH), int(EventKind.FREE)
+
 #: Read-ins whose changed buffers are kept for changed_lanes (a reader further behind scans every buffer).
 _CHANGES_KEPT = 256
 
@@ -112,25 +118,27 @@ class EventWindow:
         # A record's alloc_id names the backend's segment; a lane is a buffer (what the view lists).
         self._buffers = AllocationIndex("buffer", history=0)
         # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
-        self._traffic: dict[int, np.ndarray] = {}
+        self._traffic = _Rows((len(CAUSE_NAMES), 3))
         self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
         self._stamps: dict[int, int] = {}   # per buffer, the last read-in that changed its traffic or destination
         # The buffers each recent read-in changed, newest last: a reader that keeps up reads these, not _stamps.
         self._changes: deque[tuple[int, list[int]]] = deque(maxlen=_CHANGES_KEPT)
         self._read_ins = 0
         self._pending = _Staged()     # fed, not yet read in
+        self._unbuilt: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # read in: records, lanes, causes
+        self._unbuilt_rows = 0
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
         self._last_window: tuple[tuple, dict[str, np.ndarray]] | None = None   # see _window
 
     @property
     def held(self) -> int:
-        self._read_in()
+        self._read_in(build=True)
         return self._held
 
     @property
     def dropped(self) -> int:
         """Events that fell out, oldest first, past ``capacity``."""
-        self._read_in()
+        self._read_in(build=True)
         return self._seen - self._held
 
     def feed(self, records: np.ndarray) -> None:
@@ -143,16 +151,25 @@ class EventWindow:
         if full:   # nothing reads: bound what waits
             self._read_in()
 
-    def _read_in(self) -> None:
+    def _read_in(self, *, build: bool = False) -> None:
+        """Read what was fed in: each record's lane and cause, and the traffic they add (what a view's update
+        reads). The timeline's columns are built from them when a query needs them (``build``), or once enough
+        wait: a view's updates read often and its queries seldom, and a read-in's cost is mostly per call."""
         with self._reading:
             with self._lock:
                 pending = self._pending.take()
-            if len(pending):   # in one piece: what a read-in costs is mostly per call, and loops publish small batches
-                self._ingest(pending)
+            if len(pending):   # in one piece: loops publish small batches
+                lanes, causes = self._lanes(pending), cause_codes(pending)
+                self._count_traffic(pending, lanes, causes)
+                self._unbuilt.append((pending, lanes, causes))
+                self._unbuilt_rows += len(pending)
+            if self._unbuilt and (build or self._unbuilt_rows >= _CHUNK_ROWS):
+                self._build()
 
-    def _ingest(self, records: np.ndarray) -> None:
-        lanes, causes = self._lanes(records), cause_codes(records)
-        self._count_traffic(records, lanes, causes)
+    def _build(self) -> None:
+        """The records read in since the last build as one more chunk of columns; the oldest past capacity go."""
+        parts, self._unbuilt, self._unbuilt_rows = self._unbuilt, [], 0
+        records, lanes, causes = (np.concatenate(column) for column in zip(*parts, strict=True))
         seen = len(records)
         records, lanes, causes = records[-self._capacity:], lanes[-self._capacity:], causes[-self._capacity:]
         chunk = _Chunk({
@@ -192,7 +209,7 @@ class EventWindow:
 
     def extent(self) -> tuple[int, int]:
         """The start of the oldest event held and the latest end of any, in ns; ``(0, 0)`` when none is."""
-        self._read_in()
+        self._read_in(build=True)
         with self._lock:
             chunks = [c for c in self._chunks if len(c)]
             if not chunks:
@@ -237,8 +254,9 @@ class EventWindow:
         kinds = records["kind"]
         # Per kind, which of the three counters (faults, bytes to the GPU, bytes to the host) a record adds to.
         column = _COUNTER[kinds]
-        counted = (column >= 0) & (lanes != 0)
-        prefetch = (kinds == EventKind.PREFETCH) & (lanes != 0)
+        live = lanes != 0
+        counted = (column >= 0) & live
+        prefetch = (kinds == _PREFETCH) & live
         touched: list[int] = []
         if counted.any():
             # Summed for every lane at once (one pass), then added to each lane's table.
@@ -256,22 +274,18 @@ class EventWindow:
                                  strict=True):
                 requested[lane] = dst   # the last prefetch of each lane wins
         changed = sorted({*touched, *requested})   # the lanes whose traffic or last prefetch moved
-        freed = records["alloc_id"][kinds == EventKind.FREE].tolist()
+        freed = records["alloc_id"][kinds == _FREE].tolist()
         with self._lock:
             self._read_ins += 1
             stamp = self._read_ins
             for lane in changed:
                 self._stamps[lane] = stamp
             self._changes.append((stamp, changed))
-            for lane, add in zip(touched, sums if touched else (), strict=True):
-                table = self._traffic.get(lane)
-                if table is None:
-                    self._traffic[lane] = add
-                else:
-                    table += add
+            if touched:
+                self._traffic.add(touched, sums)
             self._requested.update(requested)
             for lane in freed:
-                self._traffic.pop(int(lane), None)
+                self._traffic.pop(int(lane))
                 self._requested.pop(int(lane), None)
                 self._stamps.pop(int(lane), None)
 
@@ -279,12 +293,13 @@ class EventWindow:
         """The buffer each record concerns (0: none live then): by address, but a buffer's own ALLOC and FREE
         by id. The batch is read in order, a run of allocator records at a time, so a record before a FREE
         is the freed buffer's and one after an ALLOC the new buffer's."""
-        kinds = records["kind"]
-        own = (kinds == EventKind.ALLOC) | (kinds == EventKind.FREE)
+        own = _OWN[records["kind"]]
+        if not own.any():   # most batches: no buffer made or freed
+            return self._buffers.lookup(records["address"]).astype(np.float64)
         lanes = np.zeros(len(records), dtype=np.uint64)
         # Where a run of allocator records starts or ends: the batch splits there.
-        edges = np.flatnonzero(np.diff(own.astype(np.int8))) + 1
-        for lo, hi in zip(np.r_[0, edges].tolist(), np.r_[edges, len(records)].tolist(), strict=True):
+        bounds = [0, *(np.flatnonzero(own[1:] != own[:-1]) + 1).tolist(), len(records)]
+        for lo, hi in itertools.pairwise(bounds):
             part = records[lo:hi]
             if own[lo]:
                 self._buffers.update(part)
@@ -311,7 +326,7 @@ class EventWindow:
 
         The last window read is kept until an event arrives: a view's timeline answer reads it twice (its
         rows, then its by-source table), and the second read costs nothing."""
-        self._read_in()
+        self._read_in(build=True)
         with self._lock:
             chunks = list(self._chunks)
             key = (self._seen, start, end, None if lanes is None else tuple(lanes))
@@ -359,6 +374,42 @@ class EventWindow:
         order = order[: self.MAX_ROWS]
         return {name: np.ascontiguousarray(rows[name][order], dtype=dtype) for name, dtype in TIMELINE_COLUMNS}, \
             events, truncated
+
+
+class _Rows:
+    """Counters of one ``shape`` per key (a buffer), as rows of one array: a read-in adds to every buffer it touched
+    in one step. A popped key's row is zeroed and reused. Not thread-safe."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self._rows = np.zeros((16, *shape), dtype=np.int64)
+        self._slots: dict[int, int] = {}
+        self._free: list[int] = []
+
+    def get(self, key: int) -> np.ndarray | None:
+        slot = self._slots.get(key)
+        return None if slot is None else self._rows[slot]
+
+    def add(self, keys: list[int], values: np.ndarray) -> None:
+        """Add ``values[i]`` to the row of ``keys[i]`` (distinct keys); a key without one gets a zeroed row."""
+        slots = [self._slots.get(key) for key in keys]
+        for i, slot in enumerate(slots):
+            if slot is None:
+                slots[i] = self._slots[keys[i]] = self._take_row()
+        self._rows[np.array(slots, dtype=np.intp)] += values
+
+    def pop(self, key: int) -> None:
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            self._rows[slot] = 0
+            self._free.append(slot)
+
+    def _take_row(self) -> int:
+        if self._free:
+            return self._free.pop()
+        used = len(self._slots)   # rows are handed out in order: with none given back, those below are held
+        if used == len(self._rows):
+            self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
+        return used
 
 
 class _Staged:
@@ -414,6 +465,17 @@ def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) ->
     return out
 
 
+# What a record adds to in a device sample, by its kind and flags (``kind << 8 | flags``): one of _SERIES_NAMES, or -1.
+_SERIES_NAMES = ("htod_bytes", "dtoh_bytes", "evicted_bytes", "gpu_faults", "cpu_faults")
+_GPU_FAULTS = _SERIES_NAMES.index("gpu_faults")
+_SERIES = np.full(256 << 8, -1, dtype=np.int64)
+_SERIES[(EventKind.HTOD << 8):(EventKind.HTOD + 1) << 8] = 0
+_SERIES[(EventKind.DTOH << 8):(EventKind.DTOH + 1) << 8] = 1
+_SERIES[[EventKind.DTOH << 8 | MigrationCause.EVICTION | inferred for inferred in (0, INFERRED_BIT)]] = 2
+_SERIES[(EventKind.GPU_PAGE_FAULT << 8):(EventKind.GPU_PAGE_FAULT + 1) << 8] = 3
+_SERIES[(EventKind.CPU_PAGE_FAULT << 8):(EventKind.CPU_PAGE_FAULT + 1) << 8] = 4
+
+
 class DeviceSeries:
     """One :class:`~.protocol.DeviceSample` per interval: bytes each way, faults and evictions summed from
     the bus, memory used read when the interval closes. Keeps the newest ``capacity``. Thread-safe."""
@@ -431,7 +493,7 @@ class DeviceSeries:
         self._samples: deque[DeviceSample] = deque(maxlen=capacity)
         self._taken = 0       # samples ever closed; the index of the next one
         self._closed_at = -float("inf")
-        self._open = dict.fromkeys(("htod_bytes", "dtoh_bytes", "gpu_faults", "cpu_faults", "evicted_bytes"), 0)
+        self._open = dict.fromkeys(_SERIES_NAMES, 0)
         self._pending = _Staged()   # fed since the last close_interval, summed there
 
     @property
@@ -448,17 +510,13 @@ class DeviceSeries:
                 self._add(self._pending.take())
 
     def _add(self, records: np.ndarray) -> None:
-        kinds = records["kind"]
-        htod, dtoh = kinds == EventKind.HTOD, kinds == EventKind.DTOH
-        evicted = dtoh & ((records["flags"] & ~np.uint8(INFERRED_BIT)) == MigrationCause.EVICTION)
-        add = {
-            "htod_bytes": int(records["bytes"][htod].sum()),
-            "dtoh_bytes": int(records["bytes"][dtoh].sum()),
-            # A fault record's value is the number of faults it stands for.
-            "gpu_faults": int(records["value"][kinds == EventKind.GPU_PAGE_FAULT].sum()),
-            "cpu_faults": int(records["value"][kinds == EventKind.CPU_PAGE_FAULT].sum()),
-            "evicted_bytes": int(records["bytes"][evicted].sum()),
-        }
+        column = _SERIES[(records["kind"].astype(np.intp) << 8) | records["flags"]]
+        counted = column >= 0
+        # A fault record's value is the number of faults it stands for. Float sums of whole numbers: exact below 2**53.
+        amount = np.where(column >= _GPU_FAULTS, records["value"], records["bytes"])
+        totals = np.bincount(column[counted], weights=amount[counted], minlength=len(_SERIES_NAMES)).round()
+        add = dict(zip(_SERIES_NAMES, totals.astype(np.int64).tolist(), strict=True))
+        add["dtoh_bytes"] += add["evicted_bytes"]   # an eviction is a transfer to the host too
         for key, value in add.items():
             self._open[key] += value
 

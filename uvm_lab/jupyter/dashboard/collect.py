@@ -114,6 +114,7 @@ class LiveAllocations:
         self._described: dict[int, dict[str, Any]] = {}   # by id, in the order of _buffers
         self._pending: dict[int, None] = {}   # changed since described, not described again yet: oldest first
         self._changed: frozenset[int] = frozenset()
+        self._relisted = False
         self._managed_bytes = 0
 
     @property
@@ -125,6 +126,11 @@ class LiveAllocations:
     def described(self) -> Mapping[int, dict[str, Any]]:
         """Every live buffer's description as of the last :meth:`refresh`, by id, oldest first."""
         return MappingProxyType(self._described)
+
+    @property
+    def relisted(self) -> bool:
+        """Whether the last :meth:`refresh` listed the buffers again: only then can one have gone."""
+        return self._relisted
 
     @property
     def changed(self) -> frozenset[int]:
@@ -144,28 +150,63 @@ class LiveAllocations:
         else:
             cursor, ranges = tracker.changes(self._cursor)
         generation = live_generation()
-        buffers, by_address = self._buffers, self._by_address
         if generation != self._generation:   # made or freed since: list them again (before the cursor moves on)
-            live = ul.live_buffers()
-            buffers = {buf.id: weakref.ref(buf) for buf in live}
-            order = sorted((buf for buf in live if buf.size), key=lambda buf: buf.ptr)   # an empty one holds no page
-            by_address = (np.array([b.ptr for b in order], dtype=np.int64),
-                          np.array([b.ptr + b.size for b in order], dtype=np.int64), [b.id for b in order])
+            self._relist(cursor, ranges, generation, first, others)
+        else:
+            self._update(cursor, ranges, first, others)
+        return list(self._described.values())
+
+    def _update(self, cursor: int, ranges: np.ndarray | None, first: Collection[int] | None,
+                others: int | None) -> None:
+        """:meth:`refresh` for the same buffers as last time: only the changed ones are visited, and nothing is
+        noted until all are described, so a refresh that fails part way reports the same changes again."""
+        buffers, pending = self._buffers, self._pending
+        touched = [i for i in sorted(_touched(self._by_address, ranges)) if i not in pending]
+        waiting = itertools.chain(pending, touched)   # the order they wait in: one waiting keeps its place
+        if first is None or others is None:
+            todo = list(waiting)
+        else:   # the favoured ones and the `others` that waited longest: not the whole backlog
+            todo = [i for i in first if i in pending or i in touched]
+            todo += itertools.islice((i for i in waiting if i not in first), others)
+        fresh = self._describe([i for i in todo if i in buffers], first, others)
+        pending.update(dict.fromkeys(touched))
+        for alloc_id, plain in fresh.items():
+            pending.pop(alloc_id, None)
+            if plain is None:
+                self._described.pop(alloc_id, None)   # freed since it was listed (the list is read again once it is)
+            else:
+                self._described[alloc_id] = plain
+        self._cursor, self._changed, self._relisted = cursor, frozenset(i for i, p in fresh.items() if p), False
+
+    def _relist(self, cursor: int, ranges: np.ndarray | None, generation: int, first: Collection[int] | None,
+                others: int | None) -> None:
+        """:meth:`refresh` when buffers were made or freed: the list read again, every new one described."""
+        live = ul.live_buffers()
+        buffers = {buf.id: weakref.ref(buf) for buf in live}
+        order = sorted((buf for buf in live if buf.size), key=lambda buf: buf.ptr)   # an empty one holds no page
+        by_address = (np.array([b.ptr for b in order], dtype=np.int64),
+                      np.array([b.ptr + b.size for b in order], dtype=np.int64), [b.id for b in order])
         pending = dict(self._pending)
         for alloc_id in sorted(_touched(by_address, ranges)):
             pending.setdefault(alloc_id)   # one waiting already keeps its place
-        if generation != self._generation:
-            described = {i: self._described[i] for i in buffers if i in self._described}
-            todo = [i for i in buffers if i not in described or i in pending]
-        elif first is None or others is None:   # the same buffers: only the changed ones are visited
-            described = dict(self._described)
-            todo = [i for i in pending if i in buffers]
-        else:   # and of those, the favoured ones and the `others` that waited longest: not the whole backlog
-            described = dict(self._described)
-            todo = [i for i in first if i in pending and i in buffers]
-            todo += itertools.islice((i for i in pending if i not in first and i in buffers), others)
+        kept = {i: self._described[i] for i in buffers if i in self._described}
+        fresh = self._describe([i for i in buffers if i not in kept or i in pending], first, others, buffers, kept)
+        described = {i: plain for i in buffers if (plain := fresh[i] if i in fresh else kept.get(i)) is not None}
+        # Only now: a refresh that failed part way reports the same changes again next time.
+        self._described, self._cursor, self._changed = described, cursor, frozenset(i for i, p in fresh.items() if p)
+        self._buffers, self._by_address, self._generation, self._relisted = buffers, by_address, generation, True
+        self._pending = {i: None for i in pending if i in described and i not in fresh}
+        self._managed_bytes = sum(plain["size"] for plain in described.values() if plain["is_managed"])
+
+    def _describe(self, todo: list[int], first: Collection[int] | None, others: int | None,
+                  buffers: Mapping[int, weakref.ref[Any]] | None = None,
+                  described: Mapping[int, Any] | None = None) -> dict[int, dict[str, Any] | None]:
+        """Descriptions of ``todo``, in order: all of those in ``first`` (None: every one), and at most ``others``
+        of the rest that have one already (None: every one); None for one freed since it was listed."""
+        buffers = self._buffers if buffers is None else buffers
+        described = self._described if described is None else described
         allowance = others
-        changed = set()
+        fresh: dict[int, dict[str, Any] | None] = {}
         for alloc_id in todo:
             favoured = first is None or alloc_id in first
             if alloc_id in described and not favoured and allowance is not None:
@@ -176,20 +217,10 @@ class LiveAllocations:
             try:
                 if buf is None:
                     raise BufferClosedError(f"buffer {alloc_id} was collected")
-                described[alloc_id] = describe_buffer(buf)
+                fresh[alloc_id] = describe_buffer(buf)
             except (BufferClosedError, InvalidArgumentError):
-                described.pop(alloc_id, None)   # freed since it was listed (the list is read again once it is)
-                continue
-            changed.add(alloc_id)
-            pending.pop(alloc_id, None)
-        if generation != self._generation:   # new ones were described last: put them in their place
-            described = {i: described[i] for i in buffers if i in described}
-            self._managed_bytes = sum(plain["size"] for plain in described.values() if plain["is_managed"])
-        # Only now: a refresh that failed part way reports the same changes again next time.
-        self._described, self._cursor, self._changed = described, cursor, frozenset(changed)
-        self._buffers, self._by_address, self._generation = buffers, by_address, generation
-        self._pending = pending if generation == self._generation else {i: None for i in pending if i in described}
-        return list(described.values())
+                fresh[alloc_id] = None
+        return fresh
 
 
 def _touched(by_address: tuple[np.ndarray, np.ndarray, list[int]], ranges: np.ndarray | None) -> set[int]:
