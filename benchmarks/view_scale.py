@@ -7,8 +7,11 @@ and with the widget dashboard live; the modes are interleaved, best and median o
 
 The view's session sends into a sink that counts what would cross the comm: JSON bytes and binary buffers. The
 snapshot a view gets when it attaches is counted apart from the steady state, which must stay under 1 MB/s.
-What the browser does with it (frames a second, long tasks, latency) is measured in the browser half of this
-benchmark.
+For the view and the panel it also reports how many updates went out a second, the CPU each took (the other
+threads' CPU over the updates), and the kernel's half of a change's latency: from the moment the loop's operation
+returned to the moment the first update that holds it (its ``clock`` at or after the operation) was sent. What the
+browser does with it (frames a second, long tasks, the rest of the latency) is measured in the browser half of
+this benchmark.
 
     python benchmarks/view_scale.py [--ops 2000] [--repeats 3] [--modes none,view,panel,dashboard] [--json out.json]
 
@@ -45,12 +48,16 @@ class CountingComm:
         self.lock = threading.Lock()
         self.bytes = 0
         self.messages = 0
+        self.updates: list[tuple[float, float]] = []   # each update's clock, and when it was sent (wall ms)
 
     def send(self, data: Any = None, metadata: Any = None, buffers: Any = None) -> None:
+        sent = time.time() * 1000
         size = len(json.dumps(data)) + sum(memoryview(b).nbytes for b in buffers or ())
         with self.lock:
             self.bytes += size
             self.messages += 1
+            if isinstance(data, dict) and data.get("type") == "update":
+                self.updates.append((data["clock"], sent))
 
     def on_msg(self, callback: Any) -> None:
         pass
@@ -66,11 +73,12 @@ class CountingComm:
             return self.bytes, self.messages
 
 
-def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> float:
-    """The user's loop: seconds for ``ops`` touches and prefetches."""
+def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> tuple[float, list[float]]:
+    """The user's loop: seconds for ``ops`` touches and prefetches, and the wall clock (ms) at which each returned."""
     rng = np.random.default_rng(seed)
     picks = rng.integers(len(buffers), size=ops).tolist()
     offsets = (rng.integers(SIZE // (1 << 20) - 1, size=ops) << 20).tolist()
+    done = []
     start = time.perf_counter()
     for i, (pick, offset) in enumerate(zip(picks, offsets, strict=True)):
         buf = buffers[pick]
@@ -78,21 +86,41 @@ def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> float:
             buf.prefetch("gpu" if i % 4 == 1 else "host")
         else:
             ul.touch(buf, on="gpu", mode="read", offset=offset, size=1 << 20)
-    return time.perf_counter() - start
+        done.append(time.time() * 1000)
+    return time.perf_counter() - start, done
 
 
-def watched_loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> dict[str, float]:
+def watched_loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> tuple[dict[str, float], list[float]]:
     """The loop's seconds, and the CPU time other threads (a view's) took meanwhile, as a share of them: what the
-    throttle holds to 5%, less noisy than the loop's time on a shared machine."""
+    throttle holds to 5%, less noisy than the loop's time on a shared machine; and when each operation returned."""
     process, main = time.process_time(), time.thread_time()
-    seconds = loop(buffers, ops, seed)
+    seconds, done = loop(buffers, ops, seed)
     others = (time.process_time() - process) - (time.thread_time() - main)
-    return {"seconds": seconds, "other_threads_cpu_share": others / seconds}
+    return {"seconds": seconds, "other_threads_cpu_share": others / seconds}, done
+
+
+def latencies(ops: list[float], drawn: list[list[float]]) -> tuple[list[float], int]:
+    """Each operation's time (ms) to the first of ``drawn`` (``[clock, at]``: a read of the maps at ``clock`` shown,
+    or sent, at ``at``; in order) whose clock is at or after it, and how many operations none held."""
+    out, i, unseen = [], 0, 0
+    for op in sorted(ops):
+        while i < len(drawn) and drawn[i][0] < op:
+            i += 1
+        if i == len(drawn):
+            unseen += 1
+        else:
+            out.append(drawn[i][1] - op)
+    return out, unseen
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> dict[str, float]:
     if mode == "none":
-        return watched_loop(buffers, ops, seed)
+        return watched_loop(buffers, ops, seed)[0]
     if mode in ("view", "panel"):
         from uvm_lab.jupyter.comm import PanelSession
 
@@ -103,19 +131,23 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
             session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
         snapshot, _ = comm.taken()
         try:
-            run = watched_loop(buffers, ops, seed)
-            time.sleep(2 * session.interval)   # the updates the loop's last changes cause
+            run, done = watched_loop(buffers, ops, seed)
+            time.sleep(0.5)   # the updates the loop's last changes cause
         finally:
             session.close()
         sent, messages = comm.taken()
+        during = [u for u in comm.updates if u[1] <= done[-1]]
+        late, _ = latencies(done, comm.updates)
         return {**run, "snapshot_bytes": snapshot, "steady_bytes_per_s": (sent - snapshot) / run["seconds"],
-                "messages": messages}
+                "messages": messages, "updates_per_s": len(during) / run["seconds"],
+                "update_cpu_ms": run["other_threads_cpu_share"] * run["seconds"] / max(len(during), 1) * 1000,
+                "sent_latency_p50_ms": percentile(late, 0.5), "sent_latency_p95_ms": percentile(late, 0.95)}
     if mode == "dashboard":
         from uvm_lab.jupyter.dashboard import Dashboard
 
         dashboard = Dashboard(live=True)
         try:
-            run = watched_loop(buffers, ops, seed)
+            run = watched_loop(buffers, ops, seed)[0]
         finally:
             dashboard.close()
         return {**run, "refreshes": dashboard.refreshes}
@@ -151,7 +183,8 @@ def main() -> None:
         extra = {k: statistics.median(run[k] for run in results) for k in results[0] if k != "seconds"}
         table[mode] = {"best_s": best, "median_s": median, **extra}
         ratio = f"{best / base:.3f}x" if base else "-"
-        shown = ", ".join(f"{k} {v:,.3f}" if k.endswith("share") else f"{k} {v:,.0f}" for k, v in extra.items())
+        shown = ", ".join(f"{k} {v:,.3f}" if k.endswith("share") else f"{k} {v:,.1f}" if k.endswith(("_ms", "_s")) else
+                          f"{k} {v:,.0f}" for k, v in extra.items())
         print(f"{mode:12} {best:8.3f} {median:9.3f} {ratio:>8}  {shown}")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2))

@@ -35,6 +35,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from view_scale import latencies, percentile  # noqa: E402  (the kernel half's: one way to match changes to updates)
 
 import tests.browser.lab as lab  # noqa: E402
 from tests.browser.lab import (  # noqa: E402  (the browser tests' own lab and Chromium)
@@ -130,24 +133,6 @@ COLLECT = """() => {
     return {frames: probe.frames, seconds: (performance.now() - probe.started) / 1000,
             longTasks: probe.longTasks, drawn: probe.drawn};
 }"""
-
-
-def latencies(ops: list[float], drawn: list[list[float]]) -> tuple[list[float], int]:
-    """Each operation's time to the first drawing that holds it (ms), and how many no drawing held."""
-    out, i, unseen = [], 0, 0
-    for op in sorted(ops):
-        while i < len(drawn) and drawn[i][0] < op:
-            i += 1
-        if i == len(drawn):
-            unseen += 1
-        else:
-            out.append(drawn[i][1] - op)
-    return out, unseen
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def main() -> None:

@@ -18,6 +18,7 @@ from bokeh.models import HoverTool
 import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.jupyter.dashboard import Dashboard, collect_snapshot
+from uvm_lab.jupyter.dashboard import dashboard as dashboard_module
 from uvm_lab.jupyter.dashboard.base import update_source
 from uvm_lab.jupyter.dashboard.collect import (
     EventTotals,
@@ -327,6 +328,21 @@ def test_events_from_another_thread_refresh_the_dashboard(sim, dash):
     worker.start()
     worker.join(5)
     assert wait_for(lambda: set(dash.residency.source.data["category"]) == {HOST})
+
+
+def test_a_live_refresh_reads_the_selected_map_and_a_bounded_few_others(sim, dash, monkeypatch):
+    monkeypatch.setattr(dashboard_module, "OTHERS_PER_REFRESH", 0)
+    a, b = ul.DeviceBuffer(size="4MiB", label="a"), ul.DeviceBuffer(size="4MiB", label="b")
+    dash.refresh()
+    dash.select(a.id)
+    before = {alloc["id"]: alloc for alloc in dash.snapshot["allocations"]}
+    b.prefetch("host")
+    a.prefetch("host")
+    assert wait_for(lambda: set(dash.residency.source.data["category"]) == {HOST})   # the selected one, live
+    assert {alloc["id"]: alloc for alloc in dash.snapshot["allocations"]}[b.id] is before[b.id]   # waits its turn
+    dash.refresh()   # asked for: every changed map
+    now = {alloc["id"]: alloc for alloc in dash.snapshot["allocations"]}[b.id]
+    assert now["states"].tolist() == ul.residency(b).states.tolist() and now["category_pages"]["host"] == 1024
 
 
 def test_bursts_of_events_are_coalesced(sim):

@@ -622,6 +622,34 @@ def test_maps_the_view_shows_come_first_and_the_others_catch_up(device, monkeypa
         session.close()
 
 
+def test_a_panel_that_shows_every_map_reads_a_bounded_few_an_update_the_longest_waiting_first(device, monkeypatch):
+    import uvm_lab.jupyter.comm as comm_module
+
+    monkeypatch.setattr(comm_module, "MAPS_PER_UPDATE", 2)
+    bufs = [ul.DeviceBuffer(size="1MiB", label=f"b{i}") for i in range(5)]
+    comm, view = RecordingComm(), ViewOfMaps()
+    session = PanelSession(comm, start=False)   # no watch: the sidebar's way, every map shown
+    try:
+        session.handle({"type": "hello", "seq": 0})
+        for buf in bufs:
+            ul.touch(buf, on="gpu", mode="write")
+        ul.events.get_bus().flush()
+
+        def current() -> list[bool]:
+            view.read(comm.messages)
+            comm.messages.clear()
+            return [view.maps[b.id].tolist() == pack_states(ul.residency(b).states)[1].tolist() for b in bufs]
+
+        session.flush()
+        assert current() == [True, True, False, False, False]
+        session.flush()
+        assert current() == [True, True, True, True, False]
+        session.flush()
+        assert all(current())
+    finally:
+        session.close()
+
+
 def test_an_idle_kernel_still_sends_device_samples(device):
     clock = Clock()
     window, series = EventWindow(), DeviceSeries(clock=clock)

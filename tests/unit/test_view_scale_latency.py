@@ -1,24 +1,24 @@
-"""How ``benchmarks/view_scale_browser.py`` turns the loop's operations and the view's drawings into latencies."""
+"""How ``benchmarks/view_scale.py`` and its browser half turn the loop's operations and updates into latencies."""
 
 from __future__ import annotations
 
 from .benchmark_scripts import load
 
-view_scale_browser = load("view_scale_browser")
+view_scale = load("view_scale")
 
 
 def test_a_change_is_on_screen_at_the_first_drawing_of_a_read_made_after_it():
     ops = [100.0, 150.0, 210.0, 400.0]
     drawn = [[120.0, 170.0], [220.0, 260.0], [300.0, 330.0]]   # (kernel read at, drawn at), ms
-    late, unseen = view_scale_browser.latencies(ops, drawn)
+    late, unseen = view_scale.latencies(ops, drawn)
     assert late == [70.0, 110.0, 50.0]   # 100 -> read at 120, drawn 170; 150 and 210 -> drawn at 260
     assert unseen == 1                   # 400: no drawing read the maps after it
 
 
 def test_a_read_at_the_very_time_of_a_change_holds_it():
-    assert view_scale_browser.latencies([5.0], [[5.0, 9.0]]) == ([4.0], 0)
+    assert view_scale.latencies([5.0], [[5.0, 9.0]]) == ([4.0], 0)
 
 
 def test_percentiles_take_the_nearest_rank():
-    assert view_scale_browser.percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 3.0
-    assert view_scale_browser.percentile(list(range(100)), 0.95) == 95
+    assert view_scale.percentile([1.0, 2.0, 3.0, 4.0], 0.5) == 3.0
+    assert view_scale.percentile(list(range(100)), 0.95) == 95

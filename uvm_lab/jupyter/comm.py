@@ -84,6 +84,9 @@ log = logging.getLogger("uvm_lab.jupyter.comm")
 
 #: Changed maps a view does not show (see the ``watch`` command) read a second, at most (one an update).
 OTHERS_PER_SECOND = 5
+#: Changed maps read an update, at most, for a panel that shows every map (no ``watch``): the longest waiting first,
+#: so that a loop changing a thousand maps costs each update a bounded time, and the rest catch up.
+MAPS_PER_UPDATE = 64
 #: Buffers a view does not show whose counts alone changed (no map to read: cheaper), sent in one update.
 COUNTS_PER_UPDATE = 2
 
@@ -262,13 +265,15 @@ class PanelSession:
 
     def _refresh(self) -> Mapping[int, dict[str, Any]]:
         """Every live buffer's description: the maps the view shows read again where they changed, and
-        another's (changed too) now and then (``OTHERS_PER_SECOND``), so the rest catch up in time."""
-        others = None
-        if self._watched is not None:
-            now = time.monotonic()
-            others = 1 if OTHERS_PER_SECOND > 0 and now >= self._next_other else 0
-            if others:
-                self._next_other = now + 1 / OTHERS_PER_SECOND
+        another's (changed too) now and then (``OTHERS_PER_SECOND``), so the rest catch up in time; for a panel
+        that shows every map, the ``MAPS_PER_UPDATE`` changed ones that waited longest."""
+        if self._watched is None:
+            self._live.refresh((), MAPS_PER_UPDATE)
+            return self._live.described
+        now = time.monotonic()
+        others = 1 if OTHERS_PER_SECOND > 0 and now >= self._next_other else 0
+        if others:
+            self._next_other = now + 1 / OTHERS_PER_SECOND
         self._live.refresh(self._watched, others)
         return self._live.described
 

@@ -13,6 +13,7 @@ from uvm_lab.page_states import CATEGORY_NAMES
 from uvm_lab.units import format_bytes
 
 from .base import DashboardComponent, update_source
+from .collect import category_table
 
 __all__ = ["AllocationList"]
 
@@ -51,13 +52,13 @@ class AllocationList(DashboardComponent):
 
     @staticmethod
     def _columns(allocs: list[Mapping[str, Any]]) -> dict[str, Any]:
+        pages = np.array([max(len(a["states"]), 1) for a in allocs], dtype=np.float64)
+        fractions = category_table(allocs) / pages[:, None]
         return {
             "id": np.array([a["id"] for a in allocs], dtype=np.int64),
             "label": [a["label"] for a in allocs],
             "size": np.array([a["size"] for a in allocs], dtype=np.int64),
-            **{name: np.array([a["category_pages"][name] / max(len(a["states"]), 1) for a in allocs],
-                              dtype=np.float64)
-               for name in CATEGORY_NAMES},
+            **{name: fractions[:, i] for i, name in enumerate(CATEGORY_NAMES)},
         }
 
     def update(self, snapshot: Mapping[str, Any]) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -43,7 +43,8 @@ from uvm_lab.events import get_bus
 from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories
 from uvm_lab.residency_map import get_tracker
 
-__all__ = ["EventTotals", "LiveAllocations", "bin_pages", "bin_states", "category_pages", "collect_snapshot",
+__all__ = ["EventTotals", "LiveAllocations", "bin_pages", "bin_states", "category_pages", "category_table",
+           "collect_snapshot",
            "describe_buffer", "shown_categories"]
 
 class EventTotals:
@@ -237,15 +238,17 @@ def _touched(by_address: tuple[np.ndarray, np.ndarray, list[int]], ranges: np.nd
     return {ids[i] for a, b in zip(first.tolist(), stop.tolist(), strict=True) for i in range(a, b)}
 
 
-def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | None = None) -> dict[str, Any]:
+def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | None = None, *,
+                     first: Collection[int] | None = None, others: int | None = None) -> dict[str, Any]:
     """Everything a view shows, read through the public API (see the module docstring for the shape).
 
-    With ``live``, allocations whose pages did not change since its last refresh keep their descriptions.
+    With ``live``, allocations whose pages did not change since its last refresh keep their descriptions, and
+    ``first`` and ``others`` say which changed ones to describe again (:meth:`LiveAllocations.refresh`).
     """
     backend = ul.get_backend()
     free, total = backend.mem_info()
     bus = get_bus()
-    allocations = (live or LiveAllocations()).refresh()
+    allocations = (live or LiveAllocations()).refresh(first, others)
     chain = ul.mr.resource_chain(ul.mr.get_current_device_resource())
     stats = next((dict(r.allocation_counts) for r in chain if hasattr(r, "allocation_counts")), None)
     return {
@@ -265,6 +268,15 @@ def category_pages(states: np.ndarray) -> dict[str, int]:
     """Pages in each category (:data:`~uvm_lab.page_states.CATEGORY_NAMES`, every one, in order) of ``states``."""
     # Pages by state first (256 counters), then each state's pages to its category: one pass over the pages.
     return _category_pages(np.bincount(_page_states(states), minlength=256))
+
+
+def category_table(allocations: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Each allocation's pages in each category, as an ``(allocations, categories)`` int64 array whose columns follow
+    :data:`~uvm_lab.page_states.CATEGORY_NAMES`: a view of a thousand rows reads it in one step."""
+    # A description's category_pages lists every category, in that order (_category_pages).
+    counts = itertools.chain.from_iterable(alloc["category_pages"].values() for alloc in allocations)
+    k = len(CATEGORY_NAMES)
+    return np.fromiter(counts, dtype=np.int64, count=len(allocations) * k).reshape(len(allocations), k)
 
 
 def _category_pages(by_state: np.ndarray) -> dict[str, int]:

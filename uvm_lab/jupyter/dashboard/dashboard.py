@@ -3,7 +3,8 @@
 Events may be published on any thread (a simulated kernel in a cell, a widget callback on a comm
 subshell, a user's worker thread). The bus callback only feeds running totals and wakes the dashboard's
 refresh thread, which collects one snapshot and renders it, so a burst of a thousand events costs one
-refresh; a refresh describes again only the allocations whose pages changed (:class:`LiveAllocations`).
+refresh; a refresh describes again only the allocations whose pages changed (:class:`LiveAllocations`): the
+selected one, and of the others the ``OTHERS_PER_REFRESH`` that waited longest.
 Rendering is serialised by a lock, so a click and the thread never render at the same time.
 """
 
@@ -31,6 +32,10 @@ from .residency import ResidencyMap, ResidencyOverview
 from .statistics import Statistics
 
 __all__ = ["Dashboard", "load_bokehjs"]
+
+#: Changed maps other than the selected one read again a refresh, at most, the longest waiting first: a loop that
+#: changes every map of a thousand then costs each refresh a bounded time, and the throttle its share.
+OTHERS_PER_REFRESH = 64
 
 log = logging.getLogger("uvm_lab.jupyter")
 
@@ -102,13 +107,18 @@ class Dashboard:
 
     # -- rendering --------------------------------------------------------------------------------
     def refresh(self) -> None:
-        """Collect a snapshot now and render it in every component."""
+        """Collect a snapshot now, every changed map read again, and render it in every component."""
+        self._refresh(others=None)
+
+    def _refresh(self, *, others: int | None) -> None:
         with self._render_lock:
             if self._closed:
                 return
             self._last = time.monotonic()
             try:
-                snapshot = collect_snapshot(self.totals, self.live_allocations)
+                selected = self.allocations.selected
+                snapshot = collect_snapshot(self.totals, self.live_allocations, others=others,
+                                            first=() if selected is None else (selected,))
                 self.snapshot = snapshot
                 # The list first: it may change the selection that the others render.
                 self.allocations.update(snapshot)
@@ -162,7 +172,7 @@ class Dashboard:
                 break
             self._wake.clear()   # events from here on wake the next round
             started, cpu = time.monotonic(), time.thread_time()
-            self.refresh()
+            self._refresh(others=OTHERS_PER_REFRESH)
             self._budget.spend(started, time.thread_time() - cpu)   # see ..throttle: the time taken, not waited
 
     @property

@@ -24,7 +24,7 @@ from uvm_lab.units import format_bytes
 
 from ..palette import PALETTE
 from .base import BokehView, DashboardComponent, update_source
-from .collect import bin_states, shown_categories
+from .collect import bin_states, category_table, shown_categories
 
 __all__ = ["ResidencyMap", "ResidencyOverview"]
 
@@ -72,7 +72,8 @@ class _Legend:
 
     def follow(self, snapshot: Mapping[str, Any], allocations: list[Mapping[str, Any]]) -> None:
         """List the snapshot's device's categories, and any of ``allocations``' that hold pages."""
-        present = {name for a in allocations for name, n in a["category_pages"].items() if n}
+        held = category_table(allocations).any(axis=0)
+        present = [name for name, any_pages in zip(CATEGORY_NAMES, held.tolist(), strict=True) if any_pages]
         self.show(shown_categories(snapshot["device_count"], present))
 
 
@@ -147,6 +148,11 @@ class ResidencyMap(DashboardComponent):
             self.figure.title.text = text
 
 
+#: Changed rows of the overview sent as patches, at most; more go as one binary image (a patch's cells are
+#: serialized one list at a time, and cost more than the whole image past a few rows).
+_PATCHED_ROWS = 8
+
+
 class ResidencyOverview(DashboardComponent):
     """Every live allocation as one strip of ``bins`` cells, oldest on top.
 
@@ -183,8 +189,9 @@ class ResidencyOverview(DashboardComponent):
         return f"#{alloc['id']} {alloc['label']} ({format_bytes(alloc['size'])})"
 
     def _rows_data(self, allocs: list[Mapping[str, Any]]) -> dict[str, Any]:
+        table = category_table(allocs)
         return {"name": [self._name(a) for a in allocs], "y": np.arange(len(allocs), dtype=np.float64),
-                **{c: np.array([a["category_pages"][c] for a in allocs], dtype=np.int64) for c in CATEGORY_NAMES}}
+                **{c: table[:, i] for i, c in enumerate(CATEGORY_NAMES)}}
 
     def _strip(self, alloc: Mapping[str, Any]) -> np.ndarray:
         """The allocation's pages as ``bins`` cells: each the category most of its pages are in."""
@@ -199,19 +206,21 @@ class ResidencyOverview(DashboardComponent):
         same_rows = [a["id"] for a in allocs] == [a["id"] for a in self._drawn]
         changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new] \
             if same_rows else []
-        if len(changed) > max(8, len(allocs) // 8):   # many rows: one binary image costs less than many patches
-            same_rows = False
-        if same_rows and allocs:
-            if changed:
-                self.image.patch({"image": [((0, r, slice(None)), self._strip(allocs[r])) for r in changed]})
-                self.source.patch({c: [(r, allocs[r]["category_pages"][c]) for r in changed] for c in CATEGORY_NAMES})
-        elif not same_rows:
+        if same_rows and 0 < len(changed) <= _PATCHED_ROWS:
+            self.image.patch({"image": [((0, r, slice(None)), self._strip(allocs[r])) for r in changed]})
+            self.source.patch({c: [(r, allocs[r]["category_pages"][c]) for r in changed] for c in CATEGORY_NAMES})
+        elif changed or not same_rows:
             # Rows of allocations drawn before and unchanged (the same description) are copied, not binned again.
             drawn = {id(old): (old, row) for old, row in zip(self._drawn, self.image.data["image"][0], strict=False)}
             image = np.stack([drawn[id(a)][1] if drawn.get(id(a), (None,))[0] is a else self._strip(a)
                               for a in allocs]) if allocs else np.zeros((1, self.bins), np.uint8)
             self.image.data = {"image": [image], "dh": [float(len(image))]}
-            self.source.data = self._rows_data(allocs)
+            if same_rows:   # the rows' names and places stand: only their counts go
+                table = category_table(allocs)
+                self.source.data.update({c: table[:, i] for i, c in enumerate(CATEGORY_NAMES)})
+            else:
+                self.source.data = self._rows_data(allocs)
+        if not same_rows:   # the axis names the rows: only when they are others
             labels = {i: self._name(a) for i, a in enumerate(allocs)}
             self.figure.yaxis.ticker = FixedTicker(ticks=list(labels))
             self.figure.yaxis.major_label_overrides = labels
