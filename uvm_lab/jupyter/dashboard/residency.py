@@ -72,8 +72,8 @@ class _Legend:
 
     def follow(self, snapshot: Mapping[str, Any], allocations: list[Mapping[str, Any]]) -> None:
         """List the snapshot's device's categories, and any of ``allocations``' that hold pages."""
-        held = category_table(allocations).any(axis=0)
-        present = [name for name, any_pages in zip(CATEGORY_NAMES, held.tolist(), strict=True) if any_pages]
+        held = np.flatnonzero(category_table(allocations).any(axis=0)).tolist()
+        present = [CATEGORY_NAMES[i] for i in held]
         self.show(shown_categories(snapshot["device_count"], present))
 
 
