@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 from numbers import Integral
 
 from .errors import InvalidSizeError
 
-__all__ = ["BIG_PAGE_SIZE", "BLOCK_SIZE", "PAGE_SIZE", "format_bytes", "parse_size"]
+__all__ = ["BIG_PAGE_SIZE", "BLOCK_SIZE", "MAX_SIZE", "PAGE_SIZE", "format_bytes", "parse_size"]
 
 #: The residency page: the CPU's page size on x86-64 (the driver tracks residency per page).
 PAGE_SIZE = 4 << 10
@@ -21,7 +22,11 @@ _UNITS = {
     "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+#: The largest size there is: what a 64-bit size_t holds.
+MAX_SIZE = (1 << 64) - 1
+# Digits past what any size needs are refused before they are read (2**64 has 20 digits; decimals may trail zeros).
+_MAX_DIGITS = 64
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$", re.ASCII)
 
 
 def parse_size(value: object, *, name: str = "size", allow_zero: bool = True) -> int:
@@ -35,28 +40,35 @@ def parse_size(value: object, *, name: str = "size", allow_zero: bool = True) ->
     InvalidSizeError
         For anything else, naming the value and what would be valid.
     """
-    if type(value) is int and (value > 0 or (value == 0 and allow_zero)):
+    if type(value) is int and (0 < value <= MAX_SIZE or (value == 0 and allow_zero)):
         return value   # the hot path: a plain byte count
-    expected = 'a non-negative integer or a string such as "512MiB" or "2GB"'
+    expected = 'a whole number of bytes from 0 to 2**64 - 1, or a string such as "512MiB" or "2GB"'
     if isinstance(value, bool) or not isinstance(value, (Integral, str)):
         raise InvalidSizeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})",
                                value=value, expected=expected)
     if isinstance(value, str):
         match = _SIZE_RE.match(value)
         unit = match.group(2).lower() if match else None
-        if match is None or unit not in _UNITS:
-            raise InvalidSizeError(f"{name} must be {expected}, got {value!r}", value=value, expected=expected)
-        number = float(match.group(1)) * _UNITS[unit]
-        if number != int(number):
-            raise InvalidSizeError(f"{name} must be a whole number of bytes, got {value!r} = {number} bytes",
+        if match is None or unit not in _UNITS or len(match.group(1)) > _MAX_DIGITS:
+            raise InvalidSizeError(f"{name} must be {expected}, got {_shown(value)}", value=value, expected=expected)
+        number = Fraction(match.group(1)) * _UNITS[unit]   # exact: no float between the digits and the bytes
+        if number.denominator != 1:
+            raise InvalidSizeError(f"{name} must be a whole number of bytes, got {value!r} = {float(number)} bytes",
                                    value=value, expected=expected)
         size = int(number)
     else:
         size = int(value)
-    if size < 0 or (size == 0 and not allow_zero):
+    if size < 0 or (size == 0 and not allow_zero) or size > MAX_SIZE:
         bound = "positive" if not allow_zero else "non-negative"
-        raise InvalidSizeError(f"{name} must be {bound}, got {value!r}", value=value, expected=f"{bound}: {expected}")
+        raise InvalidSizeError(f"{name} must be {bound} and at most 2**64 - 1 bytes, got {_shown(value)}",
+                               value=value, expected=f"{bound}: {expected}")
     return size
+
+
+def _shown(value: object) -> str:
+    """``repr(value)`` for an error message, cut short: a message names a bad value, it does not repeat a megabyte."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def format_bytes(n: int) -> str:

@@ -149,3 +149,43 @@ def test_mem_info_reads_the_current_device_when_none_is_named(sim_backend):
     assert sim_backend.mem_info() == sim_backend.mem_info(0)
     with pytest.raises(InvalidArgumentError):
         sim_backend.mem_info(1)
+
+
+@pytest.mark.parametrize("chain", ["managed", "pool", "statistics over pool"])
+@pytest.mark.parametrize("size", [2**63, 2**64 - 1])
+def test_a_size_no_memory_holds_is_out_of_memory_and_changes_nothing(sim_backend, chain, size):
+    managed = ul.mr.ManagedMemoryResource()
+    mr = {"managed": lambda: managed,
+          "pool": lambda: ul.mr.PoolMemoryResource(managed, initial_pool_size="2MiB"),
+          "statistics over pool": lambda: ul.mr.StatisticsResourceAdaptor(
+              ul.mr.PoolMemoryResource(managed, initial_pool_size="2MiB"))}[chain]()
+    kept = mr.allocate(4096)
+    before = managed.get_allocated_bytes()
+    with pytest.raises(OutOfMemoryError):
+        mr.allocate(size)
+    with pytest.raises(OutOfMemoryError):
+        ul.DeviceBuffer(size=size, mr=mr)
+    assert managed.get_allocated_bytes() == before
+    if chain == "statistics over pool":
+        assert mr.allocation_counts["current_bytes"] == 4096
+    other = mr.allocate(1 << 20)   # and the next one works
+    mr.deallocate(other, 1 << 20)
+    mr.deallocate(kept, 4096)
+
+
+def test_a_size_past_2_to_the_64_is_a_size_error_not_out_of_memory(sim_backend):
+    with pytest.raises(ul.errors.InvalidSizeError, match=r"2\*\*64 - 1"):
+        ul.mr.ManagedMemoryResource().allocate(2**64)
+
+
+def test_a_simulated_allocation_too_large_for_this_host_fails_alone(sim_backend):
+    # The simulator keeps every page's state in this process: an EiB of pages (2**48 of them) cannot be held on
+    # any host, and saying so leaves the backend able to allocate as before.
+    mr = ul.mr.ManagedMemoryResource(allow_oversubscription=True)
+    with pytest.raises(OutOfMemoryError, match="pages do not fit") as info:
+        mr.allocate(1 << 60)
+    assert info.value.size == 1 << 60
+    buf = ul.DeviceBuffer(size="4MiB", mr=mr)
+    ul.touch(buf, on="gpu", mode="write")
+    assert ul.residency(buf).counts()["gpu"] == 1024
+    buf.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import uvm_lab as ul
 from uvm_lab.errors import InvalidLocationError, InvalidSizeError
@@ -22,6 +24,36 @@ def test_parse_size_rejects(bad):
     with pytest.raises(InvalidSizeError) as info:
         ul.parse_size(bad)
     assert info.value.value == bad and "512MiB" in info.value.expected
+
+
+@pytest.mark.parametrize(("text", "nbytes"), [
+    ("1.001KB", 1001), ("0.5KiB", 512), (str(2**53 + 1), 2**53 + 1), (2**64 - 1, 2**64 - 1),
+    (str(2**64 - 1), 2**64 - 1), ("16777216TiB", 2**64), ("0.000001MB", 1),
+])
+def test_sizes_are_read_exactly(text, nbytes):
+    if nbytes > ul.units.MAX_SIZE:
+        with pytest.raises(InvalidSizeError, match=r"at most 2\*\*64 - 1"):
+            ul.parse_size(text)
+    else:
+        assert ul.parse_size(text) == nbytes
+
+
+@given(st.integers(0, 2**64 - 1), st.sampled_from(["", "B", "KiB", "kB", "MiB", "GB"]))
+def test_any_size_up_to_2_to_the_64_is_read_exactly(n, unit):
+    nbytes = n * {"": 1, "B": 1, "KiB": 1024, "kB": 1000, "MiB": 1 << 20, "GB": 10**9}[unit]
+    if nbytes <= ul.units.MAX_SIZE:
+        assert ul.parse_size(f"{n}{unit}") == nbytes
+        assert ul.parse_size(nbytes) == nbytes
+    else:
+        with pytest.raises(InvalidSizeError):
+            ul.parse_size(f"{n}{unit}")
+
+
+@pytest.mark.parametrize("bad", [2**64, str(2**64), "1" * 400, 10**400, "1.0005KB", "1e3", "１２"])
+def test_sizes_past_2_to_the_64_or_not_whole_are_typed_errors_that_name_them(bad):
+    with pytest.raises(InvalidSizeError) as info:
+        ul.parse_size(bad)
+    assert info.value.value == bad and len(str(info.value)) < 400
 
 
 def test_parse_size_positive():

@@ -53,7 +53,7 @@ ALLOCATOR_FIELDS = ("kind", "dst", "time", "address", "bytes", "alloc_id", "stre
 
 #: What :meth:`EventBus.emit` takes: ``ALLOCATOR_RECORD.pack(kind, dst, time, address, bytes, alloc_id,
 #: stream, source)``, 64 bytes. The compiled pool writes the same layout (``uvm_lab/mr/_pool.c``).
-ALLOCATOR_RECORD = struct.Struct("<qqqQqqQQ")
+ALLOCATOR_RECORD = struct.Struct("<qqqQQqQQ")
 _ALLOCATOR_DTYPE = np.dtype([(name, "<u8" if code == "Q" else "<i8")
                              for name, code in zip(ALLOCATOR_FIELDS, ALLOCATOR_RECORD.format[1:], strict=True)])
 

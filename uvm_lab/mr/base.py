@@ -17,7 +17,7 @@ from ..events.bus import ALLOCATOR_RECORD, _alloc_ids
 from ..events.schema import EventKind
 from ..events.sources import capture
 from ..stream import as_stream_handle
-from ..units import format_bytes, parse_size
+from ..units import MAX_SIZE, format_bytes, parse_size
 
 if TYPE_CHECKING:
     from ..backends.base import Backend
@@ -75,7 +75,7 @@ class MemoryResource:
     def allocate(self, nbytes: int | str, stream: int | None = None) -> int:
         """Allocate ``nbytes`` (an int or a string such as ``"2GiB"``) and return the address."""
         # The hot path is a plain positive int and the default stream; anything else is validated in full.
-        size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
+        size = nbytes if type(nbytes) is int and 0 < nbytes <= MAX_SIZE else parse_size(nbytes, name="nbytes")
         s = 0 if stream is None else as_stream_handle(stream)
         if size == 0:
             return 0  # as cudaMalloc(0) and RMM: a null pointer, nothing to track
@@ -95,7 +95,7 @@ class MemoryResource:
 
     def deallocate(self, ptr: int, nbytes: int | str, stream: int | None = None) -> None:
         """Give back ``ptr``, which this resource returned for ``nbytes`` bytes."""
-        size = nbytes if type(nbytes) is int and nbytes > 0 else parse_size(nbytes, name="nbytes")
+        size = nbytes if type(nbytes) is int and 0 < nbytes <= MAX_SIZE else parse_size(nbytes, name="nbytes")
         s = 0 if stream is None else as_stream_handle(stream)
         if ptr == 0 and size == 0:
             return

@@ -40,7 +40,7 @@ from ..deferred import defer
 from ..errors import BackendError, InvalidArgumentError, InvalidSizeError, InvalidStateError, OutOfMemoryError
 from ..events.bus import _alloc_ids
 from ..events.schema import EventKind
-from ..units import format_bytes, parse_size
+from ..units import MAX_SIZE, format_bytes, parse_size
 from .base import MemoryResource
 from .bestfit import COMPILED, BestFit
 from .fixed_size import give_back_when_collected, publish_grow
@@ -196,7 +196,8 @@ class PoolMemoryResource(MemoryResource):
     # -- the suballocator (called by MemoryResource.allocate/deallocate, under self._lock) --------
     def _allocate(self, size: int, stream: int) -> int:
         need = (size + ALIGNMENT - 1) & -ALIGNMENT
-        ptr = self._free.take(need)
+        # No free range is larger than the pool (and the free list reads sizes below 2**64 only).
+        ptr = self._free.take(need) if need <= self._pool_size else None
         if ptr is None:
             self._add_block(*self._grow(need, stream), stream)
             ptr = self._free.take(need)
@@ -208,6 +209,9 @@ class PoolMemoryResource(MemoryResource):
     # -- growth ---------------------------------------------------------------------------------
     def _grow(self, need: int, stream: int) -> tuple[int, int]:
         """Take a block of at least ``need`` bytes from the upstream, or raise with nothing changed."""
+        if need > MAX_SIZE:
+            raise self._out_of_memory(need, self._free_bytes(), self._maximum or 0,
+                                      "no memory resource holds more than 2**64 - 1 bytes")
         if self._maximum is None:
             return self._take_from_upstream(max(need, self._pool_size), need, stream)
         remaining = self._maximum - self._pool_size

@@ -179,11 +179,18 @@ class SimBackend:
                         f"cannot allocate {format_bytes(size)} of device memory on simulated device {device}: "
                         f"{format_bytes(total - mem.pinned * BLOCK_SIZE)} is not held by "
                         f"other device allocations", size=size, free=free, limit=total)
+            try:
+                seg = Segment(id=new_alloc_id(), address=_address_space.reserve(size), size=size, kind=kind,
+                              device=HOST_ID if kind is MemoryKind.PINNED_HOST else device, table=self._table)
+            except MemoryError as err:   # the simulator's page table is this process's memory: nothing changed
+                free, total = self.mem_info(device)
+                raise OutOfMemoryError(
+                    f"cannot simulate {format_bytes(size)} ({size} bytes): the simulator keeps each page's state "
+                    f"in this process's memory, and {-(-size // PAGE_SIZE):,} pages do not fit",
+                    size=size, free=free, limit=total) from err
+            if kind is MemoryKind.DEVICE:
                 mem.make_room(need, protect=set(), log=log)
                 mem.pinned += need
-            alloc_id = new_alloc_id()
-            seg = Segment(id=alloc_id, address=_address_space.reserve(size), size=size, kind=kind,
-                          device=HOST_ID if kind is MemoryKind.PINNED_HOST else device, table=self._table)
             self._segments[seg.address] = seg
             bisect.insort(self._starts, seg.address)
             log.add(EventKind.SEGMENT_ALLOC, flags=kind, dst=seg.device, address=seg.address, nbytes=size,

@@ -78,6 +78,21 @@ class PageTable:
     index them afresh instead of keeping views.
     """
 
+    # Per page, then per block (see _alloc_arrays).
+    state: np.ndarray
+    read_mostly: np.ndarray
+    preferred: np.ndarray
+    accessed_by: np.ndarray
+    remote: np.ndarray
+    writable: np.ndarray
+    last_prefetch: np.ndarray
+    chunk: np.ndarray
+    last_use: np.ndarray
+    counters: np.ndarray
+    block_address: np.ndarray
+    block_alloc: np.ndarray
+    block_pages: np.ndarray
+
     def __init__(self) -> None:
         self.nblocks = 0
         self._top = 0
@@ -86,26 +101,30 @@ class PageTable:
 
     def _alloc_arrays(self, nblocks: int) -> None:
         n = nblocks * PAGES_PER_BLOCK
-        old = self.__dict__.copy() if self.nblocks else None
-        self.state = np.zeros(n, dtype=np.uint8)
-        self.read_mostly = np.zeros(n, dtype=bool)
-        self.preferred = np.full(n, NO_LOCATION, dtype=np.int8)
-        self.accessed_by = np.zeros(n, dtype=np.uint8)     # residency-style bitmask of processors
-        self.remote = np.zeros(n, dtype=np.uint8)          # processors mapped remotely by policy
-        # Processors whose mapping of a ReadMostly page allows writes: SetReadMostly and read duplication
-        # map read-only, a write fault maps the writer read-write (R3 (a)). Consulted on ReadMostly pages only.
-        self.writable = np.zeros(n, dtype=np.uint8)
-        self.last_prefetch = np.full(n, NO_LOCATION, dtype=np.int8)
-        self.chunk = np.zeros(nblocks, dtype=bool)         # a 2 MiB GPU chunk is held (managed only)
-        self.last_use = np.zeros(nblocks, dtype=np.int64)  # for LRU-by-access eviction
-        self.counters = np.zeros(nblocks, dtype=np.int32)  # access counters (remote accesses per block)
-        self.block_address = np.zeros(nblocks, dtype=np.uint64)
-        self.block_alloc = np.zeros(nblocks, dtype=np.uint64)
-        self.block_pages = np.zeros(nblocks, dtype=np.int16)   # pages that exist in the block (0: free)
-        if old is not None:
-            for name, value in old.items():
-                if isinstance(value, np.ndarray):
-                    getattr(self, name)[: len(value)] = value
+        # Every array is made before any is kept: a failure (MemoryError, for a table larger than this process can
+        # hold) leaves the table as it was.
+        fresh = {
+            "state": np.zeros(n, dtype=np.uint8),
+            "read_mostly": np.zeros(n, dtype=bool),
+            "preferred": np.full(n, NO_LOCATION, dtype=np.int8),
+            "accessed_by": np.zeros(n, dtype=np.uint8),     # residency-style bitmask of processors
+            "remote": np.zeros(n, dtype=np.uint8),          # processors mapped remotely by policy
+            # Processors whose mapping of a ReadMostly page allows writes: SetReadMostly and read duplication
+            # map read-only, a write fault maps the writer read-write (R3 (a)). Consulted on ReadMostly pages only.
+            "writable": np.zeros(n, dtype=np.uint8),
+            "last_prefetch": np.full(n, NO_LOCATION, dtype=np.int8),
+            "chunk": np.zeros(nblocks, dtype=bool),         # a 2 MiB GPU chunk is held (managed only)
+            "last_use": np.zeros(nblocks, dtype=np.int64),  # for LRU-by-access eviction
+            "counters": np.zeros(nblocks, dtype=np.int32),  # access counters (remote accesses per block)
+            "block_address": np.zeros(nblocks, dtype=np.uint64),
+            "block_alloc": np.zeros(nblocks, dtype=np.uint64),
+            "block_pages": np.zeros(nblocks, dtype=np.int16),   # pages that exist in the block (0: free)
+        }
+        if self.nblocks:
+            for name, value in fresh.items():
+                old = getattr(self, name)
+                value[: len(old)] = old
+        self.__dict__.update(fresh)
         self.nblocks = nblocks
 
     def reserve(self, npages: int, address: int, alloc_id: int) -> int:
@@ -118,10 +137,10 @@ class PageTable:
                 self._free[i:i + 1] = [(start + need, length - need)] if length > need else []
                 break
         if first is None:
+            if self._top + need > self.nblocks:   # may fail (MemoryError) with nothing changed
+                self._alloc_arrays(max(self._top + need, 2 * self.nblocks, 64))
             first = self._top
             self._top += need
-            if self._top > self.nblocks:
-                self._alloc_arrays(max(self._top, 2 * self.nblocks, 64))
         # No reset here: a range is clean already, fresh or reset by release(). Writing it again would touch
         # every page of every array, which for a new table is most of an allocation's cost.
         blocks = np.arange(need)
