@@ -6,6 +6,7 @@ also subclasses the builtin it refines, so ``except ValueError`` keeps working::
     UvmLabError
     ├── InvalidArgumentError (ValueError)      a bad value given to a public entry point
     │   ├── InvalidSizeError                   "12 parsecs", -1, 0 where a size is needed
+    │   ├── TraceFileError                     a truncated, corrupted or foreign trace file
     │   ├── InvalidLocationError               "tpu", device 7 on a one-device machine
     │   └── InvalidAdviceError                 an advice name that CUDA does not have
     ├── InvalidStateError (RuntimeError)       the call is fine but the object is not
@@ -23,6 +24,7 @@ entry point validates before it mutates.
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any
 
 __all__ = [
@@ -37,8 +39,32 @@ __all__ = [
     "InvalidStateError",
     "OutOfMemoryError",
     "ProtocolError",
+    "TraceFileError",
     "UvmLabError",
+    "shown",
 ]
+
+
+def _bounded_repr() -> reprlib.Repr:
+    short = reprlib.Repr()
+    short.maxlevel = 3
+    short.maxstring = short.maxother = 60
+    short.maxlong = 40
+    short.maxlist = short.maxtuple = short.maxdict = short.maxset = short.maxfrozenset = 6
+    return short
+
+
+_SHORT = _bounded_repr()
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` as an error message names it: at most a few lines, however long or deep the value (a
+    message names a bad value, it does not repeat ten megabytes of it, or recurse through a thousand levels)."""
+    try:
+        return _SHORT.repr(value)
+    except Exception:   # an int past Python's digit limit, a repr that raises: the type must do
+        size = f" of {value.bit_length()} bits" if isinstance(value, int) else ""
+        return f"<{type(value).__name__}{size}>"
 
 
 class UvmLabError(Exception):
@@ -63,6 +89,14 @@ class InvalidArgumentError(UvmLabError, ValueError):
 
 class InvalidSizeError(InvalidArgumentError):
     """A size that is not a non-negative whole number of bytes (or a string such as "2GiB")."""
+
+
+class TraceFileError(InvalidArgumentError):
+    """A file that is not a trace uvm_lab can read: the message names the file and what is wrong with it."""
+
+    def __init__(self, message: str, *, path: Any = None) -> None:
+        super().__init__(message, value=path, expected="a file written by Trace.save")
+        self.path = path
 
 
 class InvalidLocationError(InvalidArgumentError):

@@ -6,7 +6,7 @@ import re
 from fractions import Fraction
 from numbers import Integral
 
-from .errors import InvalidSizeError
+from .errors import InvalidSizeError, shown
 
 __all__ = ["BIG_PAGE_SIZE", "BLOCK_SIZE", "MAX_SIZE", "PAGE_SIZE", "format_bytes", "parse_size"]
 
@@ -50,7 +50,7 @@ def parse_size(value: object, *, name: str = "size", allow_zero: bool = True) ->
         match = _SIZE_RE.match(value)
         unit = match.group(2).lower() if match else None
         if match is None or unit not in _UNITS or len(match.group(1)) > _MAX_DIGITS:
-            raise InvalidSizeError(f"{name} must be {expected}, got {_shown(value)}", value=value, expected=expected)
+            raise InvalidSizeError(f"{name} must be {expected}, got {shown(value)}", value=value, expected=expected)
         number = Fraction(match.group(1)) * _UNITS[unit]   # exact: no float between the digits and the bytes
         if number.denominator != 1:
             raise InvalidSizeError(f"{name} must be a whole number of bytes, got {value!r} = {float(number)} bytes",
@@ -60,15 +60,9 @@ def parse_size(value: object, *, name: str = "size", allow_zero: bool = True) ->
         size = int(value)
     if size < 0 or (size == 0 and not allow_zero) or size > MAX_SIZE:
         bound = "positive" if not allow_zero else "non-negative"
-        raise InvalidSizeError(f"{name} must be {bound} and at most 2**64 - 1 bytes, got {_shown(value)}",
+        raise InvalidSizeError(f"{name} must be {bound} and at most 2**64 - 1 bytes, got {shown(value)}",
                                value=value, expected=f"{bound}: {expected}")
     return size
-
-
-def _shown(value: object) -> str:
-    """``repr(value)`` for an error message, cut short: a message names a bad value, it does not repeat a megabyte."""
-    text = repr(value)
-    return text if len(text) <= 80 else f"{text[:60]}... ({len(text)} characters)"
 
 
 def format_bytes(n: int) -> str:

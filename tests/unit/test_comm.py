@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 import time
 import types
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import uvm_lab as ul
 from uvm_lab.jupyter import comm as lab_comm
@@ -617,3 +620,66 @@ def test_an_update_describes_again_only_the_allocations_whose_pages_changed(sess
     assert [a["label"] for a in update["allocations"]] == ["b3"]
     described.clear()
     assert session.flush() is False and described == []     # nothing changed since: nothing read
+
+
+# -- replies to anything: bounded, encodable, and nothing changed ------------------------------------------
+
+def _nested(depth):
+    outer = inner = []
+    for _ in range(depth):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+def _reply_is_safe(comm, before_sent):
+    """The last message is a result a view can read: UTF-8 JSON of a few hundred bytes, whatever came in."""
+    assert len(comm.messages) == before_sent + 1
+    data, _ = comm.messages[-1]
+    wire = json.dumps(data, ensure_ascii=False).encode("utf-8")   # raises on a lone surrogate
+    assert data["type"] == "result" and len(wire) < 1200
+    return data
+
+
+@pytest.mark.parametrize("message", [
+    {"type": "x" * 10**7, "seq": 1},
+    {"type": "\udcff", "seq": 2},
+    {"type": "watch", "seq": 3, "ids": _nested(100_000)},
+    {"type": "hello", "seq": 10**30},
+    {"type": "hello", "seq": 4, **{f"k{i}" * 1000: 1 for i in range(100)}},
+    {"type": "prefetch", "seq": 5, "id": 1, "location": "gpu:" + "9" * 10**6, "first_page": 0, "pages": None},
+    {"type": "set_advice", "seq": 6, "id": 1, "advice": "\ud800" * 1000, "value": True},
+    [_nested(50_000)],
+])
+def test_a_bad_command_gets_a_small_encodable_reply_and_changes_nothing(session, message):
+    buf = ul.DeviceBuffer(size="1MiB", label="kept")
+    session.handle({"type": "hello", "seq": 0})
+    sent, interval, paused = len(session.comm.messages), session.interval, session.paused
+    session.handle(message)
+    reply = _reply_is_safe(session.comm, sent)
+    assert reply["ok"] is False and reply["error"]["message"]
+    assert reply["command"] in (None, "watch", "hello", "prefetch", "set_advice")
+    assert (session.interval, session.paused) == (interval, paused)
+    assert ul.residency(buf).counts()["nowhere"] == 256    # no command reached the buffer
+    assert session.handle({"type": "hello", "seq": 7})["ok"]   # and the session still serves
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
+                    lambda children: st.lists(children, max_size=4) | st.dictionaries(
+                        st.sampled_from(["type", "seq", "id", "ids", "paused", "interval_ms", "start", "end", "width",
+                                         "lanes", "location", "first_page", "pages", "advice", "value", "x"]),
+                        children, max_size=8), max_leaves=30),
+       st.sampled_from(["hello", "pause", "rate", "timeline", "watch", "pages", "prefetch", "set_advice", None]))
+def test_random_json_never_breaks_the_session(session, data, kind):
+    if kind is not None and isinstance(data, dict):
+        data = {**data, "type": kind}
+    buf = ul.DeviceBuffer(size="64KiB", label="fuzzed")
+    try:
+        sent = len(session.comm.messages)
+        reply = session.handle(data)
+        result = next(d for d, _ in reversed(session.comm.messages[sent:]) if d["type"] == "result")
+        assert result == reply and len(json.dumps(result, ensure_ascii=False).encode("utf-8")) < 1200
+        assert session.handle({"type": "hello", "seq": 1})["ok"]
+    finally:
+        buf.close()

@@ -55,6 +55,7 @@ from .protocol import (
     BY_SOURCE_LIMIT,
     CELL_LIMIT,
     COMM_TARGET,
+    COMMANDS,
     PROTOCOL_VERSION,
     TIMELINE_COLUMNS,
     AdviceState,
@@ -92,6 +93,11 @@ COUNTS_PER_UPDATE = 2
 
 # A "runs" buffer that changes no cell.
 _NO_RUNS = np.zeros(4, dtype=np.uint8)
+
+#: The longest error message a reply carries, in characters; past it the message is cut.
+MAX_REPLY_TEXT = 500
+#: The largest seq a reply echoes: the largest whole number a JavaScript view reads exactly.
+MAX_SEQ = 2**53 - 1
 
 #: What the events of a prefetch or advice sent from the panel or the view are charged to.
 CONTROLS_SOURCE = "UVM Lab controls"
@@ -169,10 +175,12 @@ class PanelSession:
 
     def handle(self, data: object) -> Result:
         """Validate and carry out one command; send its result (and any update it caused) back."""
+        # A reply names its command and seq only where they are ones the view could have sent: it never echoes
+        # what it was given (a reply must stay small and encodable whatever came in).
         seq = data.get("seq") if isinstance(data, dict) else None
         kind = data.get("type") if isinstance(data, dict) else None
-        result = Result(type="result", seq=seq if type(seq) is int else None,
-                        command=kind if isinstance(kind, str) else None, ok=True, error=None)
+        result = Result(type="result", seq=seq if type(seq) is int and 0 <= seq <= MAX_SEQ else None,
+                        command=kind if isinstance(kind, str) and kind in COMMANDS else None, ok=True, error=None)
         try:
             command = parse_command(data)
             if command["type"] == "timeline":
@@ -187,7 +195,7 @@ class PanelSession:
         except Exception as err:
             # Any failure, ours or the core's, is the command's answer, never the comm's end.
             result["ok"] = False
-            result["error"] = ErrorInfo(type=type(err).__name__, message=str(err))
+            result["error"] = ErrorInfo(type=type(err).__name__, message=_reply_text(str(err)))
         self._send(result)
         return result
 
@@ -474,6 +482,14 @@ def _pack(plain: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any], n
         pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts, encoding="cells",
     )
     return info, cells
+
+
+def _reply_text(text: str) -> str:
+    """``text`` as a reply carries it: at most MAX_REPLY_TEXT characters, and encodable as UTF-8 (a lone surrogate
+    from the message that caused it is escaped)."""
+    if len(text) > MAX_REPLY_TEXT:
+        text = f"{text[:MAX_REPLY_TEXT - 30]}... ({len(text):,} characters)"
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _device_info() -> DeviceInfo:

@@ -82,7 +82,7 @@ from typing import Any, Final, Literal, TypedDict, cast
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, ProtocolError
+from ..errors import InvalidArgumentError, ProtocolError, shown
 from ..events.causes import CAUSE_NAMES
 from ..page_states import CATEGORY_NAMES
 from .dashboard.collect import bin_pages, bin_states, category_pages
@@ -384,13 +384,13 @@ def parse_command(data: object) -> Command:
     kind = data.get("type")
     if not isinstance(kind, str) or kind not in COMMANDS:
         raise ProtocolError(
-            f"unknown command type {kind!r}; the commands are {', '.join(COMMANDS)}", command=data
+            f"unknown command type {shown(kind)}; the commands are {', '.join(COMMANDS)}", command=data
         )
     fields = COMMANDS[kind]
     got = set(data) - {"type"}
     if missing := [f for f in fields if f not in got]:
         raise ProtocolError(f"{kind} is missing {_names(missing)}; its fields are {', '.join(fields)}", command=data)
-    if extra := sorted(got - set(fields)):
+    if extra := sorted(got - set(fields), key=str):
         raise ProtocolError(f"{kind} got unexpected {_names(extra)}; its fields are {', '.join(fields)}", command=data)
 
     seq = _integer(data, "seq", low=0)
@@ -416,7 +416,7 @@ def parse_command(data: object) -> Command:
         return Prefetch(type="prefetch", seq=seq, id=alloc_id, location=location, first_page=first_page, pages=pages)
     advice = data["advice"]
     if advice not in ADVICE_NAMES or not isinstance(advice, str):
-        raise ProtocolError(f"advice must be one of {_choices(ADVICE_NAMES)}, got {advice!r}", command=data)
+        raise ProtocolError(f"advice must be one of {_choices(ADVICE_NAMES)}, got {shown(advice)}", command=data)
     value = _advice_value(data, advice)
     return SetAdvice(type="set_advice", seq=seq, id=alloc_id, advice=advice, value=value)  # type: ignore[typeddict-item]
 
@@ -436,12 +436,12 @@ def _ids(data: Mapping[str, Any], name: str, what: str, *, low: int = 1) -> list
     if ids is None:
         return None
     if not isinstance(ids, list):
-        raise ProtocolError(f"{what} must be a list of allocation ids or null, got {ids!r}", command=data)
+        raise ProtocolError(f"{what} must be a list of allocation ids or null, got {shown(ids)}", command=data)
     if len(ids) > MAX_LANES:
         raise ProtocolError(f"{what} takes at most {MAX_LANES} ids, got {len(ids)}", command=data)
     for one in ids:
         if type(one) is not int or not low <= one <= _MAX_INT:
-            raise ProtocolError(f"a {what[:-1]} must be an allocation id ({low} to 2**53-1), got {one!r}",
+            raise ProtocolError(f"a {what[:-1]} must be an allocation id ({low} to 2**53-1), got {shown(one)}",
                                 command=data)
     return sorted(set(ids))
 
@@ -455,18 +455,18 @@ def _advice_value(data: Mapping[str, Any], advice: str) -> bool | str | list[str
             return None
         return _location(value, data, "preferred_location value")
     if not isinstance(value, list):
-        raise ProtocolError(f"accessed_by value must be a list of locations, got {value!r}", command=data)
+        raise ProtocolError(f"accessed_by value must be a list of locations, got {shown(value)}", command=data)
     if len(value) > _MAX_ACCESSED_BY:
         raise ProtocolError(f"accessed_by takes at most {_MAX_ACCESSED_BY} locations, got {len(value)}", command=data)
     locations = [_location(v, data, "accessed_by location") for v in value]
     if len(set(locations)) != len(locations):
-        raise ProtocolError(f"accessed_by locations must be distinct, got {value!r}", command=data)
+        raise ProtocolError(f"accessed_by locations must be distinct, got {shown(value)}", command=data)
     return locations
 
 
 def _location(value: object, data: Mapping[str, Any], what: str) -> str:
     if not isinstance(value, str) or not _LOCATION.match(value):
-        raise ProtocolError(f'{what} must be "host", "gpu" or "gpu:N", got {value!r}', command=data)
+        raise ProtocolError(f'{what} must be "host", "gpu" or "gpu:N", got {shown(value)}', command=data)
     return value
 
 
@@ -475,19 +475,25 @@ def _integer(data: Mapping[str, Any], name: str, *, low: int, high: int = _MAX_I
     # bool is an int in Python but never a valid id; floats such as 3.0 are not accepted either.
     if type(value) is not int or not low <= value <= high:
         most = "2**53-1" if high == _MAX_INT else str(high)
-        raise ProtocolError(f"{name} must be a whole number from {low} to {most}, got {value!r}", command=data)
+        raise ProtocolError(f"{name} must be a whole number from {low} to {most}, got {shown(value)}", command=data)
     return value
 
 
 def _boolean(data: Mapping[str, Any], name: str, *, what: str | None = None) -> bool:
     value = data[name]
     if not isinstance(value, bool):
-        raise ProtocolError(f"{what or name} must be true or false, got {value!r}", command=data)
+        raise ProtocolError(f"{what or name} must be true or false, got {shown(value)}", command=data)
     return value
 
 
+# Unexpected fields named in an error, at most.
+_NAMED = 5
+
+
 def _names(fields: list[str]) -> str:
-    return ("field " if len(fields) == 1 else "fields ") + ", ".join(repr(f) for f in fields)
+    names = ", ".join(shown(f) for f in fields[:_NAMED])
+    more = f" and {len(fields) - _NAMED} more" if len(fields) > _NAMED else ""
+    return ("field " if len(fields) == 1 else "fields ") + names + more
 
 
 def _choices(options: tuple[str, ...]) -> str:
