@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
 from .bus import EventBus, get_bus
 from .causes import decode_flags
 from .schema import (
     EVENT_DTYPE,
-    EVENT_DTYPE_WITHOUT_SOURCE,
     EventKind,
-    as_events,
     is_inferred,
 )
 from .sources import TOTALS, get_sources, totals
+from .trace_file import read_events, write_events
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -151,46 +148,27 @@ class Trace:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write the trace to ``path`` (NumPy ``.npy``), exactly: :meth:`load` gives back every field of
-        every record.
+        """Write the trace to ``path`` (:mod:`uvm_lab.events.trace_file`'s versioned format), exactly:
+        :meth:`load` gives back every field of every record.
 
         Raises
         ------
         InvalidArgumentError
             ``path`` is not a path, or cannot be written.
         """
-        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-            raise InvalidArgumentError(f"path must be a file path, got {path!r}", value=path,
-                                       expected="a str or os.PathLike")
-        try:
-            with open(path, "wb") as f:
-                np.save(f, self.events, allow_pickle=False)
-        except OSError as exc:
-            raise InvalidArgumentError(f"cannot write a trace to {os.fspath(path)!r}: {exc}", value=path,
-                                       expected="a writable file path") from exc
+        write_events(path, self.events)
 
     @classmethod
     def load(cls, path: str | Path) -> Trace:
-        """Read a trace written by :meth:`save`.
+        """Read a trace written by :meth:`save` (or, as a ``.npy`` array, by an earlier release).
 
         Raises
         ------
-        InvalidArgumentError
-            ``path`` cannot be read, or does not hold uvm_lab events (another array, or not a ``.npy``).
+        TraceFileError
+            ``path`` cannot be read, or is not such a trace: cut short, corrupted, another array, records of
+            unknown kinds. The message says which.
         """
-        if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-            raise InvalidArgumentError(f"path must be a file path, got {path!r}", value=path,
-                                       expected="a str or os.PathLike")
-        try:
-            events = np.load(path, allow_pickle=False)
-        except (OSError, ValueError, EOFError) as exc:
-            raise InvalidArgumentError(f"cannot read a trace from {os.fspath(path)!r}: {exc}", value=path,
-                                       expected="a file written by Trace.save") from exc
-        if not isinstance(events, np.ndarray) or events.dtype not in (EVENT_DTYPE, EVENT_DTYPE_WITHOUT_SOURCE):
-            raise InvalidArgumentError(f"{os.fspath(path)} does not hold uvm_lab events "
-                                       f"(dtype {getattr(events, 'dtype', type(events).__name__)})", value=path,
-                                       expected="a file written by Trace.save")
-        return cls(as_events(events))   # a trace saved before events carried their source: sources unknown
+        return cls(read_events(path))   # a trace saved before events carried their source: sources unknown
 
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
         """Chrome/Perfetto trace JSON, returned or streamed to ``path``: see
