@@ -1,11 +1,13 @@
 """``python -m uvm_lab [FOLDER] [jupyter lab options]``: open the workbench in JupyterLab.
 
 Notebooks pick their device themselves: the real GPU where one is usable, the simulated one elsewhere.
+SIGINT, SIGTERM or SIGHUP stops JupyterLab cleanly (its kernels with it), and uvm_lab exits with its status.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +24,32 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args:
         args.append("--allow-root")   # containers and CI machines often run as root; JupyterLab refuses without it
-    return subprocess.call([sys.executable, "-m", "jupyterlab", folder, *args])
+    return run_until_stopped([sys.executable, "-m", "jupyterlab", folder, *args])
+
+
+# What stops the workbench. JupyterLab stops cleanly on SIGTERM; on SIGINT it would ask first.
+_STOPS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def run_until_stopped(command: list[str]) -> int:
+    """Run ``command``; a stop signal sent to this process reaches it as SIGTERM (a second one as SIGKILL), and
+    its exit status is returned (128 + the signal's number where a signal ended it, as a shell reports it)."""
+    child = subprocess.Popen(command)
+    signals_seen = 0
+
+    def forward(signum: int, frame: object) -> None:
+        nonlocal signals_seen
+        signals_seen += 1
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM if signals_seen == 1 else signal.SIGKILL)
+
+    previous = {signum: signal.signal(signum, forward) for signum in _STOPS}
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
 
 
 if __name__ == "__main__":
