@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install uvm_lab with its test dependencies, and Debian's Chromium for the browser tests, then run
-# the whole suite. Extra arguments go to pytest (for example: bash tests/run.sh -m "not browser").
+# Install uvm_lab with its test dependencies, and Debian's Chromium for the browser tests; lint (ruff) and
+# check types (mypy, with pyproject.toml's configuration), then run the whole suite. Extra arguments go to
+# pytest (for example: bash tests/run.sh -m "not browser").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,4 +12,6 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # the tests drive /usr/bin/chromium, never a downloaded browser
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+python3 -m ruff check .
+python3 -m mypy
 python3 -m pytest "$@"

@@ -63,7 +63,7 @@ def _foreign_handle(stream: object) -> int | None:
             version, handle = protocol() if callable(protocol) else protocol
         except (TypeError, ValueError):
             return None
-        return int(handle) if version == 0 and isinstance(handle, Integral) and handle >= 0 else None
+        return int(handle) if version == 0 and isinstance(handle, Integral) and int(handle) >= 0 else None
     name = type(stream).__name__
     module = type(stream).__module__ or ""
     if module.startswith("torch") and isinstance(getattr(stream, "cuda_stream", None), Integral):

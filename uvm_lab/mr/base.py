@@ -9,6 +9,7 @@ and :func:`resource_chain` lists the whole chain top-down.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from numbers import Integral
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ def device_of(backend: Backend, device: object) -> int:
     if device is None:
         return backend.current_device()
     count = backend.device_count()
-    if isinstance(device, bool) or not isinstance(device, Integral) or not 0 <= device < count:
+    if isinstance(device, bool) or not isinstance(device, Integral) or not 0 <= int(device) < count:
         raise InvalidArgumentError(f"device must be a device ordinal 0..{count - 1} on this "
                                    f"{'simulated ' if backend.is_simulated else ''}machine, got {device!r}",
                                    value=device, expected=f"None (the current device) or 0..{count - 1}")
@@ -49,6 +50,10 @@ class MemoryResource:
     """
 
     backend: Backend
+    # Looked up once, at the first event (_emit); absent until then.
+    _event_device: int
+    _now_ns: Callable[[], int]
+    _event_queue: Callable[[bytes], object]
     #: The resource this one takes memory from (adaptors and suballocators), or None for a leaf.
     upstream_mr: MemoryResource | None = None
 

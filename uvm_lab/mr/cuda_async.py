@@ -114,8 +114,8 @@ class CudaAsyncMemoryResource(MemoryResource):
         self._pool: int | None = None            # the driver's pool, on a GPU
         if not self._simulated:
             handles = (("posix_file_descriptor",) if ipc else ()) + (("fabric",) if fabric else ())
-            self._pool = backend.create_async_pool(device=self.device_id, release_threshold=threshold,
-                                                   handles=handles)
+            create = backend.create_async_pool  # type: ignore[attr-defined]  # checked above: the CUDA backend's
+            self._pool = create(device=self.device_id, release_threshold=threshold, handles=handles)
         if initial:
             with self._lock:
                 if self._simulated:

@@ -150,7 +150,7 @@ class PoolMemoryResource(MemoryResource):
                       self.backend.bus.allocator_queue(), self.device_id, int(EventKind.ALLOC), int(EventKind.FREE),
                       PoolMemoryResource.allocate, PoolMemoryResource.deallocate, InvalidStateError)
         # Instance attributes, found before the class's methods: no Python frame on the common call.
-        self.allocate, self.deallocate = hot.allocate, hot.deallocate
+        self.allocate, self.deallocate = hot.allocate, hot.deallocate  # type: ignore[method-assign]
 
     # -- what the pool is -----------------------------------------------------------------------
     @property

@@ -767,7 +767,8 @@ class CuptiCollector:
                 offsets.append(at)
         out = np.empty(len(offsets), dtype=CUPTI_UM_COUNTER3_DTYPE)
         for i, at in enumerate(offsets):
-            out[i] = np.frombuffer((ctypes.c_uint8 * _RECORD).from_address(at), dtype=CUPTI_UM_COUNTER3_DTYPE)[0]
+            record_bytes = memoryview((ctypes.c_uint8 * _RECORD).from_address(at))
+            out[i] = np.frombuffer(record_bytes, dtype=CUPTI_UM_COUNTER3_DTYPE)[0]
         return out
 
     @staticmethod
@@ -778,7 +779,8 @@ class CuptiCollector:
         try:
             p0, p1 = int(first.ptr), int(last.ptr)
             if p1 - p0 == (n - 1) * _RECORD:
-                raw = np.frombuffer((ctypes.c_uint8 * (n * _RECORD)).from_address(p0), dtype=np.uint8).copy()
+                block = memoryview((ctypes.c_uint8 * (n * _RECORD)).from_address(p0))
+                raw = np.frombuffer(block, dtype=np.uint8).copy()
                 view = raw.view(CUPTI_UM_COUNTER3_DTYPE)
                 if (view["kind"] == CUPTI_ACTIVITY_KIND_UNIFIED_MEMORY_COUNTER).all():
                     return view

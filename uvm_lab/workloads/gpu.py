@@ -221,6 +221,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
                                                                  sink))
     elif phase.pattern == "gather":
         prefetch(first)
+        assert offsets is not None   # made above for every gather
         module.get_function("gather_read")((grid,), (block,), (a, offsets, np.uint64(len(offsets)), sink))
     elif phase.pattern == "stencil":
         for name in dict.fromkeys(phase.buffers):
