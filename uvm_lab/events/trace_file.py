@@ -63,7 +63,7 @@ def read_events(path: str | os.PathLike[str]) -> np.ndarray:
             start = f.read(len(MAGIC))
             if start == MAGIC:
                 events = _read_current(f, source, length)
-            elif start.startswith(_NPY_MAGIC[: len(start)]) and len(start) >= len(_NPY_MAGIC):
+            elif start.startswith(_NPY_MAGIC):
                 f.seek(0)
                 events = _read_npy(f, source, length)
             else:
