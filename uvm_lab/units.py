@@ -44,7 +44,7 @@ def parse_size(value: object, *, name: str = "size", allow_zero: bool = True) ->
         return value   # the hot path: a plain byte count
     expected = 'a whole number of bytes from 0 to 2**64 - 1, or a string such as "512MiB" or "2GB"'
     if isinstance(value, bool) or not isinstance(value, (Integral, str)):
-        raise InvalidSizeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})",
+        raise InvalidSizeError(f"{name} must be {expected}, got {shown(value)} ({type(value).__name__})",
                                value=value, expected=expected)
     if isinstance(value, str):
         match = _SIZE_RE.match(value)

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import InvalidArgumentError, TraceFileError, shown
+from ..paths import file_path
 from .schema import EVENT_DTYPE, EVENT_DTYPE_WITHOUT_SOURCE, EventKind, as_events
 
 __all__ = ["FORMAT_VERSION", "MAGIC", "read_events", "write_events"]
@@ -40,7 +41,7 @@ _KNOWN_KINDS[[int(kind) for kind in EventKind]] = True
 
 def write_events(path: str | os.PathLike[str], events: np.ndarray) -> None:
     """Write ``events`` (``EVENT_DTYPE``) to ``path`` in the current format."""
-    target = _path(path)
+    target = Path(file_path(path))
     events = np.ascontiguousarray(events, dtype=EVENT_DTYPE)
     if (first := _first_unknown_kind(events)) is not None:   # a file load() would refuse is never written
         raise InvalidArgumentError(f"record {first} has kind {int(events['kind'][first])}, which no uvm_lab event "
@@ -56,7 +57,7 @@ def write_events(path: str | os.PathLike[str], events: np.ndarray) -> None:
 
 def read_events(path: str | os.PathLike[str]) -> np.ndarray:
     """The records of the trace file at ``path``, as ``EVENT_DTYPE``; TraceFileError for anything else."""
-    source = _path(path)
+    source = Path(file_path(path))
     try:
         with open(source, "rb") as f:
             length = os.fstat(f.fileno()).st_size
@@ -115,13 +116,6 @@ def _records(f: object, source: Path, left: int, records: int, dtype: np.dtype) 
     if len(data) != left:
         raise _bad(source, f"{left - len(data):,} bytes could not be read")
     return np.frombuffer(data, dtype=dtype).copy()
-
-
-def _path(path: object) -> Path:
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise InvalidArgumentError(f"path must be a file path, got {shown(path)}", value=path,
-                                   expected="a str or os.PathLike")
-    return Path(path)
 
 
 def _bad(source: Path, problem: str) -> TraceFileError:

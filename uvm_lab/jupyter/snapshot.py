@@ -35,6 +35,7 @@ from ..errors import InvalidArgumentError, InvalidStateError
 from ..events import EventKind, get_bus
 from ..events.sources import texts as source_texts
 from ..events.trace import Trace
+from ..paths import file_path
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
 from .timeline import DeviceSeries, EventWindow
 
@@ -155,15 +156,13 @@ def snapshot(trace: Trace | None, path: str | os.PathLike[str], *, title: str | 
 
 
 def _target(path: object) -> Path:
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise InvalidArgumentError(f"path must be a file path, got {path!r}", value=path,
-                                   expected="a file path (str or os.PathLike), such as view.html")
-    target = Path(os.fspath(path)).expanduser()
+    given = file_path(path, expected="a file path (str or os.PathLike), such as view.html")
+    target = Path(given).expanduser()
     if target.is_dir():
-        raise InvalidArgumentError(f"path {os.fspath(path)!r} is a folder", value=path,
+        raise InvalidArgumentError(f"path {given!r} is a folder", value=path,
                                    expected="a file path, such as trace.html")
     if not target.parent.is_dir():
-        raise InvalidArgumentError(f"the folder of {os.fspath(path)!r} does not exist", value=path,
+        raise InvalidArgumentError(f"the folder of {given!r} does not exist", value=path,
                                    expected="a file path in an existing folder")
     return target
 

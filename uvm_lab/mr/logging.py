@@ -24,6 +24,7 @@ from datetime import datetime
 from typing import TextIO
 
 from ..errors import InvalidArgumentError
+from ..paths import file_path
 from .base import MemoryResource, ResourceAdaptor
 
 __all__ = ["HEADER", "LoggingResourceAdaptor"]
@@ -72,11 +73,8 @@ class LoggingResourceAdaptor(ResourceAdaptor):
                 raise InvalidArgumentError(
                     f"a log file must be given, either as log_file_name= or in the {LOG_FILE_ENV} "
                     f"environment variable", value=None, expected="a file name")
-        if not isinstance(log_file_name, (str, os.PathLike)) or not os.fspath(log_file_name):
-            raise InvalidArgumentError(f"log_file_name must be a path, got {log_file_name!r}",
-                                       value=log_file_name, expected="a str or os.PathLike file name")
+        name = file_path(log_file_name, name="log_file_name", expected="a str or os.PathLike file name")
         super().__init__(upstream_mr)
-        name = os.fspath(log_file_name)
         try:
             self._file: TextIO | None = open(name, "w", encoding="utf-8")  # noqa: SIM115 - lives with the adaptor
         except OSError as err:

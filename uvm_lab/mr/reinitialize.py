@@ -26,6 +26,7 @@ from typing import Any
 
 from ..backends import get_backend
 from ..errors import InvalidArgumentError
+from ..paths import file_path
 from .base import MemoryResource
 from .current import set_per_device_resource
 from .device import CudaMemoryResource
@@ -132,10 +133,7 @@ def reinitialize(pool_allocator: bool = False, managed_memory: bool = False,
             raise InvalidArgumentError(
                 f"logging=True needs a file: pass log_file_name= or set {LOG_FILE_ENV}", value=None,
                 expected="a file name")
-        if not isinstance(name, (str, os.PathLike)) or not os.fspath(name):
-            raise InvalidArgumentError(f"log_file_name must be a path, got {name!r}", value=name,
-                                       expected="a str or os.PathLike file name")
-        base_name = os.fspath(name)
+        base_name = file_path(name, name="log_file_name", expected="a str or os.PathLike file name")
 
     for func, args, kwargs in reversed(_hooks):
         func(*args, **kwargs)

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..events.schema import EVENT_DTYPE, Advice, EventKind, MemoryKind, MigrationCause
 from ..events.sources import get_sources
+from ..paths import file_path
 from . import wire
 from .attribution import cause_names
 
@@ -90,10 +91,7 @@ def _processor(p: int) -> str:
 def _check_path(path: Any) -> str | None:
     if path is None:
         return None
-    if not isinstance(path, (str, os.PathLike)) or not os.fspath(path):
-        raise InvalidArgumentError(f"path must be a file path, got {path!r}", value=path,
-                                   expected="a str or os.PathLike, or None")
-    return os.fspath(path)
+    return file_path(path, expected="a str or os.PathLike, or None")
 
 
 def _slice_name(kind: int, flags: int, cause: str) -> str:

@@ -153,6 +153,12 @@ class ResidencyMap(DashboardComponent):
 _PATCHED_ROWS = 8
 
 
+def _count_columns(allocs: list[Mapping[str, Any]]) -> dict[str, np.ndarray]:
+    """A column of pages per category (named as in CATEGORY_NAMES), a row per allocation."""
+    table = category_table(allocs)
+    return {c: table[:, i] for i, c in enumerate(CATEGORY_NAMES)}
+
+
 class ResidencyOverview(DashboardComponent):
     """Every live allocation as one strip of ``bins`` cells, oldest on top.
 
@@ -189,9 +195,8 @@ class ResidencyOverview(DashboardComponent):
         return f"#{alloc['id']} {alloc['label']} ({format_bytes(alloc['size'])})"
 
     def _rows_data(self, allocs: list[Mapping[str, Any]]) -> dict[str, Any]:
-        table = category_table(allocs)
         return {"name": [self._name(a) for a in allocs], "y": np.arange(len(allocs), dtype=np.float64),
-                **{c: table[:, i] for i, c in enumerate(CATEGORY_NAMES)}}
+                **_count_columns(allocs)}
 
     def _strip(self, alloc: Mapping[str, Any]) -> np.ndarray:
         """The allocation's pages as ``bins`` cells: each the category most of its pages are in."""
@@ -216,8 +221,7 @@ class ResidencyOverview(DashboardComponent):
                               for a in allocs]) if allocs else np.zeros((1, self.bins), np.uint8)
             self.image.data = {"image": [image], "dh": [float(len(image))]}
             if same_rows:   # the rows' names and places stand: only their counts go
-                table = category_table(allocs)
-                self.source.data.update({c: table[:, i] for i, c in enumerate(CATEGORY_NAMES)})
+                self.source.data.update(_count_columns(allocs))
             else:
                 self.source.data = self._rows_data(allocs)
         if not same_rows:   # the axis names the rows: only when they are others
