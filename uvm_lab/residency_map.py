@@ -220,7 +220,7 @@ class ResidencyTracker:
         self._batches = 0          # batches that changed something
         self._forgotten = 0        # the newest batch number that fell out of the journal
         self.bus = bus or get_bus()
-        self.subscription = self.bus.subscribe(self.apply, kinds=_REPLAYED)
+        self.subscription = self.bus.subscribe(self.apply, kinds=_REPLAYED, inline=True)
 
     def close(self) -> None:
         self.subscription.close()
@@ -291,7 +291,7 @@ class ResidencyTracker:
         if isinstance(since, bool) or not isinstance(since, (int, np.integer)) or since < 0:
             raise InvalidArgumentError(f"since must be a cursor that changes() returned (an int >= 0), got {since!r}",
                                        value=since, expected="an int >= 0")
-        self.bus.flush()
+        self.bus.flush(wait=False)
         with self._lock:
             if since > self._batches:
                 raise InvalidArgumentError(f"since {since} is ahead of this tracker ({self._batches})", value=since,
@@ -498,7 +498,7 @@ class ResidencyTracker:
 
     def map(self, address: int, size: int) -> ResidencyMap:
         """The page states of ``[address, address + size)``, which must lie in one live segment."""
-        self.bus.flush()
+        self.bus.flush(wait=False)
         with self._lock:
             seg = self._segment_at(address)
             if seg is None or address + size > seg.address + seg.size:

@@ -271,6 +271,8 @@ export type TimelineRows = {
   events: number;
   held: number;
   dropped: number;
+  /** Events the kernel's timeline never got: dropped while it was too far behind the bus. */
+  missed: number;
   truncated: number;
   first: number;
   last: number;

@@ -53,6 +53,7 @@ export interface ISnapshotAllocation {
 
 export interface ISnapshotBounds {
   events_not_held: number;
+  events_missed: number;
   levels: number;
   finest_pixel_ns: number;
   finer_levels_left_out: number;
@@ -140,6 +141,7 @@ export class SnapshotTimeline implements ITimelineSource {
         events,
         held: this._data.events,
         dropped: this._data.bounds.events_not_held,
+        missed: this._data.bounds.events_missed,
         truncated: level.truncated,
         first: this._data.first,
         last: this._data.last,
@@ -326,6 +328,9 @@ export class SnapshotPage {
     }
     if (b.events_not_held) {
       items.push(`${b.events_not_held} older events no longer held by the kernel, not in this snapshot`);
+    }
+    if (b.events_missed) {
+      items.push(`${b.events_missed} events missed while the recording fell behind, not in this snapshot`);
     }
     if (b.allocations_left_out) {
       items.push(`${b.allocations_left_out} allocations not listed`);

@@ -377,6 +377,9 @@ export class Timeline {
       if (answer.rows.dropped) {
         parts.push(`${answer.rows.dropped} oldest events no longer held`);
       }
+      if (answer.rows.missed) {
+        parts.push(`${answer.rows.missed} events missed while the view fell behind`);
+      }
       if (answer.rows.truncated) {
         parts.push(`${answer.rows.truncated} rows left out`);
       }

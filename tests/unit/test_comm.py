@@ -21,6 +21,9 @@ from uvm_lab.jupyter.protocol import CELL_LIMIT, apply_runs
 from uvm_lab.jupyter.timeline import DeviceSeries, EventWindow
 from uvm_lab.page_states import CATEGORY_NAMES, categories
 
+from .clocks import ManualClock
+from .waiting import eventually
+
 PAGE = 4096
 # Category codes on the wire (page_states.CATEGORY_NAMES), spelled out.
 NOWHERE, HOST, BOTH, UNKNOWN, GPUS, GPU0, GPU1 = 0, 1, 2, 3, 4, 5, 6
@@ -323,14 +326,33 @@ def test_updates_carry_only_what_changed(session, device):
     assert [x["id"] for x in session.comm.of_type("update")[0][0]["allocations"]] == [c.id]
 
 
-def test_an_update_carries_the_wall_clock_at_which_it_read_the_maps(session, device):
-    buf = ul.DeviceBuffer(size="1MiB", label="a")
-    session.handle({"type": "hello", "seq": 1})
-    ul.touch(buf, on="gpu")
-    changed = time.time() * 1000
-    session.flush()
-    (update, _), = session.comm.of_type("update")
-    assert changed <= update["clock"] <= time.time() * 1000   # the change is older than the read, so it is in
+def test_an_update_carries_the_wall_clock_at_which_it_read_the_maps(device):
+    clock = ManualClock()
+    session = PanelSession(RecordingComm(), start=False, clock=clock,
+                           timeline=(EventWindow(), DeviceSeries(clock=lambda: 0.0)))
+    try:
+        buf = ul.DeviceBuffer(size="1MiB", label="a")
+        session.handle({"type": "hello", "seq": 1})
+        ul.touch(buf, on="gpu")
+        clock.advance(2.5)                             # the maps are read 2.5 s later
+        session.flush()
+        (update, _), = session.comm.of_type("update")
+        assert update["clock"] == clock.wall_ms()      # the browser's latency is measured from here
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"interval": 0}, "interval must be a positive number of seconds"),
+    ({"interval": -1.0}, "interval must be a positive number of seconds"),
+    ({"idle": float("inf")}, "idle must be a positive number of seconds"),
+    ({"clock": time}, "clock must be a uvm_lab.clock.Clock"),
+])
+def test_a_session_refuses_a_bad_interval_or_clock_and_listens_to_nothing(device, kwargs, message):
+    listening = len(ul.events.get_bus().subscriptions())
+    with pytest.raises(ul.errors.InvalidArgumentError, match=message):
+        PanelSession(RecordingComm(), start=False, **kwargs)
+    assert len(ul.events.get_bus().subscriptions()) == listening
 
 
 def test_pause_stops_updates_and_resume_sends_a_snapshot(session, device):
@@ -415,13 +437,9 @@ def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
         monkeypatch.setattr(collect, "describe_buffer", describe)
         broken.set()
         buf.prefetch("gpu")                 # the last event there is: every flush fails while broken
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and len(calls) < 2:
-            time.sleep(0.01)
-        assert len(calls) >= 2 and comm.of_type("update") == []
+        assert eventually(lambda: len(calls) >= 2) and comm.of_type("update") == []
         broken.clear()                      # no new event: only a retry can send the map now
-        while time.monotonic() < deadline and not comm.of_type("update"):
-            time.sleep(0.01)
+        assert eventually(lambda: comm.of_type("update"))
         (_, buffers), = comm.of_type("update")
         assert buffers == [drawn(buf)] == [bytes([GPU0]) * 512]
     finally:
@@ -429,35 +447,31 @@ def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
     session._thread.join(timeout=5)
 
 
-def test_updates_flow_from_the_background_thread_while_a_cell_runs(device):
+def test_updates_flow_from_the_background_thread_one_an_interval_while_a_cell_runs(device):
     comm = RecordingComm()
     interval = 0.05
-    session = PanelSession(comm, interval=interval)
+    clock = ManualClock()
+    bus = ul.events.get_bus()
+    session = PanelSession(comm, interval=interval, clock=clock)
     try:
         buf = ul.DeviceBuffer(size="8MiB")
         session.handle({"type": "hello", "seq": 1})
         before = drawn(buf)
         comm.clear()
-        # A "cell": 40 migrations in quick succession on this (main) thread.
-        start = time.monotonic()
-        for i in range(40):
+        # A "cell": 41 migrations on this (main) thread, within one interval.
+        for i in range(41):
             buf.prefetch("gpu" if i % 2 == 0 else "host")
-            time.sleep(0.005)
-        buf.prefetch("gpu")
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            if held_by_view(comm.of_type("update"), buf, before) == drawn(buf):
-                break
-            time.sleep(0.01)
-        # Updates go on until the last one lands, which on a loaded machine can be well after the cell: the
-        # throttle is judged over all of that time.
-        elapsed = time.monotonic() - start
+        bus.flush()                                     # every event has reached the session
+        clock.settle(threads=1)
+        assert len(comm.of_type("update")) <= 1         # at most one went out in the interval
+        clock.advance(interval)
+        clock.settle(threads=1)
         updates = comm.of_type("update")
-        assert updates, "no update came while the cell ran"
+        assert 1 <= len(updates) <= 2                   # the next holds everything that came after
         assert held_by_view(updates, buf, before) == drawn(buf) == bytes([GPU0]) * 2048
-        # Coalesced and throttled: far fewer updates than migrations, at most ~1 per interval.
-        assert len(updates) <= elapsed / interval + 3
-        assert len(updates) < 41
+        clock.advance(interval)
+        clock.settle(threads=1)
+        assert len(comm.of_type("update")) == len(updates)   # nothing changed since: nothing sent
     finally:
         session.close()
     session._thread.join(timeout=5)
@@ -476,7 +490,7 @@ def test_background_updates_are_sent_from_the_context_of_the_panels_last_message
     session = PanelSession(comm, interval=0.01)
     try:
         buf = ul.DeviceBuffer(size="1MiB")  # before the hello: no update for it goes out
-        time.sleep(0.05)
+        ul.events.get_bus().flush()
         assert seen == []
 
         def on_subshell():
@@ -487,9 +501,7 @@ def test_background_updates_are_sent_from_the_context_of_the_panels_last_message
         worker.start()
         worker.join(timeout=5)
         buf.prefetch("gpu")  # on the main thread, whose context says "main shell"
-        deadline = time.monotonic() + 5
-        while not any(kind == "update" for kind, _ in seen) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        assert eventually(lambda: any(kind == "update" for kind, _ in seen))
         assert ("snapshot", "subshell") in seen and ("result", "subshell") in seen
         assert [where for kind, where in seen if kind == "update"] == ["subshell"]
     finally:
@@ -540,17 +552,17 @@ def test_commands_from_several_threads_at_once(device):
 def test_closing_the_comm_ends_the_session(device):
     comm = RecordingComm()
     bus = ul.events.get_bus()
-    before = len(bus._subscribers)
+    before = len(bus.subscriptions())
     session = PanelSession(comm, interval=0.01)
-    assert len(bus._subscribers) == before + 1
+    assert len(bus.subscriptions()) == before + 1
     comm.close_from_frontend()
     assert session.closed
-    assert len(bus._subscribers) == before
+    assert len(bus.subscriptions()) == before
     session._thread.join(timeout=5)
     assert not session._thread.is_alive()
     buf = ul.DeviceBuffer(size="1MiB")
     buf.prefetch("gpu")
-    time.sleep(0.05)
+    bus.flush()   # delivered to every subscriber: the session is none of them now
     assert comm.messages == []
 
 

@@ -4,7 +4,6 @@ kernel-side buffer through its public entry points, and the bokeh sources show t
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -31,18 +30,12 @@ from uvm_lab.jupyter.dashboard.residency import ResidencyMap, ResidencyOverview
 from uvm_lab.jupyter.palette import PALETTE
 from uvm_lab.page_states import CATEGORY_NAMES
 
+from .clocks import ManualClock
+from .waiting import eventually
+
 # Category codes (page_states.CATEGORY_NAMES), as the maps colour them.
 NOWHERE, HOST, BOTH, UNKNOWN, GPUS, GPU0, GPU1 = 0, 1, 2, 3, 4, 5, 6
 NO_PAGES = dict.fromkeys(CATEGORY_NAMES, 0)
-
-
-def wait_for(predicate, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 @pytest.fixture
@@ -327,7 +320,7 @@ def test_events_from_another_thread_refresh_the_dashboard(sim, dash):
     worker = threading.Thread(target=a.prefetch, args=("host",))
     worker.start()
     worker.join(5)
-    assert wait_for(lambda: set(dash.residency.source.data["category"]) == {HOST})
+    assert eventually(lambda: set(dash.residency.source.data["category"]) == {HOST})
 
 
 def test_a_live_refresh_reads_the_selected_map_and_a_bounded_few_others(sim, dash, monkeypatch):
@@ -338,27 +331,45 @@ def test_a_live_refresh_reads_the_selected_map_and_a_bounded_few_others(sim, das
     before = {alloc["id"]: alloc for alloc in dash.snapshot["allocations"]}
     b.prefetch("host")
     a.prefetch("host")
-    assert wait_for(lambda: set(dash.residency.source.data["category"]) == {HOST})   # the selected one, live
+    assert eventually(lambda: set(dash.residency.source.data["category"]) == {HOST})   # the selected one, live
     assert {alloc["id"]: alloc for alloc in dash.snapshot["allocations"]}[b.id] is before[b.id]   # waits its turn
     dash.refresh()   # asked for: every changed map
     now = {alloc["id"]: alloc for alloc in dash.snapshot["allocations"]}[b.id]
     assert now["states"].tolist() == ul.residency(b).states.tolist() and now["category_pages"]["host"] == 1024
 
 
-def test_bursts_of_events_are_coalesced(sim):
+def test_bursts_of_events_are_coalesced_into_one_refresh_an_interval(sim):
     bufs = [ul.DeviceBuffer(size="64KiB") for _ in range(4)]
-    with Dashboard(interval=0.2) as d:
-        start_count = d.refreshes
-        t0 = time.monotonic()
-        for _ in range(50):
+    clock = ManualClock()
+    with Dashboard(interval=0.2, clock=clock) as d:
+        start_count = d.refreshes                       # the one it draws as it opens
+        for _ in range(50):                             # 400 migrations within the first interval
             for b in bufs:
                 b.prefetch("gpu")
                 b.prefetch("host")
-        elapsed = time.monotonic() - t0
-        time.sleep(0.35)
-        refreshes = d.refreshes - start_count
-        assert 1 <= refreshes <= elapsed / 0.2 + 2
-        assert d.snapshot is not None
+        ul.events.get_bus().flush()                     # every event has reached the dashboard
+        clock.settle(threads=1)
+        assert d.refreshes == start_count               # it waits out the interval
+        clock.advance(0.2)
+        clock.settle(threads=1)
+        assert d.refreshes == start_count + 1           # then draws all 400 at once
+        assert {a["id"]: a["category_pages"]["host"] for a in d.snapshot["allocations"]} == {b.id: 16 for b in bufs}
+        clock.advance(0.2)
+        clock.settle(threads=1)
+        assert d.refreshes == start_count + 1           # nothing happened since: nothing to draw
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"interval": 0}, "interval must be a positive number of seconds"),
+    ({"interval": float("nan")}, "interval must be a positive number of seconds"),
+    ({"interval": "fast"}, "interval must be a positive number of seconds"),
+    ({"clock": "now"}, "clock must be a uvm_lab.clock.Clock"),
+])
+def test_a_dashboard_refuses_a_bad_interval_or_clock(sim, kwargs, message):
+    listening = len(ul.events.get_bus().subscriptions())
+    with pytest.raises(InvalidArgumentError, match=message):
+        Dashboard(**kwargs)
+    assert len(ul.events.get_bus().subscriptions()) == listening
 
 
 def test_close_stops_listening(sim):
@@ -369,7 +380,7 @@ def test_close_stops_listening(sim):
     count = d.refreshes
     b = ul.DeviceBuffer(size="1MiB")
     b.prefetch("gpu")
-    time.sleep(0.1)
+    ul.events.get_bus().flush()   # delivered to every subscriber: the dashboard is none of them now
     assert d.refreshes == count
     d.close()  # idempotent
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,9 @@ from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EVENT_DTYPE, EventBus, EventKind, make_events
 from uvm_lab.events.bus import ALLOCATOR_RECORD
 
+from .clocks import ManualClock
+from .waiting import eventually
+
 MiB = 1 << 20
 
 
@@ -22,6 +26,7 @@ def test_subscribers_get_batches_filtered_by_kind():
     bus.subscribe(everything.append)
     bus.subscribe(faults.append, kinds=[EventKind.GPU_PAGE_FAULT])
     bus.publish(make_events(3, kind=[EventKind.HTOD, EventKind.GPU_PAGE_FAULT, EventKind.DTOH]))
+    bus.flush()
     assert len(everything) == 1 and len(everything[0]) == 3
     assert len(faults) == 1 and faults[0]["kind"].tolist() == [EventKind.GPU_PAGE_FAULT]
 
@@ -48,7 +53,8 @@ def test_a_subscriber_that_raises_is_detached_and_logged(caplog):
     with caplog.at_level(logging.ERROR, logger="uvm_lab.events"):
         bus.publish(make_events(1))
         bus.publish(make_events(1))
-    assert len(good) == 2
+        bus.flush()
+    assert len(good) == 2 and [s.callback for s in bus.subscriptions()] == [good.append]
     assert sum("detached" in r.message for r in caplog.records) == 1
 
 
@@ -133,7 +139,107 @@ def test_queued_records_arrive_in_order_before_a_later_publish():
     bus.emit(row(2))
     assert seen == []                                   # queued, not yet delivered
     bus.publish(make_events(1, address=3))
+    bus.flush()
     assert seen == [1, 2, 3]
+
+
+def test_a_slow_subscriber_never_holds_the_producer_and_what_it_cannot_hold_is_dropped_and_counted():
+    bus = EventBus(flush_interval=60)
+    inside, release = threading.Event(), threading.Event()
+    called_on, seen = [], []
+
+    def slow(records):
+        called_on.append(threading.get_ident())
+        inside.set()
+        release.wait()
+        seen.extend(records["address"].tolist())
+
+    sub = bus.subscribe(slow, limit=10, name="slow plot")
+    bus.publish(make_events(1, address=0))
+    assert inside.wait(10)                              # the subscriber is stuck on the first record
+    for address in range(1, 25):                        # publishing goes on, one record at a time
+        bus.publish(make_events(1, address=address))
+    assert bus.published == 25
+    assert (sub.waiting, sub.dropped) == (10, 14)
+    assert [(s.name, s.waiting, s.dropped) for s in bus.subscriptions()] == [("slow plot", 10, 14)]
+    release.set()
+    bus.flush()
+    assert seen == list(range(11)) and sub.waiting == 0
+    assert called_on[0] != threading.get_ident()        # called on the subscription's own thread
+    assert bus.history()["address"].tolist() == list(range(25))   # the history is the bus's, whole
+
+
+def test_a_batch_larger_than_the_room_left_is_cut_and_the_rest_counted():
+    bus = EventBus()
+    inside, release = threading.Event(), threading.Event()
+    seen = []
+
+    def stuck(records):
+        inside.set()
+        release.wait()
+        seen.append(records["address"].tolist())
+
+    sub = bus.subscribe(stuck, limit=8)
+    bus.publish(make_events(1, address=0))
+    assert inside.wait(10)
+    bus.publish(make_events(5, address=[1, 2, 3, 4, 5]))
+    bus.publish(make_events(5, address=[6, 7, 8, 9, 10]))
+    assert (sub.waiting, sub.dropped) == (8, 2)
+    release.set()
+    bus.flush()
+    assert seen == [[0], [1, 2, 3, 4, 5], [6, 7, 8]]
+
+
+def test_inline_subscribers_run_in_the_producers_thread_and_see_everything():
+    bus = EventBus()
+    threads = []
+    bus.subscribe(lambda r: threads.append(threading.get_ident()), inline=True, limit=1)
+    for _ in range(5):
+        bus.publish(make_events(3))
+    assert threads == [threading.get_ident()] * 5
+
+
+def test_flush_inside_locked_does_not_wait_for_a_subscriber_that_publishes():
+    bus = EventBus()
+    went = threading.Event()
+    seen = []
+
+    def echo(records):
+        if records["kind"][0] == EventKind.HTOD:
+            bus.publish(make_events(1, kind=EventKind.DTOH))   # needs the bus's lock
+        went.set()
+
+    def record(records):
+        seen.extend(records["kind"].tolist())
+
+    bus.subscribe(echo)
+    bus.subscribe(record)
+    with bus.locked():
+        bus.publish(make_events(1, kind=EventKind.HTOD))
+        went.wait(0.2)          # the echo's thread may be waiting for this lock now
+        bus.flush()             # and this must not wait for the echo
+    bus.flush()
+    assert seen == [EventKind.HTOD, EventKind.DTOH]
+
+
+@pytest.mark.parametrize("args, message", [
+    ((42,), "callback must be callable"),
+    ((print, [EventKind.HTOD, 300]), "kinds must be EventKind"),
+    ((print, ["htod"]), "kinds must be EventKind"),
+])
+def test_subscribe_refuses_bad_input_and_subscribes_nothing(args, message):
+    bus = EventBus()
+    with pytest.raises(InvalidArgumentError, match=message):
+        bus.subscribe(*args)
+    assert bus.subscriptions() == []
+
+
+@pytest.mark.parametrize("limit", [0, -1, 1.5, True, "10"])
+def test_subscribe_refuses_a_bad_limit(limit):
+    bus = EventBus()
+    with pytest.raises(InvalidArgumentError, match="limit must be a positive number of records"):
+        bus.subscribe(print, limit=limit)
+    assert bus.subscriptions() == []
 
 
 def test_a_subscriber_sees_only_what_comes_after_it_and_all_of_it_when_it_leaves():
@@ -149,17 +255,18 @@ def test_a_subscriber_sees_only_what_comes_after_it_and_all_of_it_when_it_leaves
     assert bus.history()["address"].tolist() == [1, 2, 3]
 
 
-def test_queued_records_are_delivered_by_the_flusher_without_any_reader():
-    import time
-
-    bus = EventBus(flush_interval=0.01)
+def test_queued_records_are_published_by_the_flusher_every_interval_without_any_reader():
+    clock = ManualClock()
+    bus = EventBus(flush_interval=0.01, clock=clock)
     seen = []
     bus.subscribe(seen.append)
-    bus.emit(row(7))
-    deadline = time.monotonic() + 5
-    while not seen and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert seen and seen[0]["address"].tolist() == [7]
+    bus.emit(row(7))                                    # starts the flusher
+    clock.settle(threads=1)
+    assert bus.published == 0                           # queued until the interval is up
+    clock.advance(0.01)
+    clock.settle(threads=1)
+    assert bus.published == 1
+    assert eventually(lambda: seen) and seen[0]["address"].tolist() == [7]   # on the subscription's own thread
 
 
 def test_queued_allocator_records_become_full_records():

@@ -275,17 +275,23 @@ def test_page_state_names_and_categories():
 
 
 # -- the bus ----------------------------------------------------------------------------------------------
-def test_a_subscriber_that_publishes_is_heard_after_the_batch_by_everyone(bus):
-    heard: list[tuple[str, int]] = []
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "on-its-own-thread"])
+def test_a_subscriber_that_publishes_is_heard_after_the_batch_by_everyone(bus, inline):
+    heard: dict[str, list[int]] = {"first": [], "second": []}
     follow = make_events(1, kind=EventKind.DTOH)
 
     def first(records: np.ndarray) -> None:
-        heard.append(("first", int(records["kind"][0])))
+        heard["first"] += records["kind"].tolist()
         if records["kind"][0] == EventKind.HTOD:
             bus.publish(follow)
 
-    bus.subscribe(first)
-    bus.subscribe(lambda r: heard.append(("second", int(r["kind"][0]))))
+    bus.subscribe(first, inline=inline)
+    bus.subscribe(lambda r: heard["second"].extend(r["kind"].tolist()))
     bus.publish(make_events(1, kind=EventKind.HTOD))
-    assert heard == [("first", 1), ("second", 1), ("first", 2), ("second", 2)]
-    assert bus.history()["kind"].tolist() == [1, 2]
+    bus.publish(make_events(1, kind=EventKind.ADVICE))
+    bus.flush()
+    order = bus.history()["kind"].tolist()
+    assert heard["first"] == heard["second"] == order                 # everyone hears one order
+    assert order[0] == EventKind.HTOD and sorted(order) == [EventKind.HTOD, EventKind.DTOH, EventKind.ADVICE]
+    if inline:   # published as the batch is: right after it, before what the producer publishes next
+        assert order[:2] == [EventKind.HTOD, EventKind.DTOH]

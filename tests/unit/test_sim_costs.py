@@ -16,14 +16,22 @@ GPU, HOST = Location.device(0), Location.host()
 N = BLOCK_SIZE // PAGE_SIZE
 
 
-def _backend(**costs: float) -> tuple[SimBackend, list]:
+class _Recorded(list):
+    """Every batch published on ``bus`` from now on."""
+
+    def __init__(self, bus: EventBus) -> None:
+        super().__init__()
+        self.bus = bus
+        bus.subscribe(self.append)
+
+
+def _backend(**costs: float) -> tuple[SimBackend, _Recorded]:
     bus = EventBus()
-    got: list[np.ndarray] = []
-    bus.subscribe(got.append)
-    return SimBackend("64MiB", platform=PLATFORMS["x86-pcie5"].with_(**costs), bus=bus), got
+    return SimBackend("64MiB", platform=PLATFORMS["x86-pcie5"].with_(**costs), bus=bus), _Recorded(bus)
 
 
-def _take(got: list) -> np.ndarray:
+def _take(got: _Recorded) -> np.ndarray:
+    got.bus.flush()   # what waits for the subscriber is delivered first
     out = np.concatenate(got) if got else np.zeros(0)
     got.clear()
     return out
@@ -235,8 +243,7 @@ def test_a_fault_waits_for_each_chunk_it_evicts_and_a_prefetch_does_not(path):
     took, evicted = {}, {}
     for scale in (1, 2):
         bus = EventBus()
-        got: list[np.ndarray] = []
-        bus.subscribe(got.append)
+        got = _Recorded(bus)
         b = SimBackend("8MiB", platform=PLATFORMS["x86-pcie5"].with_(fault_eviction_latency=20e-6 * scale), bus=bus)
         ptr = b.allocate(16 << 20, MemoryKind.MANAGED)
         b.prefetch(ptr, 16 << 20, HOST)

@@ -22,10 +22,12 @@ GPU, HOST = Location.device(0), Location.host()
 
 class Recorder:
     def __init__(self, bus: EventBus) -> None:
+        self.bus = bus
         self.chunks: list[np.ndarray] = []
         bus.subscribe(self.chunks.append)
 
     def take(self) -> np.ndarray:
+        self.bus.flush()   # what waits for this subscriber is delivered first
         out = np.concatenate(self.chunks) if self.chunks else np.zeros(0)
         self.chunks.clear()
         return out

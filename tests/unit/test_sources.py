@@ -119,11 +119,13 @@ def test_driver_events_are_charged_to_the_running_cell():
         bus.publish(make_events(3, kind=EventKind.HTOD, source=[0, own, 0]))   # the middle one knows its line
     finally:
         sources.end_cells()
+    bus.flush()
     got = np.concatenate(seen)["source"]
     assert got.tolist() == [cell, own, cell]
     assert sources.get_sources().describe(cell) == sources.Source("", 0, 7, "")
     assert sources.texts(got) == ["In [7]", mine, "In [7]"]
     bus.publish(make_events(1, kind=EventKind.HTOD))   # no cell runs any more: unknown
+    bus.flush()
     assert seen[-1]["source"].tolist() == [0]
 
 

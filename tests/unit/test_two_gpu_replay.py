@@ -35,6 +35,7 @@ def replay(events: np.ndarray, *, publishes: bool = False) -> tuple[ResidencyTra
     seen = []
     bus.subscribe(seen.append)
     bus.publish(events)
+    bus.flush()
     return tracker, Trace(np.concatenate(seen))
 
 

@@ -131,6 +131,7 @@ def test_a_written_stream_faults_as_writes_and_moves_what_a_read_does():
     from uvm_lab.backends.sim import SimBackend
 
     r = W.run_sim(written, SimBackend(device_memory="64MiB", bus=bus))
+    bus.flush()
     faults = np.concatenate(got)
     assert (faults["flags"] == AccessType.WRITE).all() and faults["value"].sum() == 32 * MiB // 4096
     assert r[0].bytes_htod == W.run_sim(read)[0].bytes_htod == 32 * MiB
@@ -167,6 +168,7 @@ def test_each_pass_counts_the_records_a_trace_of_it_holds():
     bus.subscribe(seen.append)
     w = W.host_then_device("32MiB", write_every=2)
     results = W.run_sim(w, SimBackend(device_memory="64MiB", bus=bus))
+    bus.flush()
     records = np.concatenate(seen)
     kinds = {"htod": EventKind.HTOD, "dtoh": EventKind.DTOH, "gpu_faults": EventKind.GPU_PAGE_FAULT,
              "cpu_faults": EventKind.CPU_PAGE_FAULT}

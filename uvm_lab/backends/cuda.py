@@ -543,7 +543,7 @@ class CudaBackend:
         where a running CUPTI collector records ``unless`` (:func:`uvm_lab.tracing.measures`) on ``device``."""
         if unless is not None and _measured(unless, self._device if device == HOST_ID else device):
             return
-        self.bus.flush()   # CUPTI's records of the same work, if any, come first
+        self.bus.flush(wait=False)   # CUPTI's records of the same work, if any, come first
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.UNOBSERVED, flags=cause, dst=device, address=ptr, nbytes=size,
                                    value=_ACCESS[mode] if mode else 0, alloc_id=seg_id, start=now, end=now,

@@ -4,18 +4,30 @@ Records arrive in bulk (numpy arrays of ``EVENT_DTYPE``), so a producer that emi
 migrations pays one call, not a thousand. Single records from hot paths (an allocator's ALLOC and
 FREE) are queued by :meth:`EventBus.emit` as eight packed 64-bit ints (:data:`ALLOCATOR_RECORD`), a bare
 ``bytearray.extend`` that creates no object the garbage collector tracks; a batch of them becomes one
-array when it is flushed, with no per-record conversion. Queued records are
-delivered, in order, before any array is published, whenever something reads (traces, history,
-residency maps), and otherwise within ``flush_interval`` seconds: subscribers see every record, in
-order, a little late at worst.
+array when it is flushed, with no per-record conversion. Queued records are published, in order,
+before any array is, whenever something reads (traces, history, residency maps), and otherwise within
+``flush_interval`` seconds.
+
+Publishing never waits for a consumer. A subscriber is called on a thread of its own, never the producer's
+and never under a producer's lock: publishing hands each subscriber the batch (a reference, no copy) and
+returns. What a subscriber has not yet taken waits for it, up to its ``limit`` of records
+(:data:`PENDING_LIMIT`); what arrives past that is dropped for that subscriber alone and counted
+(:attr:`Subscription.dropped`, listed by :meth:`EventBus.subscriptions` for ``%uvm status``), so memory
+stays bounded whatever a consumer does. :meth:`EventBus.flush` delivers what waits on the caller's thread
+before it returns, so a reader sees everything published before it read.
+
+Two consumers are the bus's own bookkeeping rather than subscribers: the residency tracker and the address
+index that attributes CUPTI's records. They subscribe ``inline``, are called as records are published
+(under the bus's lock, in the producer's thread), must be quick and never block, and see every record:
+the maps are only true if nothing is skipped.
 
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
 timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
 detached and logged, never allowed to break the producer (a page fault must not fail because a plot did).
 
-A subscriber may publish too (the residency tracker publishes the migrations a completed prefetch
-implies): its records are delivered right after the batch being delivered, to every subscriber, so all
-of them see the same order.
+An inline subscriber may publish too (the residency tracker publishes the migrations a completed prefetch
+implies): its records are published right after the batch being published, so every subscriber sees the
+same order.
 
 Producers that hold records elsewhere (CUPTI keeps them in its own buffers until drained) register a
 flush hook (:meth:`EventBus.add_flush_hook`): :meth:`EventBus.flush`, which every reader calls, runs
@@ -35,17 +47,22 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
+from ..clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
+from ..errors import InvalidArgumentError, shown
 from .schema import EVENT_DTYPE, EventKind
 from .sources import stamp
 
-__all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "EventBus", "Subscription", "get_bus", "new_alloc_id"]
+__all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "PENDING_LIMIT", "EventBus", "Subscription", "get_bus",
+           "new_alloc_id"]
 
 log = logging.getLogger("uvm_lab.events")
 
 Callback = Callable[[np.ndarray], None]
 
 _alloc_ids = itertools.count(1)
+
+#: The most records that may wait for one subscriber (about 8 MiB); what arrives past it is dropped for it.
+PENDING_LIMIT = 1 << 17
 
 #: The fields of an allocator's record, in order. ``time`` fills both ``start`` and ``end``, ``bytes``
 #: both ``bytes`` and ``value``; ``flags`` and ``src`` are zero. ``source`` is :func:`.sources.capture`'s.
@@ -69,37 +86,138 @@ def _from_allocator_records(packed: bytes) -> np.ndarray:
     return out
 
 
+def _kind_code(kind: object) -> int:
+    if isinstance(kind, bool) or not isinstance(kind, (int, np.integer)) or not 0 <= kind < 256:
+        raise InvalidArgumentError(f"kinds must be EventKind values, got {shown(kind)}", value=kind,
+                                   expected="an EventKind (an int from 0 to 255)")
+    return int(kind)
+
+
 def new_alloc_id() -> int:
     """A process-unique allocation id (0 means "unknown" in records)."""
     return next(_alloc_ids)
 
 
 class Subscription:
-    """A live subscription; ``close()`` (or leaving its ``with`` block) detaches it."""
+    """A live subscription; ``close()`` (or leaving its ``with`` block) detaches it.
 
-    def __init__(self, bus: EventBus, callback: Callback, kinds: frozenset[int] | None) -> None:
+    ``waiting`` records have been published to it and not yet delivered; ``dropped`` arrived while ``limit``
+    were waiting (a batch that finds none waiting is taken whole), and were never delivered to it.
+    """
+
+    def __init__(self, bus: EventBus, callback: Callback, kinds: frozenset[int] | None, *, inline: bool = False,
+                 limit: int = 0, name: str = "") -> None:
         self.bus = bus
         self.callback = callback
         self.kinds = kinds
+        self.inline = inline
+        self.limit = limit
+        self.name = name
+        self.dropped = 0
         self._mask: np.ndarray | None = None
         if kinds is not None:
             self._mask = np.zeros(256, dtype=bool)
             self._mask[list(kinds)] = True
+        self._pending: deque[np.ndarray] = deque()
+        self._waiting = 0
+        self._ready = threading.Condition(threading.Lock())   # guards _pending, _waiting, dropped, _closed
+        self._delivery = threading.RLock()   # one delivery at a time, in order (re-entered by a closing callback)
+        self._thread: threading.Thread | None = None
+        self._closed = False
 
-    def deliver(self, records: np.ndarray) -> None:
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _wanted(self, records: np.ndarray) -> np.ndarray | None:
         if self._mask is not None:
             if len(records) == 1:   # the allocator's common case: one record, no fancy indexing
                 if not self._mask[records["kind"][0]]:
-                    return
+                    return None
             else:
                 keep = self._mask[records["kind"]]
                 if not keep.all():   # a copy only where some records are not wanted
                     records = records[keep]
                     if not len(records):
-                        return
-        self.callback(records)
+                        return None
+        return records
 
-    def close(self) -> None:
+    def _offer(self, records: np.ndarray) -> None:
+        """Take ``records`` for delivery (the bus's lock held): an inline subscriber is called now, any other is
+        handed them, up to its limit, for its own thread."""
+        wanted = self._wanted(records)
+        if wanted is None:
+            return
+        if self.inline:
+            self._call(wanted)
+            return
+        with self._ready:
+            if self._closed:
+                return
+            room = self.limit - self._waiting
+            # A batch that finds nothing waiting is taken whole, however large: it is in memory already (the
+            # history holds it too), and a subscriber that keeps up must not lose part of a burst.
+            if room < len(wanted) and self._waiting:
+                self.dropped += len(wanted) - max(room, 0)
+                if room <= 0:
+                    return
+                wanted = wanted[:room]
+            self._pending.append(wanted)
+            self._waiting += len(wanted)
+            self._ready.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=f"uvm_lab-events-{self.name}", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._pending and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+            self.drain()
+
+    def drain(self) -> None:
+        """Deliver, on this thread, everything waiting for this subscriber (:meth:`EventBus.flush` does, for all)."""
+        with self._delivery:
+            while True:
+                with self._ready:
+                    if not self._pending:
+                        return
+                    batch = self._pending.popleft()
+                    self._waiting -= len(batch)
+                self._call(batch)
+
+    def _call(self, records: np.ndarray) -> None:
+        try:
+            self.callback(records)
+        except Exception:
+            log.exception("event subscriber %r raised and has been detached", self.callback)
+            self._detach()
+
+    def _detach(self) -> None:
+        """Stop: nothing more is taken, and what waits is not delivered."""
+        with self._ready:
+            self._closed = True
+            self._pending.clear()
+            self._waiting = 0
+            self._ready.notify()
+        self.bus.unsubscribe(self)
+
+    def close(self, *, deliver: bool = True) -> None:
+        """Detach, after delivering what was published while it listened; with ``deliver=False``, what still
+        waits is dropped (and counted) instead."""
+        if not deliver:
+            with self._ready:
+                self._closed = True   # takes nothing more
+                self.dropped += self._waiting
+                self._pending.clear()
+                self._waiting = 0
         self.bus.unsubscribe(self)
 
     def __enter__(self) -> Subscription:
@@ -108,21 +226,22 @@ class Subscription:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        return f"<Subscription {self.name}: {self._waiting} waiting, {self.dropped} dropped>"
+
 
 class EventBus:
     """Fan-out of event records to subscribers, with a ring of recent history."""
 
-    def __init__(self, capacity: int = 1 << 20, *, flush_interval: float = 0.05) -> None:
+    def __init__(self, capacity: int = 1 << 20, *, flush_interval: float = 0.05, clock: Clock = SYSTEM_CLOCK) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= 0:
             raise InvalidArgumentError(f"capacity must be a positive number of records, got {capacity!r}",
                                        value=capacity, expected="an int > 0")
-        if isinstance(flush_interval, bool) or not isinstance(flush_interval, (int, float)) or not flush_interval > 0:
-            raise InvalidArgumentError(f"flush_interval must be a positive number of seconds, got {flush_interval!r}",
-                                       value=flush_interval, expected="a number of seconds > 0")
+        self._flush_interval = checked_seconds(flush_interval, "flush_interval")
+        self._clock = checked_clock(clock)   # what the flusher goes by (a test moves its own)
         self._capacity = capacity
         # Packed allocator records. extend, and the drain's copy and trim, are each atomic: emit takes no lock.
         self._queue = bytearray()
-        self._flush_interval = flush_interval
         self._flusher: threading.Thread | None = None
         self._delivering = False   # a subscriber detached while records are being delivered must not recurse
         self._follow: list[np.ndarray] = []   # published by a subscriber mid-delivery: delivered right after
@@ -135,6 +254,7 @@ class EventBus:
         self._lock = threading.RLock()
         self._hooks: tuple[Callable[[], None], ...] = ()
         self._in_hooks = threading.local()   # a hook that reads the bus must not run the hooks again
+        self._owner = threading.local()      # depth: how deep this thread holds _lock (see flush)
 
     @property
     def capacity(self) -> int:
@@ -150,20 +270,48 @@ class EventBus:
         """Records that fell out of the history ring."""
         return max(0, self._written - self._capacity)
 
-    def subscribe(self, callback: Callback, kinds: Iterable[EventKind | int] | None = None) -> Subscription:
-        """Call ``callback(records)`` with every batch published from now on (only ``kinds``, if given)."""
-        sub = Subscription(self, callback, frozenset(int(k) for k in kinds) if kinds is not None else None)
-        with self._lock:
+    def subscribe(self, callback: Callback, kinds: Iterable[EventKind | int] | None = None, *,
+                  limit: int = PENDING_LIMIT, name: str | None = None, inline: bool = False) -> Subscription:
+        """Call ``callback(records)`` with every batch published from now on (only ``kinds``, if given), on a
+        thread of the subscription's own.
+
+        At most ``limit`` records wait for it; past that, what arrives is dropped for it and counted. ``name``
+        says whose it is in ``%uvm status`` (the callback's name by default). ``inline`` is for the bus's own
+        bookkeeping (see the module docstring): called in the producer's thread, under the bus's lock, never
+        dropped.
+        """
+        if not callable(callback):
+            raise InvalidArgumentError(f"callback must be callable, got {shown(callback)}", value=callback,
+                                       expected="a callable taking an EVENT_DTYPE array")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise InvalidArgumentError(f"limit must be a positive number of records, got {shown(limit)}",
+                                       value=limit, expected="an int > 0")
+        if name is not None and not isinstance(name, str):
+            raise InvalidArgumentError(f"name must be a str, got {shown(name)}", value=name, expected="a str or None")
+        codes = frozenset(_kind_code(k) for k in kinds) if kinds is not None else None
+        label = name if name is not None else getattr(callback, "__qualname__", type(callback).__name__)
+        sub = Subscription(self, callback, codes, inline=bool(inline), limit=limit, name=label)
+        with self._locked():
             self._flush_locked()   # what was queued before happened before: it is not this subscriber's
             self._subscribers = (*self._subscribers, sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
-        """Detach ``sub``, after delivering what was queued while it listened."""
-        with self._lock:
-            if sub in self._subscribers and not self._delivering:
+        """Detach ``sub``, after delivering what was published while it listened (unless it failed)."""
+        with self._locked():
+            listening = sub in self._subscribers
+            if listening and not self._delivering:
                 self._flush_locked()
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+        if listening and not sub.inline and not self._holds_lock():
+            sub.drain()
+        with sub._ready:
+            sub._closed = True
+            sub._ready.notify()
+
+    def subscriptions(self) -> list[Subscription]:
+        """The live subscriptions, in the order they were made (``name``, ``waiting``, ``dropped`` on each)."""
+        return list(self._subscribers)
 
     def emit(self, record: bytes) -> None:
         """Queue one allocator record, packed as :data:`ALLOCATOR_RECORD`.
@@ -187,16 +335,26 @@ class EventBus:
         self._start_flusher()
         return self._queue
 
-    def flush(self) -> None:
-        """Deliver the queued records now, after asking every flush hook to hand over what it holds."""
+    def flush(self, *, wait: bool = True) -> None:
+        """Publish the queued records now, after asking every flush hook to hand over what it holds; then (with
+        ``wait``) deliver, on this thread, whatever waits for any subscriber.
+
+        A producer that only needs what came before published first (not yet delivered) passes
+        ``wait=False``: it must not wait on a consumer. Inside :meth:`locked`, nothing is waited for either:
+        a subscriber's thread may be waiting for that lock.
+        """
         if self._hooks and not getattr(self._in_hooks, "active", False):
             self._run_hooks()
         self._flush_queue()
+        if wait and not self._holds_lock():
+            for sub in self._subscribers:
+                if not sub.inline:
+                    sub.drain()
 
     def _flush_queue(self) -> None:
         if not self._queue or sys.is_finalizing():   # at exit, module globals may already be gone
             return
-        with self._lock:
+        with self._locked():
             self._flush_locked()
 
     def add_flush_hook(self, hook: Callable[[], None]) -> None:
@@ -208,13 +366,13 @@ class EventBus:
         if not callable(hook):
             raise InvalidArgumentError(f"a flush hook must be callable, got {hook!r} ({type(hook).__name__})",
                                        value=hook, expected="a callable taking no arguments")
-        with self._lock:
+        with self._locked():
             if hook not in self._hooks:
                 self._hooks = (*self._hooks, hook)
 
     def remove_flush_hook(self, hook: Callable[[], None]) -> None:
         """Stop calling ``hook`` on :meth:`flush` (nothing happens if it was not added)."""
-        with self._lock:
+        with self._locked():
             self._hooks = tuple(h for h in self._hooks if h != hook)
 
     def _run_hooks(self) -> None:
@@ -237,7 +395,7 @@ class EventBus:
                                        f"got a {what}", value=records, expected="a 1-D EVENT_DTYPE array")
         if not len(records) or sys.is_finalizing():
             return
-        with self._lock:
+        with self._locked():
             if self._delivering:   # a subscriber publishing (the lock is this thread's): after this batch
                 self._follow.append(records)
                 return
@@ -252,8 +410,20 @@ class EventBus:
         the host watcher reads a map, compares it with the host's page tables and publishes the difference.
         Keep the block short: producers on other threads wait for it.
         """
-        with self._lock:
+        with self._locked():
             yield
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            self._owner.depth = getattr(self._owner, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                self._owner.depth -= 1
+
+    def _holds_lock(self) -> bool:
+        return getattr(self._owner, "depth", 0) > 0
 
     def _flush_locked(self) -> None:
         queue = self._queue
@@ -270,27 +440,23 @@ class EventBus:
             self._delivering = True
             try:
                 for sub in self._subscribers:
-                    try:
-                        sub.deliver(batch)
-                    except Exception:
-                        self.unsubscribe(sub)
-                        log.exception("event subscriber %r raised and has been detached", sub.callback)
+                    sub._offer(batch)
             finally:
                 self._delivering = False
             batches.extend(self._follow)
             self._follow.clear()
 
     def _start_flusher(self) -> None:
-        with self._lock:
+        with self._locked():
             if self._flusher is None:
                 self._flusher = threading.Thread(target=self._flush_periodically, name="uvm_lab-event-flush",
                                                  daemon=True)
                 self._flusher.start()
 
     def _flush_periodically(self) -> None:
-        wake = threading.Event()
+        never = threading.Event()
         while not sys.is_finalizing():
-            wake.wait(self._flush_interval)
+            self._clock.wait(never, self._flush_interval)
             try:
                 self._flush_queue()   # the allocator's queue only: hooks run when someone reads
             except Exception:   # never let the flusher die silently mid-run
@@ -298,8 +464,8 @@ class EventBus:
 
     def history(self) -> np.ndarray:
         """A copy of the newest ``capacity`` records, oldest first."""
-        self.flush()
-        with self._lock:
+        self.flush(wait=False)
+        with self._locked():
             if not self._history:
                 return np.zeros(0, dtype=EVENT_DTYPE)
             return np.concatenate(self._history)[-self._capacity :]

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .bus import EventBus, get_bus
+from ..errors import InvalidArgumentError, shown
+from .bus import PENDING_LIMIT, EventBus, Subscription, get_bus
 from .causes import decode_flags
 from .schema import (
     EVENT_DTYPE,
@@ -50,6 +51,7 @@ class Trace:
         self._chunks: list[np.ndarray] = [] if events is None else [events]
         self._events: np.ndarray | None = None
         self._bus = bus   # while recording: flushed before reading, so queued records are in
+        self._subscription: Subscription | None = None   # while recording, and after: what it missed
 
     def _add(self, records: np.ndarray) -> None:
         self._chunks.append(records.copy())
@@ -59,11 +61,19 @@ class Trace:
     def events(self) -> np.ndarray:
         """All records, in the order they were published."""
         if self._bus is not None:
-            self._bus.flush()
+            self._bus.flush(wait=False)
+            if self._subscription is not None:
+                self._subscription.drain()
         if self._events is None:
             self._events = np.concatenate(self._chunks) if self._chunks else np.zeros(0, dtype=EVENT_DTYPE)
             self._chunks = [self._events]
         return self._events
+
+    @property
+    def missed(self) -> int:
+        """Events published while it recorded that it never got: the bus dropped them while the recording was
+        too far behind (see :mod:`uvm_lab.events.bus`). 0 for a trace that was not recorded."""
+        return self._subscription.dropped if self._subscription is not None else 0
 
     def __len__(self) -> int:
         return len(self.events)
@@ -122,8 +132,8 @@ class Trace:
         return out.sort_values(["bytes_moved", "events"], ascending=False, kind="stable").reset_index(drop=True)
 
     def summary(self) -> dict[str, Any]:
-        """Counts per kind, bytes migrated each way (and of those, the inferred ones), faults taken, and the
-        time the trace spans."""
+        """Counts per kind, bytes migrated each way (and of those, the inferred ones), faults taken, the time
+        the trace spans, and the events it missed while recording (:attr:`missed`)."""
         ev = self.events
         kinds = ev["kind"]
         n = np.bincount(kinds, minlength=256)   # which kinds are there: sums only for those (small batches)
@@ -145,6 +155,7 @@ class Trace:
             "gpu_faults": total(EventKind.GPU_PAGE_FAULT, "value"),
             "cpu_faults": total(EventKind.CPU_PAGE_FAULT, "value"),
             "seconds": span / 1e9,
+            "missed": self.missed,
         }
 
     def save(self, path: str | Path) -> None:
@@ -196,18 +207,26 @@ class Trace:
 
 
 @contextlib.contextmanager
-def record(bus: EventBus | None = None) -> Iterator[Trace]:
+def record(bus: EventBus | None = None, *, limit: int = PENDING_LIMIT) -> Iterator[Trace]:
     """Record every event published while the block runs::
 
         with ul.record() as trace:
             ul.touch(buf, on="gpu")
         trace.to_pandas()
+
+    The recording takes the events on a thread of its own. Should it fall more than ``limit`` records behind,
+    what arrives meanwhile is dropped from it, and counted: :attr:`Trace.missed`, and ``summary()["missed"]``.
     """
-    bus = bus or get_bus()
+    if bus is None:
+        bus = get_bus()
+    elif not isinstance(bus, EventBus):
+        raise InvalidArgumentError(f"bus must be a uvm_lab EventBus or None, got {shown(bus)}", value=bus,
+                                   expected="an EventBus, or None for the process's bus")
     trace = Trace(bus=bus)
-    with bus.subscribe(trace._add):
+    with bus.subscribe(trace._add, limit=limit, name="ul.record()") as subscription:
+        trace._subscription = subscription
         try:
             yield trace
         finally:
-            bus.flush()
+            bus.flush(wait=False)   # what the block's work queued is the recording's (leaving, it is delivered)
     trace._bus = None

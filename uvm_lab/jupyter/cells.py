@@ -54,4 +54,4 @@ def _started(info: Any, ipython: Any = None) -> None:
 
 
 def _ended(result: Any) -> None:
-    get_bus().flush()
+    get_bus().flush(wait=False)

@@ -36,7 +36,6 @@ import contextvars
 import itertools
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -45,6 +44,7 @@ import numpy as np
 import uvm_lab as ul
 
 from ..buffer import page_range
+from ..clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
 from ..events import get_bus
 from ..events.bus import EventBus
 from ..events.sources import acting_for
@@ -128,10 +128,11 @@ class PanelSession:
 
     def __init__(self, comm: CommLike, *, interval: float = UPDATE_INTERVAL, bus: EventBus | None = None,
                  start: bool = True, timeline: tuple[EventWindow, DeviceSeries] | None = None,
-                 idle: float = IDLE_SAMPLE) -> None:
+                 idle: float = IDLE_SAMPLE, clock: Clock = SYSTEM_CLOCK) -> None:
+        self._clock = checked_clock(clock)   # what the throttle and the pauses go by (a test moves its own)
+        self.interval = checked_seconds(interval, "interval")
+        self.idle = checked_seconds(idle, "idle")
         self.comm = comm
-        self.interval = interval
-        self.idle = idle
         self._command_lock = threading.Lock()
         self._send_lock = threading.RLock()
         self._lock = threading.Lock()
@@ -185,13 +186,13 @@ class PanelSession:
             command = parse_command(data)
             if command["type"] == "timeline":
                 # An answer reads every event held: it waits for its own share of the kernel (see __init__).
-                self._closed.wait(max(0.0, self._answers.ready_at() - time.monotonic()))
-                self._bus.flush()   # not charged: see _run
-            started, cpu = time.monotonic(), time.thread_time()
+                self._clock.wait(self._closed, max(0.0, self._answers.ready_at() - self._clock.monotonic()))
+                self._catch_up()   # not charged: see _run
+            started, cpu = self._clock.monotonic(), self._clock.thread_time()
             with self._command_lock:
                 self._execute(command)
             if command["type"] == "timeline":
-                self._answers.spend(started, time.thread_time() - cpu)
+                self._answers.spend(started, self._clock.thread_time() - cpu)
         except Exception as err:
             # Any failure, ours or the core's, is the command's answer, never the comm's end.
             result["ok"] = False
@@ -210,8 +211,9 @@ class PanelSession:
             everything, self._everything_dirty = self._everything_dirty, False
         with self._send_lock:
             try:
+                self._catch_up()
                 now = ul.get_backend().now_ns()   # the maps are read at this time or later
-                clock = time.time() * 1000   # before the maps are read: what changed earlier is in them
+                clock = self._clock.wall_ms()   # before the maps are read: what changed earlier is in them
                 described = self._refresh()
                 lanes_seen, lanes = self._window.changed_lanes(self._lanes_seen)
                 # Only what may differ from what the panel holds: maps described again, and counts that moved.
@@ -278,7 +280,7 @@ class PanelSession:
         if self._watched is None:
             self._live.refresh((), MAPS_PER_UPDATE)
             return self._live.described
-        now = time.monotonic()
+        now = self._clock.monotonic()
         others = 1 if OTHERS_PER_SECOND > 0 and now >= self._next_other else 0
         if others:
             self._next_other = now + 1 / OTHERS_PER_SECOND
@@ -377,10 +379,10 @@ class PanelSession:
             self._send(PageRows(type="pages", seq=command["seq"], id=command["id"], first_page=command["first_page"],
                                 pages=len(pages.states), time=now), [pages.categories()])
         elif command["type"] in ("prefetch", "set_advice"):
-            get_bus().flush()   # what came before is the cell's
+            get_bus().flush(wait=False)   # what came before is the cell's
             with acting_for(CONTROLS_SOURCE):   # what this does is the view's doing, not the last cell's
                 self._change_buffer(command)
-                get_bus().flush()
+                get_bus().flush(wait=False)
             self.flush()
 
     def _change_buffer(self, command: Prefetch | SetAdvice) -> None:
@@ -398,7 +400,7 @@ class PanelSession:
             buf.accessed_by = value
 
     def _answer_timeline(self, query: Timeline) -> None:
-        get_bus().flush()   # what the hardware has reported, in the window
+        self._catch_up()   # what the hardware has reported, in the window
         columns, events, truncated = self._window.query(query["start"], query["end"], query["width"], query["lanes"])
         first, last = self._window.extent()
         lines, totals, others = self._window.by_source(query["start"], query["end"], query["lanes"], BY_SOURCE_LIMIT)
@@ -408,7 +410,8 @@ class PanelSession:
         rows = TimelineRows(type="timeline", seq=query["seq"], start=query["start"], end=query["end"],
                             width=query["width"], columns=[name for name, _ in TIMELINE_COLUMNS],
                             rows=len(columns["start"]), events=events, held=self._window.held,
-                            dropped=self._window.dropped, truncated=truncated, first=first, last=last,
+                            dropped=self._window.dropped, missed=self._window.missed, truncated=truncated,
+                            first=first, last=last,
                             sources=sources, by_source=np.column_stack([lines, totals]).tolist(),
                             by_source_others=others)
         self._send(rows, [columns[name] for name, _ in TIMELINE_COLUMNS])
@@ -423,8 +426,8 @@ class PanelSession:
         self.close()
 
     def _on_events(self, records: np.ndarray) -> None:
-        # On the publisher's thread, under the bus's lock: wake the sender, nothing more. What changed is
-        # the residency tracker's journal to say when the sender reads it.
+        # Wake the sender, nothing more: what changed is the residency tracker's journal to say when the
+        # sender reads it.
         self._wake.set()
 
     def _run(self) -> None:
@@ -432,14 +435,14 @@ class PanelSession:
         while not self._closed.is_set():
             # Woken by events; and once every `idle` seconds without any, so the device lanes go on while nothing
             # moves.
-            self._wake.wait(self.idle)
+            self._clock.wait(self._wake, self.idle)
             self._wake.clear()
             if self._closed.is_set():
                 break
             # The records the loop has queued are handed to the bus's subscribers here, rather than at the loop's
             # next publish: the loop's own work, moved, not the view's, so not charged to the view's share.
-            self._bus.flush()
-            started, cpu = time.monotonic(), time.thread_time()
+            self._catch_up()
+            started, cpu = self._clock.monotonic(), self._clock.thread_time()
             try:
                 # A copy each time: one context cannot be entered by two threads at once.
                 self._context.copy().run(self.flush)
@@ -453,8 +456,16 @@ class PanelSession:
                 self._wake.set()
             # The throttle (.throttle): at most one update an interval and UPDATES_SHARE of the kernel's time; events
             # arriving meanwhile only set _wake, and go out together.
-            self._budget.spend(started, time.thread_time() - cpu)
-            self._closed.wait(max(0.0, max(started + self.interval, self._budget.ready_at()) - time.monotonic()))
+            self._budget.spend(started, self._clock.thread_time() - cpu)
+            self._clock.wait(self._closed, max(0.0, max(started + self.interval, self._budget.ready_at())
+                                               - self._clock.monotonic()))
+
+    def _catch_up(self) -> None:
+        """Have everything published so far in the maps and in the timeline's window (not waiting for any other
+        subscriber of the bus)."""
+        self._bus.flush(wait=False)
+        if self._window.subscription is not None:
+            self._window.subscription.drain()
 
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:

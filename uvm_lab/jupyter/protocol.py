@@ -32,8 +32,8 @@ carries is ever evaluated::
                                                + one buffer per allocation
         update      {time, device, allocations, samples, clock}   + one buffer per allocation
         removed     {ids}
-        timeline    {seq, start, end, width, columns, rows, events, held, dropped, truncated, first, last,
-                     sources, by_source, by_source_others}
+        timeline    {seq, start, end, width, columns, rows, events, held, dropped, missed, truncated, first,
+                     last, sources, by_source, by_source_others}
                                                + one buffer per column (TIMELINE_COLUMNS)
         pages       {seq, id, first_page, pages, time}   + one buffer: each page's category code
         result      {seq, command, ok, error}  one per command; error: {type, message} or null
@@ -328,6 +328,7 @@ class TimelineRows(TypedDict):
     events: int  # the events of the window the rows stand for
     held: int  # events the kernel holds for timelines
     dropped: int  # events it no longer holds (the oldest, past its capacity)
+    missed: int  # events it never got: the bus dropped them while it was too far behind
     truncated: int  # rows left out past the most one answer carries
     first: int  # ns: the start of the oldest event held (0 if none): where a view's "everything" begins
     last: int  # ns: the latest end of an event held

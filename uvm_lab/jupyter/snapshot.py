@@ -78,6 +78,7 @@ class SnapshotAllocation(TypedDict):
 
 class SnapshotBounds(TypedDict):
     events_not_held: int  # events the kernel's bus had already let go of (a snapshot of what it holds)
+    events_missed: int  # events the recording never got: it fell behind (Trace.missed)
     levels: int
     finest_pixel_ns: float
     finer_levels_left_out: int  # finer levels that did not fit max_rows (0: the finest merges nothing more)
@@ -123,7 +124,7 @@ def snapshot(trace: Trace | None, path: str | os.PathLike[str], *, title: str | 
     events_not_held = 0
     if trace is None:
         bus = get_bus()
-        bus.flush()
+        bus.flush(wait=False)
         trace, events_not_held = Trace(bus.history()), bus.dropped
     elif not isinstance(trace, Trace):
         raise InvalidArgumentError(f"trace must be a uvm_lab.Trace or None, got {type(trace).__name__}",
@@ -188,7 +189,7 @@ def snapshot_data(trace: Trace, *, title: str, max_rows: int = DEFAULT_MAX_ROWS,
         sources=dict(zip((str(i) for i in ids.tolist()), source_texts(ids), strict=True)),
         allocations=allocations, samples=_samples(events, first, last), sampled=list(SAMPLED),
         by_source=by_source.to_dict(orient="records"),
-        bounds=SnapshotBounds(events_not_held=events_not_held, levels=len(levels),
+        bounds=SnapshotBounds(events_not_held=events_not_held, events_missed=trace.missed, levels=len(levels),
                               finest_pixel_ns=(last - first) / levels[-1]["width"],
                               finer_levels_left_out=finer_left_out, rows=sum(level["rows"] for level in levels),
                               max_rows=max_rows, rows_truncated=sum(level["truncated"] for level in levels),

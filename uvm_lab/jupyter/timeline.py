@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..events import EventKind, MigrationCause, get_bus
-from ..events.bus import EventBus
+from ..events.bus import EventBus, Subscription
 from ..events.causes import CAUSE_NAMES, cause_codes
 from ..events.schema import EVENT_DTYPE, INFERRED_BIT
 from ..events.sources import totals
@@ -98,7 +98,7 @@ _CHUNK_ROWS = 1 << 16
 class EventWindow:
     """The newest ``capacity`` events as columns, for timeline queries. Thread-safe.
 
-    Feeding only queues the records (on the publisher's thread, under the bus's lock: a loop pays a copy);
+    Feeding only queues the records (on the subscription's thread: cheap, so it keeps up with a loop);
     they are sorted into lanes, causes and columns when something reads, on the reader's thread, which a
     live view throttles (:mod:`.throttle`).
     """
@@ -128,6 +128,7 @@ class EventWindow:
         self._unbuilt: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # read in: records, lanes, causes
         self._unbuilt_rows = 0
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
+        self.subscription: Subscription | None = None   # what feeds it, where that is a bus (see shared)
         self._last_window: tuple[tuple, dict[str, np.ndarray]] | None = None   # see _window
 
     @property
@@ -140,6 +141,12 @@ class EventWindow:
         """Events that fell out, oldest first, past ``capacity``."""
         self._read_in(build=True)
         return self._seen - self._held
+
+    @property
+    def missed(self) -> int:
+        """Events never fed in: the bus dropped them while the window's subscription (``subscription``, where it
+        follows a bus) was too far behind."""
+        return self.subscription.dropped if self.subscription is not None else 0
 
     def feed(self, records: np.ndarray) -> None:
         """Keep ``records`` (``EVENT_DTYPE``); drop the oldest past capacity."""
@@ -567,6 +574,6 @@ def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
 
             with bus.locked():
                 window.feed(bus.history())
-                bus.subscribe(feed)
+                window.subscription = bus.subscribe(feed, name="the live view's timeline")
             _shared = (window, series)
         return _shared

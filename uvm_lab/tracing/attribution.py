@@ -105,7 +105,7 @@ class AllocationIndex:
         """Keep learning from everything published on ``bus`` from now on."""
         if self._subscription is not None:
             raise InvalidArgumentError("this index already follows a bus", value=bus, expected="a fresh index")
-        self._subscription = bus.subscribe(self.update, kinds=(self._alloc, self._free))
+        self._subscription = bus.subscribe(self.update, kinds=(self._alloc, self._free), inline=True)
         return self._subscription
 
     def close(self) -> None:

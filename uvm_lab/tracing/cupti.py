@@ -526,7 +526,7 @@ class CuptiCollector:
         """
         if self._running:
             self._drain_now()
-        self.bus.flush()
+        self.bus.flush(wait=False)
 
     def stop(self) -> None:
         """Deliver what is left, disable the counters and release the callbacks to the next collector."""
@@ -554,7 +554,7 @@ class CuptiCollector:
                 if valid >= 0:
                     _raw_buffers.release(block)
             self._index.close()
-            self.bus.flush()
+            self.bus.flush(wait=False)
 
     def __enter__(self) -> CuptiCollector:
         return self.start()

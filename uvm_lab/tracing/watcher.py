@@ -68,7 +68,7 @@ def check_host(tracker: Any, *, gpus: int, bus: EventBus | None = None, read_hos
         Publish the corrections (else only count them).
     """
     bus = bus if bus is not None else tracker.bus
-    bus.flush()   # completed prefetches and CUPTI's records first: infer only what no record will tell
+    bus.flush(wait=False)   # completed prefetches and CUPTI's records first: infer only what no record will tell
     found = Reconciliation()
     for seg in tracker.segments():
         if seg["kind"] != "managed" or not seg["size"]:

@@ -82,14 +82,16 @@ class MigrationCounter:
 
     def take(self) -> tuple[int, int]:
         """``(htod, dtoh)`` bytes since the last call (:meth:`take_records` has the records' counts)."""
-        self.bus.flush()
+        self.bus.flush(wait=False)
+        self._sub.drain()
         out = (self.htod, self.dtoh)
         self.htod = self.dtoh = 0
         return out
 
     def take_records(self) -> dict[str, int]:
         """Records of each kind since the last call."""
-        self.bus.flush()
+        self.bus.flush(wait=False)
+        self._sub.drain()
         out, self.records = self.records, dict.fromkeys(self.KINDS, 0)
         return out
 

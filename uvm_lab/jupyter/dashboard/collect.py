@@ -52,7 +52,8 @@ class EventTotals:
     bytes migrated each way, faults.
 
     Seeded with the bus's history, so it counts from the start of the session as far as the history
-    ring reaches. ``feed`` may be called from any thread (the bus delivers on the publisher's thread).
+    ring reaches. ``feed`` may be called from any thread (the bus delivers on the subscription's thread, or
+    on a reader's).
     """
 
     _SUMMED = ("events", "bytes_htod", "bytes_dtoh", "gpu_faults", "cpu_faults")
@@ -256,7 +257,9 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
         "device_count": int(backend.device_count()),
         "time_ns": int(backend.now_ns()),
         "memory": {"free": int(free), "total": int(total), "used": int(total - free)},
-        "events": {"published": int(bus.published), "dropped": int(bus.dropped)},
+        "events": {"published": int(bus.published), "dropped": int(bus.dropped),
+                   "subscriptions": [{"name": s.name, "waiting": s.waiting, "dropped": s.dropped}
+                                     for s in bus.subscriptions() if not s.inline]},
         "totals": totals.snapshot() if totals is not None else None,
         "resource": [type(r).__name__ for r in chain],
         "resource_stats": stats,

@@ -13,13 +13,13 @@ from __future__ import annotations
 import html
 import logging
 import threading
-import time
 from typing import Any
 
 import ipywidgets as widgets
 import numpy as np
 
 import uvm_lab as ul
+from uvm_lab.clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
 from uvm_lab.events import get_bus
 from uvm_lab.units import format_bytes
 
@@ -66,8 +66,9 @@ class Dashboard:
         when :meth:`refresh` is called.
     """
 
-    def __init__(self, *, interval: float = 0.2, live: bool = True) -> None:
-        self.interval = float(interval)
+    def __init__(self, *, interval: float = 0.2, live: bool = True, clock: Clock = SYSTEM_CLOCK) -> None:
+        self.interval = checked_seconds(interval, "interval")
+        self._clock = checked_clock(clock)   # what the throttle goes by (a test moves its own)
         backend = ul.get_backend()
         bus = get_bus()
         self.totals = EventTotals(bus.history())
@@ -114,8 +115,10 @@ class Dashboard:
         with self._render_lock:
             if self._closed:
                 return
-            self._last = time.monotonic()
+            self._last = self._clock.monotonic()
             try:
+                if self._subscription is not None:
+                    self._subscription.drain()   # the totals: every event published so far
                 selected = self.allocations.selected
                 snapshot = collect_snapshot(self.totals, self.live_allocations, others=others,
                                             first=() if selected is None else (selected,))
@@ -159,21 +162,23 @@ class Dashboard:
 
     # -- live updates -------------------------------------------------------------------------------
     def _on_events(self, records: np.ndarray) -> None:
-        # On the publisher's thread, under the bus's lock: be quick, never render here.
+        # On the subscription's thread: count, never render here (a refresh reads what was counted).
         self.totals.feed(records)
         self._wake.set()
 
     def _run(self) -> None:
+        clock = self._clock
         while not self._stop.is_set():
-            self._wake.wait()
+            clock.wait(self._wake, None)
             # The throttle (..throttle): at most one refresh an interval and 5% of the kernel's time; what
             # arrives meanwhile is drawn in that one.
-            if self._stop.wait(max(0.0, max(self._last + self.interval, self._budget.ready_at()) - time.monotonic())):
+            if clock.wait(self._stop, max(0.0, max(self._last + self.interval, self._budget.ready_at())
+                                          - clock.monotonic())):
                 break
             self._wake.clear()   # events from here on wake the next round
-            started, cpu = time.monotonic(), time.thread_time()
+            started, cpu = clock.monotonic(), clock.thread_time()
             self._refresh(others=OTHERS_PER_REFRESH)
-            self._budget.spend(started, time.thread_time() - cpu)   # see ..throttle: the time taken, not waited
+            self._budget.spend(started, clock.thread_time() - cpu)   # see ..throttle: the time taken, not waited
 
     @property
     def live(self) -> bool:

@@ -55,6 +55,7 @@ def format_status(snapshot: Mapping[str, Any]) -> str:
         f"{format_bytes(mem['total'])} total",
         "resource: " + " -> ".join(snapshot["resource"]),
         f"events: {ev['published']:,} published, {ev['dropped']:,} dropped from history",
+        _subscriptions_text(ev["subscriptions"]),
     ]
     allocs = snapshot["allocations"]
     if not allocs:
@@ -75,6 +76,14 @@ def format_status(snapshot: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _subscriptions_text(subscriptions: Sequence[Mapping[str, Any]]) -> str:
+    """Who listens to the bus, and what each missed by falling behind (what the bus dropped for it)."""
+    behind = [s for s in subscriptions if s["dropped"]]
+    return f"subscribers: {len(subscriptions)}, " + (
+        "none fell behind" if not behind else
+        "dropped for those that fell behind: " + ", ".join(f"{s['name']} {s['dropped']:,}" for s in behind))
+
+
 def format_trace_summary(summary: Mapping[str, Any], *, clock: str = "backend") -> str:
     """The ``%%uvm_trace`` report, from ``Trace.summary()``."""
     head = f"uvm_trace: {summary['events']:,} events over {summary['seconds'] * 1e3:,.3f} ms of {clock} time"
@@ -84,6 +93,8 @@ def format_trace_summary(summary: Mapping[str, Any], *, clock: str = "backend") 
         ["GPU page faults", f"{summary['gpu_faults']:,}"],
         ["CPU page faults", f"{summary['cpu_faults']:,}"],
     ]
+    if summary["missed"]:
+        rows.append(["missed (fell behind)", f"{summary['missed']:,} events"])
     lines = [head, *(f"  {name:<26}{value}" for name, value in rows)]
     counts = summary["counts"]
     if counts:

@@ -1,0 +1,128 @@
+"""A consumer that falls behind the bus: what it misses is dropped for it alone, counted, and shown where a user
+looks (``Trace.summary()`` and ``%%uvm_trace``, ``%uvm status``, the lab view's timeline)."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import uvm_lab as ul
+from uvm_lab.errors import InvalidArgumentError
+from uvm_lab.events import EventBus, EventKind, make_events
+from uvm_lab.jupyter.comm import PanelSession
+from uvm_lab.jupyter.dashboard.collect import collect_snapshot
+from uvm_lab.jupyter.dashboard.text import format_status, format_trace_summary
+from uvm_lab.jupyter.timeline import DeviceSeries, EventWindow
+
+
+class Stalling(np.ndarray):
+    """A batch whose copy waits until ``release`` is set: a subscriber that copies it is stuck there."""
+
+    release = threading.Event()
+    copying = threading.Event()
+
+    def copy(self, order="C"):
+        type(self).copying.set()
+        type(self).release.wait()
+        return np.asarray(self).copy(order)
+
+
+@pytest.fixture
+def stalling():
+    Stalling.release.clear()
+    Stalling.copying.clear()
+    yield lambda n: make_events(n, kind=EventKind.HTOD, bytes=4096).view(Stalling)
+    Stalling.release.set()
+
+
+def test_a_recording_that_falls_behind_says_how_many_events_it_missed(stalling):
+    bus = EventBus()
+    with ul.record(bus, limit=3) as trace:
+        bus.publish(stalling(1))                         # the recording's thread is stuck copying this one
+        assert Stalling.copying.wait(10)
+        for _ in range(5):
+            bus.publish(make_events(1, kind=EventKind.DTOH, bytes=4096))
+        Stalling.release.set()
+    summary = trace.summary()
+    assert (trace.missed, summary["missed"], summary["events"]) == (2, 2, 4)
+    assert summary["bytes_htod"] == 4096 and summary["bytes_dtoh"] == 3 * 4096
+    assert "missed (fell behind)      2 events" in format_trace_summary(summary)
+
+
+def test_a_recording_that_keeps_up_misses_nothing_and_says_nothing_of_it(sim_backend):
+    buf = ul.DeviceBuffer(size="4MiB")
+    with ul.record() as trace:
+        for where in ("gpu", "host", "gpu"):
+            buf.prefetch(where)
+    assert trace.missed == trace.summary()["missed"] == 0
+    assert "missed" not in format_trace_summary(trace.summary())
+
+
+def test_status_names_each_subscriber_that_fell_behind_and_what_it_missed(sim_backend):
+    bus = ul.events.get_bus()
+    inside, release = threading.Event(), threading.Event()
+
+    def slow_plot(records):
+        inside.set()
+        release.wait()
+
+    sub = bus.subscribe(slow_plot, limit=2, name="my slow plot")
+    try:
+        buf = ul.DeviceBuffer(size="4MiB")
+        assert inside.wait(10)                           # stuck on the allocation's first batch
+        for where in ("gpu", "host") * 5:
+            buf.prefetch(where)
+        bus.flush(wait=False)
+        assert sub.dropped > 0 and sub.waiting == 2
+        status = format_status(collect_snapshot())
+        assert f"dropped for those that fell behind: my slow plot {sub.dropped:,}" in status
+    finally:
+        release.set()
+        sub.close()
+    assert "none fell behind" in format_status(collect_snapshot())
+
+
+def test_the_views_timeline_answer_counts_what_its_feed_missed(sim_backend, stalling):
+    bus = ul.events.get_bus()
+    window = EventWindow()
+
+    def feed(records):   # a window's feed that copies what it is given (this one gets stuck on a copy)
+        window.feed(records.copy())
+
+    window.subscription = bus.subscribe(feed, limit=1, name="a view's timeline")
+    session = PanelSession(_Sink(), start=False, timeline=(window, DeviceSeries(clock=lambda: 0.0)))
+    try:
+        bus.publish(stalling(1))
+        assert Stalling.copying.wait(10)
+        for _ in range(4):
+            bus.publish(make_events(1, kind=EventKind.DTOH))
+        Stalling.release.set()
+        result = session.handle({"type": "timeline", "seq": 1, "start": 0, "end": 1 << 50, "width": 100,
+                                 "lanes": None})
+        assert result["ok"], result
+        (answer, _), = [m for m in session.comm.sent if m[0]["type"] == "timeline"]
+        assert answer["missed"] == window.missed == 3
+    finally:
+        session.close()
+        window.subscription.close()
+
+
+def test_record_refuses_what_is_not_a_bus():
+    with pytest.raises(InvalidArgumentError, match="bus must be a uvm_lab EventBus"), ul.record("the bus"):
+        pass
+
+
+class _Sink:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, data=None, metadata=None, buffers=None):
+        self.sent.append((data, buffers))
+
+    def on_msg(self, callback): ...
+
+    def on_close(self, callback): ...
+
+    def close(self, *args, **kwargs): ...
