@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import deferred, errors, events, mr
+from . import deferred, errors, events, mr, statistics
 from .access import touch
 from .backends import get_backend, use_backend
 from .backends.base import AccessResult
@@ -48,6 +48,7 @@ __all__ = [
     "record",
     "residency",
     "snapshot",
+    "statistics",
     "touch",
     "unload_ipython_extension",
     "use_backend",

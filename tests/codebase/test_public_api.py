@@ -10,9 +10,10 @@ import uvm_lab
 import uvm_lab.errors
 import uvm_lab.events
 import uvm_lab.mr
+import uvm_lab.statistics
 
 
-@pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors])
+@pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors, uvm_lab.statistics])
 def test_all_names_exist(module):
     missing = [name for name in module.__all__ if not hasattr(module, name)]
     assert missing == []
