@@ -27,6 +27,18 @@ def test_the_issue_api_is_public():
         assert name in uvm_lab.mr.__all__
 
 
+def test_rmms_names_are_public_where_rmm_has_them():
+    for name in ("reinitialize", "register_reinitialize_hook", "unregister_reinitialize_hook", "is_initialized",
+                 "available_device_memory", "statistics"):
+        assert name in uvm_lab.__all__
+    for name in ("CallbackMemoryResource", "SystemMemoryResource", "SamHeadroomMemoryResource",
+                 "available_device_memory", "is_initialized"):
+        assert name in uvm_lab.mr.__all__
+    for name in ("Statistics", "enable_statistics", "get_statistics", "push_statistics", "pop_statistics",
+                 "statistics", "profiler", "ProfilerRecords", "default_profiler_records"):
+        assert name in uvm_lab.statistics.__all__
+
+
 def test_every_error_derives_from_the_root_and_a_builtin():
     errors = [obj for _, obj in inspect.getmembers(uvm_lab.errors, inspect.isclass)
               if issubclass(obj, Exception) and obj.__module__ == "uvm_lab.errors"]

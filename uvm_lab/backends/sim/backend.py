@@ -198,6 +198,14 @@ class SimBackend:
             self._finish(log)
             return seg.address
 
+    def allocate_system(self, size: int, *, device: int = 0, stream: int = 0) -> int:
+        """``malloc`` memory on an HMM or ATS platform: the model's pages follow the managed rules, so it is
+        a managed segment. Elsewhere a :class:`BackendError`: the simulated GPU cannot reach it."""
+        if not self.capabilities.pageable_memory_access:
+            raise BackendError(f"the simulated GPU on platform {self.platform.name!r} cannot reach pageable host "
+                               f"memory (no HMM or ATS); platform 'gh200-ats' can")
+        return self.allocate(size, MemoryKind.MANAGED, device=device, stream=stream)
+
     def free(self, ptr: int, *, stream: int = 0) -> None:
         with self._lock:
             seg = self._segments.get(ptr)
