@@ -123,4 +123,10 @@ class Backend(Protocol):
         """Copy ``[ptr, ptr + out.size)`` into the host array ``out`` (contiguous ``uint8``)."""
         ...
 
+    def copy(self, dst: int, src: int, size: int, *, stream: int = 0) -> None:
+        """``cudaMemcpy`` with ``cudaMemcpyDefault``: ``size`` bytes from ``src`` into ``[dst, dst + size)``, which is
+        inside a live allocation of this backend; ``src`` is another such range, or any other memory the copy
+        can read (host memory; on a GPU, device memory of other libraries too). Complete when it returns."""
+        ...
+
     def synchronize(self) -> None: ...

@@ -729,6 +729,22 @@ class CudaBackend:
                 self._unobserved(ptr, out.size, UnobservedCause.COPY, self._device, seg_id, mode="read",
                                  unless="kernels")
 
+    def copy(self, dst: int, src: int, size: int, *, stream: int = 0) -> None:
+        """``cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault)`` on ``stream``, waited for. ``src`` may be any
+        address unified addressing knows: this backend's, another library's device memory, or host memory."""
+        _, _, kind, seg_id = self._find(dst, size)
+        source = self._segment_at(src)
+        if source is not None:
+            self._find(src, size)
+        if not size:
+            return
+        check(cudart.cudaMemcpyAsync(dst, src, size, cudart.cudaMemcpyKind.cudaMemcpyDefault, stream))
+        check(cudart.cudaStreamSynchronize(stream))
+        if source is not None and source[2] is MemoryKind.MANAGED:
+            self._unobserved(src, size, UnobservedCause.COPY, self._device, source[3], mode="read", unless="kernels")
+        if kind is MemoryKind.MANAGED:
+            self._unobserved(dst, size, UnobservedCause.COPY, self._device, seg_id, mode="write", unless="kernels")
+
     def _host_touch(self, ptr: int, size: int, mode: AccessMode) -> None:
         # One access per 4 KiB page, as a host loop over the buffer: enough to fault every page in.
         view = self.host_view(ptr, size)
