@@ -7,13 +7,16 @@ import inspect
 import pytest
 
 import uvm_lab
+import uvm_lab.allocators.cupy
+import uvm_lab.allocators.numba
 import uvm_lab.errors
 import uvm_lab.events
 import uvm_lab.mr
 import uvm_lab.statistics
 
 
-@pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors, uvm_lab.statistics])
+@pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors, uvm_lab.statistics,
+                                    uvm_lab.allocators.cupy, uvm_lab.allocators.numba])
 def test_all_names_exist(module):
     missing = [name for name in module.__all__ if not hasattr(module, name)]
     assert missing == []
@@ -37,6 +40,8 @@ def test_rmms_names_are_public_where_rmm_has_them():
     for name in ("Statistics", "enable_statistics", "get_statistics", "push_statistics", "pop_statistics",
                  "statistics", "profiler", "ProfilerRecords", "default_profiler_records"):
         assert name in uvm_lab.statistics.__all__
+    assert "uvm_lab_cupy_allocator" in uvm_lab.allocators.cupy.__all__
+    assert "UvmLabNumbaManager" in uvm_lab.allocators.numba.__all__
 
 
 def test_every_error_derives_from_the_root_and_a_builtin():

@@ -1,8 +1,9 @@
-"""RMM's names beyond the resources of old: the top-level functions, CallbackMemoryResource and the HMM/ATS
-resources, on the simulator."""
+"""RMM's names beyond the resources of old: the top-level functions, CallbackMemoryResource, the HMM/ATS resources
+and the allocators package, on the simulator."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -166,3 +167,33 @@ def test_sam_headroom_validates_its_size():
 def test_the_simulator_refuses_system_memory_where_its_platform_has_none(sim_backend):
     with pytest.raises(BackendError, match="gh200-ats"):
         sim_backend.allocate_system(4096)
+
+
+# -- allocators -----------------------------------------------------------------------------------------------------
+
+def test_the_allocators_package_has_rmms_layout_and_the_old_names_still_import():
+    from uvm_lab.allocators import cupy as allocators_cupy
+    from uvm_lab.integrations import cupy as integrations_cupy
+
+    assert integrations_cupy.cupy_allocator is allocators_cupy.cupy_allocator is allocators_cupy.uvm_lab_cupy_allocator
+    assert integrations_cupy.make_cupy_allocator is allocators_cupy.make_cupy_allocator
+
+
+def test_cupy_allocator_on_the_simulator_is_a_backend_error():
+    from uvm_lab.allocators.cupy import uvm_lab_cupy_allocator
+
+    with ul.record() as trace, pytest.raises(BackendError, match="real GPU"):
+        uvm_lab_cupy_allocator(1024)
+    assert len(trace) == 0
+
+
+def test_the_numba_plugin_imports_anywhere_and_says_what_is_missing():
+    numba_plugin = importlib.import_module("uvm_lab.allocators.numba")
+    assert numba_plugin._numba_memory_manager is numba_plugin.UvmLabNumbaManager   # NUMBA_CUDA_MEMORY_MANAGER
+    try:
+        import numba.cuda  # noqa: F401
+    except ImportError:
+        with pytest.raises(BackendError, match="numba-cuda"):
+            numba_plugin.UvmLabNumbaManager()
+    else:
+        pytest.skip("numba is installed here: the GPU tests use the plugin")

@@ -374,6 +374,15 @@ class CudaBackend:
                                    alloc_id=seg_id, dst=device, start=now, end=now, stream=stream, source=capture()))
         return ptr
 
+    def ipc_mem_handle(self, ptr: int) -> Any:
+        """``cuIpcGetMemHandle`` of the device allocation starting at ``ptr``: the driver API's handle, which
+        Numba's IPC opens in the other process."""
+        err, handle = cuda_driver.cuIpcGetMemHandle(cuda_driver.CUdeviceptr(ptr))
+        if err != cuda_driver.CUresult.CUDA_SUCCESS:
+            name = getattr(err, "name", str(int(err)))
+            raise CudaError(f"cuIpcGetMemHandle of {ptr:#x} failed: {name}", name=name, code=int(err))
+        return handle
+
     # -- stream-ordered pools (cudaMallocAsync) --------------------------------------------------------
 
     def create_async_pool(self, *, device: int, release_threshold: int | None, handles: tuple[str, ...] = ()) -> int:
