@@ -13,13 +13,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import deferred, errors, events, mr
+from . import deferred, errors, events, mr, statistics
 from .access import touch
 from .backends import get_backend, use_backend
 from .backends.base import AccessResult
 from .buffer import DeviceBuffer, find_buffer, live_buffers
 from .events.trace import Trace, record
 from .location import Location
+from .mr import (
+    available_device_memory,
+    is_initialized,
+    register_reinitialize_hook,
+    reinitialize,
+    unregister_reinitialize_hook,
+)
 from .residency_map import ResidencyMap, get_tracker, residency
 from .stream import DEFAULT_STREAM, Stream
 from .units import format_bytes, parse_size
@@ -35,21 +42,27 @@ __all__ = [
     "Stream",
     "Trace",
     "__version__",
+    "available_device_memory",
     "deferred",
     "errors",
     "events",
     "find_buffer",
     "format_bytes",
     "get_backend",
+    "is_initialized",
     "live_buffers",
     "load_ipython_extension",
     "mr",
     "parse_size",
     "record",
+    "register_reinitialize_hook",
+    "reinitialize",
     "residency",
     "snapshot",
+    "statistics",
     "touch",
     "unload_ipython_extension",
+    "unregister_reinitialize_hook",
     "use_backend",
 ]
 

@@ -20,13 +20,13 @@ import numpy as np
 from . import deferred
 from .backends.base import RangeAdvice
 from .dlpack import KDL_CUDA, KDL_CUDA_HOST, to_capsule
-from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError
+from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError, shown
 from .events.schema import Advice, MemoryKind
 from .location import Location
 from .mr.base import MemoryResource, resource_chain
 from .mr.current import get_current_device_resource
 from .stream import DEFAULT_STREAM, Stream, as_stream_handle
-from .units import PAGE_SIZE, format_bytes, parse_size
+from .units import MAX_SIZE, PAGE_SIZE, format_bytes, parse_size
 
 __all__ = ["LABELS_KEPT", "DeviceBuffer", "find_buffer", "label_of", "labels_dropped", "live_buffers",
            "live_generation", "page_range"]
@@ -75,23 +75,32 @@ def _release(mr: MemoryResource, ptr: int, size: int, stream: int, buffer_id: in
 
 
 class DeviceBuffer:
-    """``size`` bytes from ``mr`` (the current device resource by default).
+    """``size`` bytes from ``mr`` (the current device resource by default), as RMM's ``DeviceBuffer``.
 
     Parameters
     ----------
+    ptr
+        An address to copy ``size`` bytes from into the new buffer (RMM's ``ptr=``): host memory, or device
+        memory (another buffer's ``ptr``; on a GPU any device memory). 0, the default, copies nothing.
     size
         Bytes, as an int or a string such as ``"512MiB"``.
-    mr
-        The memory resource to allocate from.
     stream
         The stream the allocation, its copies and its free are ordered on: None (the default
         stream), a :class:`~uvm_lab.Stream`, an int handle, or a CuPy, PyTorch or cuda.core stream.
+    mr
+        The memory resource to allocate from.
     label
         A name shown in residency maps and dashboards (default ``"buffer <id>"``).
+
+    Where uvm_lab differs: the copy from ``ptr`` is complete when the constructor returns, on any stream
+    (RMM waits only on the default stream). As with RMM, ``ptr`` must name memory that can be read; on the
+    simulator an address inside a live simulated allocation is read from it, and any other is read as host
+    memory (an address with nothing mapped there is an :class:`~uvm_lab.errors.InvalidArgumentError`).
     """
 
-    def __init__(self, *, size: int | str = 0, mr: MemoryResource | None = None, stream: object = None,
+    def __init__(self, *, ptr: int = 0, size: int | str = 0, stream: object = None, mr: MemoryResource | None = None,
                  label: str | None = None) -> None:
+        source = _address(ptr, "ptr")
         nbytes = parse_size(size)
         handle = as_stream_handle(stream)
         if mr is None:
@@ -103,23 +112,54 @@ class DeviceBuffer:
             raise InvalidArgumentError(f"label must be a str or None, got {label!r}", value=label,
                                        expected="a str or None")
         deferred.run()   # frees that garbage collection queued: give that memory back first
-        ptr = mr.allocate(nbytes, handle)
+        address = mr.allocate(nbytes, handle)
+        if source and nbytes:
+            try:
+                mr.backend.copy(address, source, nbytes, stream=handle)
+            except BaseException:
+                mr.deallocate(address, nbytes, handle)   # all or nothing
+                raise
+        self._mr = mr
+        self._access_prefetcher = _access_prefetcher(mr)
+        self._adopt(address, nbytes, handle, stream, label)
+
+    def _adopt(self, ptr: int, nbytes: int, handle: int, stream: object, label: str | None) -> None:
+        """Make ``[ptr, ptr + nbytes)`` from this buffer's resource its memory: its id, its label, the finalizer
+        that frees it, and its place among the live buffers."""
         self._ptr = ptr
         self._size = nbytes
-        self._mr = mr
         # Keep the caller's stream object alive as long as the buffer: its handle must stay valid.
         self._stream = stream if isinstance(stream, Stream) else DEFAULT_STREAM if handle == 0 else Stream(stream)
-        self.id = mr.allocation_id(ptr) if nbytes else next(_empty_ids)
+        self.id = self._mr.allocation_id(ptr) if nbytes else next(_empty_ids)
         self.label = label if label is not None else f"buffer {self.id}"
-        self._access_prefetcher = _access_prefetcher(mr)
         # The caller's stream object rides along with the free, so its handle is still valid then.
-        self._finalizer = weakref.finalize(self, deferred.defer, _release, mr, ptr, nbytes, handle, self.id, stream)
+        self._finalizer = weakref.finalize(self, deferred.defer, _release, self._mr, ptr, nbytes, handle, self.id,
+                                           stream)
         self._finalizer.atexit = False   # the process's exit frees device memory; nothing to publish then
         global _live_generation
         with _live_lock:
             _live[self.id] = weakref.ref(self)
             _live_generation += 1
             _remember_label(self.id, self.label)
+
+    @staticmethod
+    def to_device(b: Any, stream: object = None) -> DeviceBuffer:
+        """A new buffer (from the current device resource) holding a copy of the host bytes ``b``, as RMM's."""
+        data = _as_bytes(b, "b", writable=False)
+        buf = DeviceBuffer(size=data.size, stream=stream)
+        try:
+            buf.copy_from_host(data)
+        except BaseException:
+            buf.close()
+            raise
+        return buf
+
+    def copy(self) -> DeviceBuffer:
+        """A new buffer from the same resource, on the same stream, holding a copy of this one's bytes (RMM's)."""
+        self._check_open("copy")
+        return DeviceBuffer(ptr=self._ptr, size=self._size, stream=self._stream, mr=self._mr)
+
+    __copy__ = copy
 
     # -- what it is --------------------------------------------------------------------------------------
     @property
@@ -169,19 +209,26 @@ class DeviceBuffer:
         return f"<DeviceBuffer {self.label!r} id={self.id} size={format_bytes(self._size)} {state}>"
 
     # -- data ---------------------------------------------------------------------------------------------
-    def copy_from_host(self, data: Any, *, offset: int | str = 0) -> None:
-        """Copy ``data`` (bytes, a buffer, or a contiguous NumPy array of any dtype) into the buffer at ``offset``."""
+    def copy_from_host(self, data: Any, stream: object = None, *, offset: int | str = 0) -> None:
+        """Copy ``data`` (bytes, a buffer, or a contiguous NumPy array of any dtype) into the buffer at ``offset``.
+
+        ``stream`` (RMM's argument) orders the copy; None is the buffer's own stream. The copy is complete
+        when the call returns.
+        """
         self._check_open("copy into")
         src = _as_bytes(data, "data", writable=False)
         start = parse_size(offset, name="offset")
+        handle = self._stream_handle(stream)
         if start + src.size > self._size:
             raise InvalidArgumentError(f"{src.size} bytes at offset {start} do not fit in {self.label!r} "
                                        f"({self._size} bytes)", value=data,
                                        expected=f"at most {self._size - start} bytes")
-        self._mr.backend.write(self._ptr + start, src, stream=self._stream.handle)
+        if src.size:   # an empty buffer holds no allocation to write to
+            self._mr.backend.write(self._ptr + start, src, stream=handle)
 
-    def copy_to_host(self, ary: np.ndarray | None = None) -> np.ndarray:
-        """The buffer's bytes in host memory: a new ``uint8`` array, or ``ary`` (``nbytes`` equal to the buffer's)."""
+    def copy_to_host(self, ary: Any = None, stream: object = None) -> Any:
+        """The buffer's bytes in host memory: a new ``uint8`` array, or ``ary`` (a writable buffer or array whose
+        ``nbytes`` equal the buffer's), filled and returned. ``stream`` as for :meth:`copy_from_host`."""
         self._check_open("copy from")
         if ary is None:
             out = np.empty(self._size, dtype=np.uint8)
@@ -190,8 +237,82 @@ class DeviceBuffer:
             if out.size != self._size:
                 raise InvalidArgumentError(f"ary holds {out.size} bytes but {self.label!r} has {self._size}",
                                            value=ary, expected=f"an array of {self._size} bytes")
-        self._mr.backend.read(self._ptr, out, stream=self._stream.handle)
+        handle = self._stream_handle(stream)
+        if self._size:
+            self._mr.backend.read(self._ptr, out, stream=handle)
         return out if ary is None else ary
+
+    def tobytes(self, stream: object = None) -> bytes:
+        """The buffer's bytes as ``bytes`` (RMM's ``tobytes``); ``bytes(buffer)`` is the same."""
+        return bytes(self.copy_to_host(stream=stream).data)
+
+    def __bytes__(self) -> bytes:
+        return self.tobytes()
+
+    def copy_from_device(self, cuda_ary: Any, stream: object = None) -> None:
+        """Copy device memory into the start of the buffer, as RMM's ``copy_from_device``.
+
+        ``cuda_ary`` is another :class:`DeviceBuffer`, or an object with ``__cuda_array_interface__`` that
+        describes a 1-D contiguous array (a CuPy or Numba array) of at most :attr:`size` bytes. On the
+        simulator only simulated memory is device memory: another buffer, or an interface whose address lies
+        inside a live simulated allocation. ``stream`` as for :meth:`copy_from_host`.
+        """
+        self._check_open("copy into")
+        backend = self._mr.backend
+        handle = self._stream_handle(stream)
+        if isinstance(cuda_ary, DeviceBuffer):
+            cuda_ary._check_open("copy from")
+            if cuda_ary.mr.backend is not backend:
+                raise InvalidArgumentError(f"{cuda_ary.label!r} was made on another backend than {self.label!r}",
+                                           value=cuda_ary, expected="a buffer of the same backend")
+            src, nbytes = cuda_ary.ptr, cuda_ary.size
+        else:
+            src, nbytes = _device_array(cuda_ary)
+            if nbytes and backend.is_simulated and backend.segment_kind(src) is None:
+                raise InvalidArgumentError(
+                    f"cuda_ary's address {src:#x} is not inside a live simulated allocation: on the simulator, device "
+                    f"memory is the simulated device's", value=cuda_ary,
+                    expected="a DeviceBuffer, or an interface to simulated memory")
+        if nbytes > self._size:
+            raise InvalidArgumentError(f"cuda_ary holds {nbytes} bytes but {self.label!r} has {self._size}",
+                                       value=cuda_ary, expected=f"at most {self._size} bytes")
+        if nbytes:
+            backend.copy(self._ptr, src, nbytes, stream=handle)
+
+    def resize(self, new_size: int | str, stream: object = None) -> None:
+        """Make the buffer ``new_size`` bytes, keeping its first ``min(size, new_size)`` bytes (RMM's ``resize``).
+
+        The buffer moves to a new allocation from its resource: the new memory is allocated and the bytes
+        copied, then the old memory is freed, each with its events. :attr:`ptr` and :attr:`id` are then the new
+        allocation's (live-buffer lists and maps follow it); the label stays. ``stream`` (None: the buffer's
+        own) orders the copy and becomes the buffer's stream. If the allocation or the copy fails, the buffer is
+        as it was.
+
+        Where uvm_lab differs: RMM shrinks in place (keeping the memory as spare capacity) and grows into a new
+        allocation; uvm_lab always moves, so that a buffer's size is its allocation's, which its maps, prefetch
+        and advice cover. Advice is per allocation: the new memory has none, as in RMM; set it again. A resize
+        to the buffer's own size changes nothing.
+        """
+        self._check_open("resize")
+        nbytes = parse_size(new_size, name="new_size")
+        owner = self._stream if stream is None else stream
+        handle = as_stream_handle(owner)
+        if nbytes == self._size:
+            return
+        mr = self._mr
+        deferred.run()
+        ptr = mr.allocate(nbytes, handle)
+        keep = min(self._size, nbytes)
+        if keep:
+            try:
+                mr.backend.copy(ptr, self._ptr, keep, stream=handle)
+            except BaseException:
+                mr.deallocate(ptr, nbytes, handle)
+                raise
+        held = self._finalizer.detach()   # the old memory goes after the new is filled, as in RMM
+        if held is not None:
+            _release(*held[2][1:])
+        self._adopt(ptr, nbytes, handle, owner, self.label)
 
     def host_view(self, dtype: Any = np.uint8) -> np.ndarray:
         """A NumPy view of the buffer, without a copy: managed or pinned memory only.
@@ -273,9 +394,15 @@ class DeviceBuffer:
         return True
 
     # -- prefetch and advice ---------------------------------------------------------------------------
-    def prefetch(self, location: int | str | Location = "gpu", stream: object = None, *, offset: int | str = 0,
+    def prefetch(self, location: int | str | Location | None = None, stream: object = None, *,
+                 device: int | str | Location | None = None, offset: int | str = 0,
                  size: int | str | None = None) -> None:
         """Migrate the buffer's pages to ``location`` (``"gpu"``, ``"gpu:N"``, ``"host"`` or an ordinal).
+
+        ``device`` is RMM's name for the same argument (an ordinal, ``-1`` for the host as
+        ``cudaCpuDeviceId``, or anything ``location`` takes); give one or the other. With neither, the pages go
+        to the current device, as in RMM. ``stream`` orders the prefetch; None is the buffer's own stream, as
+        in RMM.
 
         As ``cudaMemPrefetchAsync``: pages not yet touched are populated there; memory that cannot
         migrate (device or pinned host memory) is left alone. ``offset`` and ``size`` (bytes, or strings
@@ -283,14 +410,21 @@ class DeviceBuffer:
         ``stream``: synchronize it (or the device) to wait for the pages.
         """
         self._check_open("prefetch")
-        loc = self._location(location, "location")
+        if location is not None and device is not None:
+            raise InvalidArgumentError(f"give the destination once, as location (uvm_lab's name) or device (RMM's), "
+                                       f"not both: got location={shown(location)}, device={shown(device)}",
+                                       value=(location, device), expected="location=... or device=..., not both")
+        if device is not None:
+            loc = self._location(device, "device")
+        else:
+            loc = self._location("gpu" if location is None else location, "location")
         start = parse_size(offset, name="offset")
         length = self._size - start if size is None else parse_size(size, name="size")
         if start + length > self._size:
             raise InvalidArgumentError(f"offset {start} + size {length} runs past the end of the buffer "
                                        f"({self._size} bytes)", value=(offset, size),
                                        expected=f"a range within 0..{self._size}")
-        handle = as_stream_handle(stream)
+        handle = self._stream_handle(stream)
         if length:
             self._mr.backend.prefetch(self._ptr + start, length, loc, stream=handle)
 
@@ -372,6 +506,10 @@ class DeviceBuffer:
         if self.closed:
             raise BufferClosedError(f"cannot {action} {self.label!r}: its memory was freed (the buffer is closed)")
 
+    def _stream_handle(self, stream: object) -> int:
+        """The handle of ``stream``; None is the buffer's own stream."""
+        return self._stream.handle if stream is None else as_stream_handle(stream)
+
     def _location(self, value: Any, name: str) -> Location:
         backend = self._mr.backend
         return Location.parse(value, device_count=backend.device_count(), current_device=backend.current_device(),
@@ -408,6 +546,41 @@ def _as_bytes(data: Any, name: str, *, writable: bool) -> np.ndarray:
     if writable and not arr.flags.writeable:
         raise InvalidArgumentError(f"{name} is read-only", value=data, expected="a writable array")
     return arr.reshape(-1).view(np.uint8)
+
+
+def _address(value: Any, name: str) -> int:
+    """An address argument: a whole number from 0 to 2**64 - 1."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= int(value) <= MAX_SIZE:
+        raise InvalidArgumentError(f"{name} must be an address (an int from 0 to 2**64 - 1), got {shown(value)}",
+                                   value=value, expected="an int address, or 0 for none")
+    return int(value)
+
+
+def _device_array(obj: Any) -> tuple[int, int]:
+    """``(address, nbytes)`` of a 1-D contiguous array described by ``__cuda_array_interface__``."""
+    expected = "a DeviceBuffer, or an object with __cuda_array_interface__ of a 1-D contiguous array"
+    try:
+        cai = obj.__cuda_array_interface__
+    except AttributeError:
+        raise InvalidArgumentError(f"cuda_ary must be a DeviceBuffer or have __cuda_array_interface__, got "
+                                   f"{shown(obj)} ({type(obj).__name__})", value=obj, expected=expected) from None
+    try:
+        shape, typestr, data = tuple(cai["shape"]), cai["typestr"], cai["data"]
+        strides = cai.get("strides")
+        itemsize = np.dtype(typestr).itemsize
+        address = data[0]
+    except (TypeError, KeyError, IndexError, ValueError):
+        raise InvalidArgumentError(f"cuda_ary's __cuda_array_interface__ is malformed: {shown(cai)}", value=obj,
+                                   expected=expected) from None
+    if len(shape) != 1 or isinstance(shape[0], bool) or not isinstance(shape[0], Integral) or int(shape[0]) < 0:
+        raise InvalidArgumentError(f"only 1-D contiguous arrays can be copied (as in RMM), got shape {shown(shape)}",
+                                   value=obj, expected=expected)
+    items = int(shape[0])
+    if strides is not None and items > 1 and tuple(strides) != (itemsize,):
+        raise InvalidArgumentError(f"only contiguous arrays can be copied (as in RMM), got strides {shown(strides)} "
+                                   f"for items of {itemsize} bytes", value=obj, expected=expected)
+    nbytes = items * itemsize
+    return (_address(address, "cuda_ary's address") if nbytes else 0), nbytes
 
 
 def live_buffers() -> list[DeviceBuffer]:

@@ -7,12 +7,16 @@ import inspect
 import pytest
 
 import uvm_lab
+import uvm_lab.allocators.cupy
+import uvm_lab.allocators.numba
 import uvm_lab.errors
 import uvm_lab.events
 import uvm_lab.mr
+import uvm_lab.statistics
 
 
-@pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors])
+@pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors, uvm_lab.statistics,
+                                    uvm_lab.allocators.cupy, uvm_lab.allocators.numba])
 def test_all_names_exist(module):
     missing = [name for name in module.__all__ if not hasattr(module, name)]
     assert missing == []
@@ -24,6 +28,20 @@ def test_the_issue_api_is_public():
     for name in ("ManagedMemoryResource", "PoolMemoryResource", "PrefetchResourceAdaptor",
                  "StatisticsResourceAdaptor", "set_current_device_resource", "get_current_device_resource"):
         assert name in uvm_lab.mr.__all__
+
+
+def test_rmms_names_are_public_where_rmm_has_them():
+    for name in ("reinitialize", "register_reinitialize_hook", "unregister_reinitialize_hook", "is_initialized",
+                 "available_device_memory", "statistics"):
+        assert name in uvm_lab.__all__
+    for name in ("CallbackMemoryResource", "SystemMemoryResource", "SamHeadroomMemoryResource",
+                 "available_device_memory", "is_initialized"):
+        assert name in uvm_lab.mr.__all__
+    for name in ("Statistics", "enable_statistics", "get_statistics", "push_statistics", "pop_statistics",
+                 "statistics", "profiler", "ProfilerRecords", "default_profiler_records"):
+        assert name in uvm_lab.statistics.__all__
+    assert "uvm_lab_cupy_allocator" in uvm_lab.allocators.cupy.__all__
+    assert "UvmLabNumbaManager" in uvm_lab.allocators.numba.__all__
 
 
 def test_every_error_derives_from_the_root_and_a_builtin():

@@ -93,7 +93,7 @@ def test_unknown_advice_name():
         buf.advise("preferred_location")
 
 
-@pytest.mark.parametrize("bad", ["tpu", "gpu:1", 5, -3, 1.0, None])
+@pytest.mark.parametrize("bad", ["tpu", "gpu:1", 5, -3, 1.0, [0]])
 def test_prefetch_to_a_bad_location_moves_nothing(bad):
     buf = ul.DeviceBuffer(size=MiB)
     buf.prefetch("host")

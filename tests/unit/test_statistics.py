@@ -67,10 +67,25 @@ def test_counts_are_of_requested_bytes_not_of_what_a_pool_rounds_to(managed):
     stats.deallocate(ptr, 1)
 
 
-def test_allocation_counts_is_a_fresh_dict(stats):
+def test_allocation_counts_is_a_fresh_statistics(stats):
     snapshot = stats.allocation_counts
-    snapshot["current_bytes"] = 99
+    snapshot.current_bytes = 99
     assert stats.allocation_counts == counts()
+
+
+def test_counters_read_as_rmms_statistics_and_as_the_mapping_they_were():
+    stats = StatisticsResourceAdaptor(ul.mr.ManagedMemoryResource())
+    ptr = stats.allocate(1000)
+    got = stats.allocation_counts
+    assert isinstance(got, ul.statistics.Statistics)
+    assert (got.current_bytes, got.peak_count, got.total_bytes) == (1000, 1, 1000)   # RMM's attributes
+    assert got["current_bytes"] == 1000 and dict(got) == counts(1000, 1, 1000, 1, 1000, 1)
+    assert got == counts(1000, 1, 1000, 1, 1000, 1) and got != {"current_bytes": 1000}
+    same, other = ul.statistics.Statistics(1000, 1, 1000, 1, 1000, 1), ul.statistics.Statistics(0, 1, 1000, 1, 1000, 1)
+    assert got == same != other
+    with pytest.raises(KeyError):
+        got["bytes"]
+    stats.deallocate(ptr, 1000)
 
 
 def test_the_adaptor_hands_out_the_upstreams_memory(managed, stats):

@@ -10,7 +10,8 @@ from ..errors import BackendError, InvalidArgumentError
 from .base import AccessMode, AccessResult, Backend, RangeAdvice
 from .sim import SimBackend
 
-__all__ = ["AccessMode", "AccessResult", "Backend", "RangeAdvice", "SimBackend", "get_backend", "use_backend"]
+__all__ = ["AccessMode", "AccessResult", "Backend", "RangeAdvice", "SimBackend", "get_backend", "has_backend",
+           "use_backend"]
 
 _BACKENDS = ("auto", "sim", "cuda")
 _current: Backend | None = None
@@ -66,3 +67,8 @@ def use_backend(name: str = "auto", *, watch: bool | None = None, **options: Any
 def get_backend() -> Backend:
     """The current backend; the first call picks one as ``use_backend("auto")`` does."""
     return _current if _current is not None else use_backend("auto")
+
+
+def has_backend() -> bool:
+    """Whether a backend is current (``use_backend`` was called, or ``get_backend`` picked one), without picking one."""
+    return _current is not None

@@ -82,8 +82,13 @@ class Backend(Protocol):
         """Map ``size`` bytes of ``kind`` memory and return its address; emits SEGMENT_ALLOC."""
         ...
 
+    def allocate_system(self, size: int, *, device: int = 0, stream: int = 0) -> int:
+        """``malloc`` ``size`` bytes that ``device`` reaches through HMM or ATS
+        (``capabilities.pageable_memory_access``); emits SEGMENT_ALLOC as managed memory, which it migrates as."""
+        ...
+
     def free(self, ptr: int, *, stream: int = 0) -> None:
-        """Unmap a segment returned by :meth:`allocate`; emits SEGMENT_FREE."""
+        """Unmap a segment returned by :meth:`allocate` or :meth:`allocate_system`; emits SEGMENT_FREE."""
         ...
 
     def segment_kind(self, ptr: int) -> MemoryKind | None:
@@ -116,6 +121,12 @@ class Backend(Protocol):
 
     def read(self, ptr: int, out: np.ndarray, *, stream: int = 0) -> None:
         """Copy ``[ptr, ptr + out.size)`` into the host array ``out`` (contiguous ``uint8``)."""
+        ...
+
+    def copy(self, dst: int, src: int, size: int, *, stream: int = 0) -> None:
+        """``cudaMemcpy`` with ``cudaMemcpyDefault``: ``size`` bytes from ``src`` into ``[dst, dst + size)``, which is
+        inside a live allocation of this backend; ``src`` is another such range, or any other memory the copy
+        can read (host memory; on a GPU, device memory of other libraries too). Complete when it returns."""
         ...
 
     def synchronize(self) -> None: ...

@@ -84,6 +84,22 @@ def check(result: Any) -> Any:
     return values[0] if len(values) == 1 else tuple(values)
 
 
+_LIBC: Any = None
+
+
+def _libc() -> Any:
+    """The C library, for system-allocated memory (``posix_memalign`` / ``free``)."""
+    global _LIBC
+    if _LIBC is None:
+        libc = ctypes.CDLL(None)
+        libc.posix_memalign.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_size_t]
+        libc.posix_memalign.restype = ctypes.c_int
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.free.restype = None
+        _LIBC = libc
+    return _LIBC
+
+
 def _location(loc: Location) -> Any:
     out = cudart.cudaMemLocation()
     if loc.is_host:
@@ -207,6 +223,7 @@ class CudaBackend:
         self._count = count
         self._segments: dict[int, tuple[int, MemoryKind, int]] = {}   # ptr -> (size, kind, segment id)
         self._homes: dict[int, int] = {}     # ptr -> the device that was current when it was allocated
+        self._system: set[int] = set()       # segments from malloc (allocate_system), freed with free()
         self._lock = threading.RLock()
         self._kernel: Any = None
         self._contexts = {device}            # devices whose primary context this backend has made
@@ -323,12 +340,48 @@ class CudaBackend:
                 raise DoubleFreeError(f"{ptr!r} is not a live allocation of this backend (already freed?)",
                                       ptr=ptr if isinstance(ptr, int) else 0)
             size, kind, seg_id = held
-            with self._on(self._homes[ptr]):
-                check(cudart.cudaFreeHost(ptr) if kind is MemoryKind.PINNED_HOST else cudart.cudaFree(ptr))
+            if ptr in self._system:
+                # free() is immediate, unlike cudaFree: the work queued on the stream must finish first (as RMM).
+                check(cudart.cudaStreamSynchronize(stream))
+                _libc().free(ptr)
+                self._system.discard(ptr)
+            else:
+                with self._on(self._homes[ptr]):
+                    check(cudart.cudaFreeHost(ptr) if kind is MemoryKind.PINNED_HOST else cudart.cudaFree(ptr))
             del self._segments[ptr], self._homes[ptr]
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
                                    start=now, end=now, stream=stream, source=capture()))
+
+    def allocate_system(self, size: int, *, device: int | None = None, stream: int = 0) -> int:
+        """``malloc`` (256-byte aligned) memory that ``device`` reaches through HMM or ATS; published as managed
+        memory, which it behaves as there (it migrates, and takes prefetch and advice)."""
+        size = parse_size(size, allow_zero=False)
+        device = self._device if device is None else self._ordinal(device)
+        self._require("pageable_memory_access", "system-allocated memory (malloc) on a GPU", device)
+        out = ctypes.c_void_p()
+        if _libc().posix_memalign(ctypes.byref(out), 256, size) or not out.value:
+            raise OutOfMemoryError(f"cannot allocate {format_bytes(size)} of system memory (posix_memalign failed)",
+                                   size=size)
+        ptr = int(out.value)
+        with self._lock:
+            seg_id = new_alloc_id()
+            self._segments[ptr] = (size, MemoryKind.MANAGED, seg_id)
+            self._homes[ptr] = device
+            self._system.add(ptr)
+        now = self.now_ns()
+        self.bus.publish(record_of(EventKind.SEGMENT_ALLOC, flags=MemoryKind.MANAGED, address=ptr, nbytes=size,
+                                   alloc_id=seg_id, dst=device, start=now, end=now, stream=stream, source=capture()))
+        return ptr
+
+    def ipc_mem_handle(self, ptr: int) -> Any:
+        """``cuIpcGetMemHandle`` of the device allocation starting at ``ptr``: the driver API's handle, which
+        Numba's IPC opens in the other process."""
+        err, handle = cuda_driver.cuIpcGetMemHandle(cuda_driver.CUdeviceptr(ptr))
+        if err != cuda_driver.CUresult.CUDA_SUCCESS:
+            name = getattr(err, "name", str(int(err)))
+            raise CudaError(f"cuIpcGetMemHandle of {ptr:#x} failed: {name}", name=name, code=int(err))
+        return handle
 
     # -- stream-ordered pools (cudaMallocAsync) --------------------------------------------------------
 
@@ -684,6 +737,22 @@ class CudaBackend:
             if kind is MemoryKind.MANAGED:
                 self._unobserved(ptr, out.size, UnobservedCause.COPY, self._device, seg_id, mode="read",
                                  unless="kernels")
+
+    def copy(self, dst: int, src: int, size: int, *, stream: int = 0) -> None:
+        """``cudaMemcpyAsync(dst, src, size, cudaMemcpyDefault)`` on ``stream``, waited for. ``src`` may be any
+        address unified addressing knows: this backend's, another library's device memory, or host memory."""
+        _, _, kind, seg_id = self._find(dst, size)
+        source = self._segment_at(src)
+        if source is not None:
+            self._find(src, size)
+        if not size:
+            return
+        check(cudart.cudaMemcpyAsync(dst, src, size, cudart.cudaMemcpyKind.cudaMemcpyDefault, stream))
+        check(cudart.cudaStreamSynchronize(stream))
+        if source is not None and source[2] is MemoryKind.MANAGED:
+            self._unobserved(src, size, UnobservedCause.COPY, self._device, source[3], mode="read", unless="kernels")
+        if kind is MemoryKind.MANAGED:
+            self._unobserved(dst, size, UnobservedCause.COPY, self._device, seg_id, mode="write", unless="kernels")
 
     def _host_touch(self, ptr: int, size: int, mode: AccessMode) -> None:
         # One access per 4 KiB page, as a host loop over the buffer: enough to fault every page in.

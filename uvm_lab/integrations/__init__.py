@@ -1,1 +1,1 @@
-"""Letting other libraries allocate through uvm_lab's resources (each integration imports its library lazily)."""
+"""Earlier home of :mod:`uvm_lab.allocators` (RMM's layout); its names are still importable from here."""

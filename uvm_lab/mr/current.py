@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import threading
 
-from ..backends import get_backend
+from ..backends import get_backend, has_backend
 from ..errors import InvalidArgumentError
 from ..location import Location
 from .base import MemoryResource
 from .managed import ManagedMemoryResource
 
 __all__ = [
+    "available_device_memory",
     "get_current_device_resource",
     "get_per_device_resource",
+    "is_initialized",
     "set_current_device_resource",
     "set_per_device_resource",
 ]
@@ -70,3 +72,21 @@ def get_current_device_resource() -> MemoryResource:
 def set_current_device_resource(mr: MemoryResource) -> None:
     """Make ``mr`` the resource for the current device."""
     set_per_device_resource(get_backend().current_device(), mr)
+
+
+def is_initialized() -> bool:
+    """Whether uvm_lab is ready to allocate: a backend is current, so every device has its resource (the one set,
+    or the default made on first use).
+
+    Where uvm_lab differs: RMM answers whether every per-device resource has been made, which after import it
+    always has. uvm_lab picks its device (``use_backend``) on first use, so before a backend is chosen this is
+    False; ``use_backend``, ``get_backend``, :func:`~uvm_lab.mr.reinitialize` or the first allocation make it True.
+    """
+    return has_backend()
+
+
+def available_device_memory() -> tuple[int, int]:
+    """``(free, total)`` bytes of the current device's memory, as RMM's ``available_device_memory``
+    (``cudaMemGetInfo``; the simulated device's on the simulator)."""
+    free, total = get_backend().mem_info()
+    return int(free), int(total)

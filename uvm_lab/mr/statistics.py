@@ -13,25 +13,80 @@ the level below it); :meth:`~StatisticsResourceAdaptor.pop_counters` removes the
 returns its counters and folds them into the level below, exactly as RMM does: the lower level's
 current and total grow by the popped ones, and its peak becomes at least its current-at-push plus
 the popped level's peak.
+
+Counters are read as RMM's :class:`Statistics` (``stats.current_bytes``), which also reads as the
+mapping earlier releases returned (``stats["current_bytes"]``).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, fields
 
 from ..errors import InvalidStateError
 from ..units import parse_size
 from .base import MemoryResource, ResourceAdaptor
 
-__all__ = ["StatisticsResourceAdaptor"]
+__all__ = ["Statistics", "StatisticsResourceAdaptor"]
+
+
+@dataclass
+class Statistics:
+    """What a level of counters holds, as RMM's ``rmm.statistics.Statistics``.
+
+    Attributes
+    ----------
+    current_bytes, current_count
+        Bytes and allocations live now (within a pushed level, below zero when older memory was freed).
+    peak_bytes, peak_count
+        The highest ``current_bytes`` and ``current_count`` seen.
+    total_bytes, total_count
+        Everything ever allocated.
+
+    Where uvm_lab differs: it also reads as a read-only mapping of those six names (``stats["peak_bytes"]``,
+    ``dict(stats)``) and compares equal to such a mapping, as ``allocation_counts`` was a dict before.
+    """
+
+    current_bytes: int
+    current_count: int
+    peak_bytes: int
+    peak_count: int
+    total_bytes: int
+    total_count: int
+
+    def keys(self) -> tuple[str, ...]:
+        return _NAMES
+
+    def __getitem__(self, key: str) -> int:
+        if key not in _NAMES:
+            raise KeyError(key)
+        value: int = getattr(self, key)
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_NAMES)
+
+    def __len__(self) -> int:
+        return len(_NAMES)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Statistics):
+            return all(getattr(self, k) == getattr(other, k) for k in _NAMES)
+        if isinstance(other, Mapping):
+            return set(other.keys()) == set(_NAMES) and all(other[k] == getattr(self, k) for k in _NAMES)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]   # mutable, as RMM's dataclass
+
+
+_NAMES = tuple(f.name for f in fields(Statistics))
 
 # One counter level is a list: [bytes current, bytes peak, bytes total, count current, count peak, count total].
 
 
-def _as_dict(level: list[int]) -> dict[str, int]:
-    return {
-        "current_bytes": level[0], "current_count": level[3],
-        "peak_bytes": level[1], "peak_count": level[4],
-        "total_bytes": level[2], "total_count": level[5],
-    }
+def _as_stats(level: list[int]) -> Statistics:
+    return Statistics(current_bytes=level[0], current_count=level[3], peak_bytes=level[1], peak_count=level[4],
+                      total_bytes=level[2], total_count=level[5])
 
 
 class StatisticsResourceAdaptor(ResourceAdaptor):
@@ -46,7 +101,7 @@ class StatisticsResourceAdaptor(ResourceAdaptor):
     --------
     >>> mr = ul.mr.StatisticsResourceAdaptor(ul.mr.ManagedMemoryResource())
     >>> ptr = mr.allocate(1000)
-    >>> mr.allocation_counts["current_bytes"]
+    >>> mr.allocation_counts.current_bytes
     1000
     """
 
@@ -56,20 +111,20 @@ class StatisticsResourceAdaptor(ResourceAdaptor):
         self._current_bytes = 0    # across every level: what went through this adaptor and is still live
 
     @property
-    def allocation_counts(self) -> dict[str, int]:
+    def allocation_counts(self) -> Statistics:
         """The top level's counters: ``current_bytes``, ``current_count``, ``peak_bytes``, ``peak_count``,
-        ``total_bytes`` and ``total_count`` (a fresh dict)."""
+        ``total_bytes`` and ``total_count`` (a fresh :class:`Statistics`)."""
         with self._lock:
-            return _as_dict(self._levels[-1])
+            return _as_stats(self._levels[-1])
 
-    def push_counters(self) -> dict[str, int]:
+    def push_counters(self) -> Statistics:
         """Start a new level of counters, all zero; return the counters of the level it covers."""
         with self._lock:
-            below = _as_dict(self._levels[-1])
+            below = _as_stats(self._levels[-1])
             self._levels.append([0, 0, 0, 0, 0, 0])
             return below
 
-    def pop_counters(self) -> dict[str, int]:
+    def pop_counters(self) -> Statistics:
         """Remove the top level, fold it into the level below, and return its counters.
 
         Raises
@@ -87,7 +142,7 @@ class StatisticsResourceAdaptor(ResourceAdaptor):
                 below[peak] = max(below[peak], below[cur] + top[peak])
                 below[cur] += top[cur]
                 below[total] += top[total]
-            return _as_dict(top)
+            return _as_stats(top)
 
     @property
     def counter_depth(self) -> int:

@@ -20,13 +20,16 @@ made, so the same calls give the same trace.
 from __future__ import annotations
 
 import bisect
+import ctypes
+import errno
+import os
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError
+from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError, shown
 from ...events.bus import EventBus, get_bus, new_alloc_id
 from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause
 from ...events.sources import capture
@@ -197,6 +200,14 @@ class SimBackend:
                     alloc_id=seg.id, stream=stream)
             self._finish(log)
             return seg.address
+
+    def allocate_system(self, size: int, *, device: int = 0, stream: int = 0) -> int:
+        """``malloc`` memory on an HMM or ATS platform: the model's pages follow the managed rules, so it is
+        a managed segment. Elsewhere a :class:`BackendError`: the simulated GPU cannot reach it."""
+        if not self.capabilities.pageable_memory_access:
+            raise BackendError(f"the simulated GPU on platform {self.platform.name!r} cannot reach pageable host "
+                               f"memory (no HMM or ATS); platform 'gh200-ats' can")
+        return self.allocate(size, MemoryKind.MANAGED, device=device, stream=stream)
 
     def free(self, ptr: int, *, stream: int = 0) -> None:
         with self._lock:
@@ -600,6 +611,27 @@ class SimBackend:
                 self._now += int(out.size / self.platform.prefetch_dtoh_bw * 1e9)
             out[:] = seg.data[ptr - seg.address : ptr - seg.address + out.size]
 
+    def copy(self, dst: int, src: int, size: int, *, stream: int = 0) -> None:
+        """A copy into a simulated allocation. From another one it is the GPU's copy engine's: a GPU read of the
+        source and a GPU write of the destination (faults and all, for managed memory). From any other address
+        it is a copy from the host (:meth:`write`), of host memory read through ``/proc/self/mem``, so an address
+        that is not mapped is an :class:`InvalidArgumentError`, never a crash."""
+        with self._lock:
+            dseg = self._find(dst, size)
+            if not size:
+                return
+            sseg = self._segment_at(src)
+            if sseg is None:
+                self.write(dst, _read_host(src, size), stream=stream)
+                return
+            sseg = self._find(src, size)
+            gpu = Location.device(dseg.device if dseg.device != HOST_ID else
+                                  sseg.device if sseg.device != HOST_ID else 0)
+            self.access(src, size, gpu, "read", stream=stream)
+            self.access(dst, size, gpu, "write", stream=stream)
+            data = sseg.data[src - sseg.address : src - sseg.address + size].copy()   # the ranges may overlap
+            dseg.data[dst - dseg.address : dst - dseg.address + size] = data
+
     def _collapse_duplicates(self, sl: slice, log: EventLog) -> None:
         """UnsetReadMostly: keep the preferred location's copy if it has one, else the host's."""
         t, mem = self._table, self._memory
@@ -657,6 +689,36 @@ class SimBackend:
                                        expected="uvm_lab.Location")
         if not location.is_host:
             self._check_device(location.id)
+
+
+def _read_host(address: int, size: int) -> np.ndarray:
+    """``size`` bytes of this process's memory at ``address``. Read through ``/proc/self/mem`` where there is one,
+    so that an address not mapped is refused rather than crashing the process (the simulator's own addresses
+    name no real memory, and a stale one must not be dereferenced)."""
+    out = np.empty(size, dtype=np.uint8)
+    expected = "an address of readable host memory, or inside a live simulated allocation"
+    if isinstance(address, bool) or not isinstance(address, (int, np.integer)) or not 0 < address < 1 << 63:
+        raise InvalidArgumentError(f"cannot read {size} bytes at {shown(address)}: not an address of this process",
+                                   value=address, expected=expected)
+    try:
+        fd = os.open("/proc/self/mem", os.O_RDONLY)
+    except OSError:   # no procfs: read it in place, as cudaMemcpy would
+        out[:] = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(int(address)))
+        return out
+    try:
+        done = 0
+        while done < size:
+            got = os.preadv(fd, [memoryview(out)[done:]], int(address) + done)
+            if got <= 0:
+                raise OSError(errno.EIO, "short read")
+            done += got
+    except (OSError, OverflowError):
+        raise InvalidArgumentError(
+            f"cannot read {size} bytes at {int(address):#x}: it is not inside a live simulated allocation, and this "
+            f"process has no readable memory there", value=address, expected=expected) from None
+    finally:
+        os.close(fd)
+    return out
 
 
 # The eviction policies a SimBackend accepts, for discovery.
