@@ -130,8 +130,10 @@ export class DeviceLanes {
       hooks: { draw: [plot => this._drawCursor(plot)] },
       scales: { x: { time: false } },
       axes: [
-        { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, stroke: ink },
-        { values: (_u, ticks) => ticks.map(format), size: 70, stroke: ink }
+        // space (px between ticks): room for a label such as "250.0 ms", so neighbours never run together; and
+        // on a lane this low, room for two values or more, not 0 alone.
+        { values: (_u, ticks) => ticks.map(t => formatNs(t)), size: 30, space: 80, stroke: ink },
+        { values: (_u, ticks) => ticks.map(format), size: 70, space: 20, stroke: ink }
       ],
       series: [
         { label: 'time', value: (_u, v) => (v === null ? '—' : formatNs(v)) },

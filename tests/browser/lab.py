@@ -156,11 +156,12 @@ def run_cell(page, path: str, index: int, expect: str) -> str:
     prompt = cell.locator(".jp-InputPrompt")
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-    before = prompt.inner_text()
+    before = prompt.evaluate("el => el.textContent")   # compared with textContent below, so read as that
     run = scope.locator('.jp-Toolbar [data-command="notebook:run-cell"], '
                         '.jp-Toolbar [data-command="notebook:run-cell-and-select-next"]').first
-    # A run asked for just after a kernel starts is now and then lost in the lab (the cell stays "[ ]", no
-    # execute request leaves the page): ask again, at most twice, when it has not started.
+    # A run asked for just after a kernel starts is now and then lost in the lab: the cell stays "[ ]" (no
+    # execute request leaves the page), or shows "[*]" and then its old prompt again, with no count. Ask
+    # again, at most twice, for either.
     for attempt in range(3):
         # On a loaded machine the lab now and then asks which kernel a notebook should have, though it has
         # one running: answer as a user would, with the kernel it names.
@@ -177,14 +178,20 @@ def run_cell(page, path: str, index: int, expect: str) -> str:
             # Started: "[*]", or already a new execution count.
             page.wait_for_function("([el, before]) => el.textContent !== before", arg=[prompt.element_handle(), before],
                                    timeout=WAIT_MS // 3 if attempt < 2 else WAIT_MS)
-            break
         except PlaywrightTimeoutError:
             if attempt == 2:
                 raise
-    # A re-run shows its old output until it finishes: wait for a new execution count first.
-    page.wait_for_function(
-        "([el, before]) => el.textContent !== before && /\\[\\d+\\]/.test(el.textContent)",
-        arg=[prompt.element_handle(), before], timeout=WAIT_MS)
+            continue
+        # Finished: a new execution count (a re-run shows its old output until then); or lost: the old prompt.
+        outcome = page.wait_for_function("""([el, before]) => {
+            const text = el.textContent;
+            if (text !== before && /\\[\\d+\\]/.test(text)) return 'finished';
+            return text === before ? 'lost' : false;
+        }""", arg=[prompt.element_handle(), before], timeout=WAIT_MS).json_value()
+        if outcome == "finished":
+            break
+    else:
+        raise AssertionError(f"cell {index} of {path} was run three times and the lab lost each run")
     output = cell.locator(".jp-OutputArea-output")
     output.filter(has_text=expect).first.wait_for(timeout=WAIT_MS)
     return "\n".join(output.all_inner_texts())
