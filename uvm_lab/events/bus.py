@@ -16,10 +16,16 @@ returns. What a subscriber has not yet taken waits for it, up to its ``limit`` o
 stays bounded whatever a consumer does. :meth:`EventBus.flush` delivers what waits on the caller's thread
 before it returns, so a reader sees everything published before it read.
 
-Two consumers are the bus's own bookkeeping rather than subscribers: the residency tracker and the address
-index that attributes CUPTI's records. They subscribe ``inline``, are called as records are published
-(under the bus's lock, in the producer's thread), must be quick and never block, and see every record:
-the maps are only true if nothing is skipped.
+A subscriber's thread delivers what has gathered, then pauses (:data:`DELIVERY_PAUSE`) before the next
+delivery: a loop that publishes a small batch per operation then loses the interpreter to it once a pause, not
+once a batch. A reader that needs its subscription's records now drains it (:meth:`Subscription.drain`).
+
+Some consumers are the bus's own bookkeeping rather than subscribers: the residency tracker, the address
+index that attributes CUPTI's records, and the live view's wake-up and timeline window (which only queue what
+they are given, and bound it themselves). They subscribe ``inline``: they are called as records are published
+(under the bus's lock, in the producer's thread), must be quick and never block, and see every record. The
+maps are only true if nothing is skipped, and a thread woken for each small batch would cost a loop more than
+the work itself.
 
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
 timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
@@ -63,6 +69,9 @@ _alloc_ids = itertools.count(1)
 
 #: The most records that may wait for one subscriber (about 8 MiB); what arrives past it is dropped for it.
 PENDING_LIMIT = 1 << 17
+#: How long a subscriber's thread lets records gather after a delivery: a loop publishes in small batches, and
+#: the thread should take the interpreter from it once a pause, not once a batch.
+DELIVERY_PAUSE = 0.02
 
 #: The fields of an allocator's record, in order. ``time`` fills both ``start`` and ``end``, ``bytes``
 #: both ``bytes`` and ``value``; ``flags`` and ``src`` are zero. ``source`` is :func:`.sources.capture`'s.
@@ -124,6 +133,7 @@ class Subscription:
         self._delivery = threading.RLock()   # one delivery at a time, in order (re-entered by a closing callback)
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._stop = threading.Event()   # set when closed: ends the thread's pause
 
     @property
     def waiting(self) -> int:
@@ -181,6 +191,7 @@ class Subscription:
                 if self._closed:
                     return
             self.drain()
+            self.bus._clock.wait(self._stop, DELIVERY_PAUSE)
 
     def drain(self) -> None:
         """Deliver, on this thread, everything waiting for this subscriber (:meth:`EventBus.flush` does, for all)."""
@@ -207,6 +218,7 @@ class Subscription:
             self._pending.clear()
             self._waiting = 0
             self._ready.notify()
+        self._stop.set()
         self.bus.unsubscribe(self)
 
     def close(self, *, deliver: bool = True) -> None:
@@ -308,6 +320,7 @@ class EventBus:
         with sub._ready:
             sub._closed = True
             sub._ready.notify()
+        sub._stop.set()
 
     def subscriptions(self) -> list[Subscription]:
         """The live subscriptions, in the order they were made (``name``, ``waiting``, ``dropped`` on each)."""

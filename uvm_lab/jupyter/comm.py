@@ -159,7 +159,9 @@ class PanelSession:
         self._answers = Budget(BUSY_SHARE - UPDATES_SHARE)
         self._context = contextvars.copy_context()  # where the panel's last message was handled
         self._bus = bus or get_bus()
-        self._subscription = self._bus.subscribe(self._on_events)
+        # Inline (the bus's own bookkeeping): it only wakes the sender, so it costs the producer nothing, and the
+        # wake comes as the event is published, not after a subscriber thread's pause.
+        self._subscription = self._bus.subscribe(self._on_events, inline=True, name="the live view's session")
         comm.on_msg(self._on_msg)
         comm.on_close(self._on_close)
         self._thread = threading.Thread(target=self._run, name="uvm_lab-panel-updates", daemon=True)

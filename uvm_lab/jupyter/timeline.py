@@ -572,8 +572,10 @@ def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
                 window.feed(records)
                 series.feed(records)
 
+            # Inline: feeding only queues (bounded by the window's capacity), cheaper in the loop's thread than
+            # a thread woken for it; the window then misses nothing.
             with bus.locked():
                 window.feed(bus.history())
-                window.subscription = bus.subscribe(feed, name="the live view's timeline")
+                window.subscription = bus.subscribe(feed, name="the live view's timeline", inline=True)
             _shared = (window, series)
         return _shared
