@@ -160,11 +160,11 @@ def test_a_slow_subscriber_never_holds_the_producer_and_what_it_cannot_hold_is_d
     for address in range(1, 25):                        # publishing goes on, one record at a time
         bus.publish(make_events(1, address=address))
     assert bus.published == 25
-    assert (sub.waiting, sub.dropped) == (10, 14)
-    assert [(s.name, s.waiting, s.dropped) for s in bus.subscriptions()] == [("slow plot", 10, 14)]
+    assert (sub.waiting, sub.dropped) == (11, 13)       # the limit, and the oldest batch besides
+    assert [(s.name, s.waiting, s.dropped) for s in bus.subscriptions()] == [("slow plot", 11, 13)]
     release.set()
     bus.flush()
-    assert seen == list(range(11)) and sub.waiting == 0
+    assert seen == list(range(12)) and sub.waiting == 0
     assert called_on[0] != threading.get_ident()        # called on the subscription's own thread
     assert bus.history()["address"].tolist() == list(range(25))   # the history is the bus's, whole
 
@@ -182,12 +182,12 @@ def test_a_batch_larger_than_the_room_left_is_cut_and_the_rest_counted():
     sub = bus.subscribe(stuck, limit=8)
     bus.publish(make_events(1, address=0))
     assert inside.wait(10)
-    bus.publish(make_events(5, address=[1, 2, 3, 4, 5]))
-    bus.publish(make_events(5, address=[6, 7, 8, 9, 10]))
-    assert (sub.waiting, sub.dropped) == (8, 2)
+    bus.publish(make_events(5, address=[1, 2, 3, 4, 5]))           # the oldest waiting: not counted
+    bus.publish(make_events(10, address=list(range(6, 16))))
+    assert (sub.waiting, sub.dropped) == (13, 2)
     release.set()
     bus.flush()
-    assert seen == [[0], [1, 2, 3, 4, 5], [6, 7, 8]]
+    assert seen == [[0], [1, 2, 3, 4, 5], list(range(6, 14))]
 
 
 def test_inline_subscribers_run_in_the_producers_thread_and_see_everything():

@@ -11,9 +11,9 @@ before any array is, whenever something reads (traces, history, residency maps),
 Publishing never waits for a consumer. A subscriber is called on a thread of its own, never the producer's
 and never under a producer's lock: publishing hands each subscriber the batch (a reference, no copy) and
 returns. What a subscriber has not yet taken waits for it, up to its ``limit`` of records
-(:data:`PENDING_LIMIT`); what arrives past that is dropped for that subscriber alone and counted
-(:attr:`Subscription.dropped`, listed by :meth:`EventBus.subscriptions` for ``%uvm status``), so memory
-stays bounded whatever a consumer does. :meth:`EventBus.flush` delivers what waits on the caller's thread
+(:data:`PENDING_LIMIT`) besides the oldest batch; what arrives past that is dropped for that subscriber alone
+and counted (:attr:`Subscription.dropped`, listed by :meth:`EventBus.subscriptions` for ``%uvm status``), so
+memory stays bounded whatever a consumer does. :meth:`EventBus.flush` delivers what waits on the caller's thread
 before it returns, so a reader sees everything published before it read.
 
 A subscriber's thread delivers what has gathered, then pauses (:data:`DELIVERY_PAUSE`) before the next
@@ -111,7 +111,8 @@ class Subscription:
     """A live subscription; ``close()`` (or leaving its ``with`` block) detaches it.
 
     ``waiting`` records have been published to it and not yet delivered; ``dropped`` arrived while ``limit``
-    were waiting (a batch that finds none waiting is taken whole), and were never delivered to it.
+    were waiting besides the oldest batch (so a batch that finds none waiting is taken whole), and were never
+    delivered to it.
     """
 
     def __init__(self, bus: EventBus, callback: Callback, kinds: frozenset[int] | None, *, inline: bool = False,
@@ -133,7 +134,7 @@ class Subscription:
         self._delivery = threading.RLock()   # one delivery at a time, in order (re-entered by a closing callback)
         self._thread: threading.Thread | None = None
         self._closed = False
-        self._stop = threading.Event()   # set when closed: ends the thread's pause
+        self._hurry = threading.Event()   # ends the thread's pause: set on close, or once half the limit waits
 
     @property
     def waiting(self) -> int:
@@ -168,9 +169,10 @@ class Subscription:
         with self._ready:
             if self._closed:
                 return
-            room = self.limit - self._waiting
-            # A batch that finds nothing waiting is taken whole, however large: it is in memory already (the
-            # history holds it too), and a subscriber that keeps up must not lose part of a burst.
+            # The oldest batch waiting is not counted: a batch that finds nothing waiting is taken whole, however
+            # large (it is in memory already: the history holds it too), and one that keeps up loses no part of a
+            # burst, nor what follows it while it is being taken.
+            room = self.limit - (self._waiting - (len(self._pending[0]) if self._pending else 0))
             if room < len(wanted) and self._waiting:
                 self.dropped += len(wanted) - max(room, 0)
                 if room <= 0:
@@ -179,6 +181,8 @@ class Subscription:
             self._pending.append(wanted)
             self._waiting += len(wanted)
             self._ready.notify()
+            if self._waiting * 2 >= self.limit:   # no pause while the limit comes near: one that keeps up drops none
+                self._hurry.set()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=f"uvm_lab-events-{self.name}", daemon=True)
                 self._thread.start()
@@ -191,7 +195,8 @@ class Subscription:
                 if self._closed:
                     return
             self.drain()
-            self.bus._clock.wait(self._stop, DELIVERY_PAUSE)
+            self.bus._clock.wait(self._hurry, DELIVERY_PAUSE)
+            self._hurry.clear()
 
     def drain(self) -> None:
         """Deliver, on this thread, everything waiting for this subscriber (:meth:`EventBus.flush` does, for all)."""
@@ -218,7 +223,7 @@ class Subscription:
             self._pending.clear()
             self._waiting = 0
             self._ready.notify()
-        self._stop.set()
+        self._hurry.set()
         self.bus.unsubscribe(self)
 
     def close(self, *, deliver: bool = True) -> None:
@@ -320,7 +325,7 @@ class EventBus:
         with sub._ready:
             sub._closed = True
             sub._ready.notify()
-        sub._stop.set()
+        sub._hurry.set()
 
     def subscriptions(self) -> list[Subscription]:
         """The live subscriptions, in the order they were made (``name``, ``waiting``, ``dropped`` on each)."""

@@ -94,7 +94,7 @@ def format_trace_summary(summary: Mapping[str, Any], *, clock: str = "backend") 
         ["CPU page faults", f"{summary['cpu_faults']:,}"],
     ]
     if summary["missed"]:
-        rows.append(["missed (fell behind)", f"{summary['missed']:,} events"])
+        rows.append(["missed (fell behind)", f"{summary['missed']:,} event{'' if summary['missed'] == 1 else 's'}"])
     lines = [head, *(f"  {name:<26}{value}" for name, value in rows)]
     counts = summary["counts"]
     if counts:
