@@ -131,7 +131,7 @@ class DeviceBuffer:
         # Keep the caller's stream object alive as long as the buffer: its handle must stay valid.
         self._stream = stream if isinstance(stream, Stream) else DEFAULT_STREAM if handle == 0 else Stream(stream)
         self.id = self._mr.allocation_id(ptr) if nbytes else next(_empty_ids)
-        self.label = label if label is not None else f"buffer {self.id}"
+        self._label = label if label is not None else f"buffer {self.id}"
         # The caller's stream object rides along with the free, so its handle is still valid then.
         self._finalizer = weakref.finalize(self, deferred.defer, _release, self._mr, ptr, nbytes, handle, self.id,
                                            stream)
@@ -140,7 +140,7 @@ class DeviceBuffer:
         with _live_lock:
             _live[self.id] = weakref.ref(self)
             _live_generation += 1
-            _remember_label(self.id, self.label)
+            _remember_label(self.id, self._label)
 
     @staticmethod
     def to_device(b: Any, stream: object = None) -> DeviceBuffer:
@@ -182,6 +182,28 @@ class DeviceBuffer:
     def stream(self) -> Stream:
         """The stream the buffer's allocation, copies and free are ordered on."""
         return self._stream
+
+    @property
+    def label(self) -> str:
+        """The name shown in residency maps, views and traces (``"buffer <id>"`` unless one was given).
+
+        Setting it renames the buffer everywhere: live views list the buffers again (as when one is made or
+        freed) and describe it under its new name, and a trace made earlier names it so too. None gives back
+        the default name.
+        """
+        return self._label
+
+    @label.setter
+    def label(self, value: str | None) -> None:
+        if value is not None and not isinstance(value, str):
+            raise InvalidArgumentError(f"label must be a str or None, got {shown(value)} ({type(value).__name__})",
+                                       value=value, expected="a str or None")
+        global _live_generation
+        with _live_lock:
+            self._label = value if value is not None else f"buffer {self.id}"
+            if self.id in _live:   # a closed buffer keeps the name it was freed under in traces
+                _remember_label(self.id, self._label)
+                _live_generation += 1
 
     @property
     def closed(self) -> bool:

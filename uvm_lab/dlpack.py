@@ -6,6 +6,8 @@ or, when no consumer took it, until the capsule itself is collected.
 
 Device types: managed and device memory are ``kDLCUDA`` (the pointer is valid on the GPU, which is
 what consumers need; PyTorch refuses ``kDLCUDAManaged``), pinned host memory is ``kDLCUDAHost``.
+:mod:`uvm_lab.torch` also exports managed memory as ``kDLCPU`` (the simulator's bytes, or managed memory
+that the host reads), for CPU tensors over it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ import itertools
 import threading
 from typing import Any
 
-__all__ = ["KDL_CUDA", "KDL_CUDA_HOST", "to_capsule"]
+__all__ = ["KDL_CPU", "KDL_CUDA", "KDL_CUDA_HOST", "to_capsule"]
 
+KDL_CPU = 1
 KDL_CUDA = 2
 KDL_CUDA_HOST = 3
 _KDL_UINT = 1

@@ -13,10 +13,11 @@ import uvm_lab.errors
 import uvm_lab.events
 import uvm_lab.mr
 import uvm_lab.statistics
+import uvm_lab.torch
 
 
 @pytest.mark.parametrize("module", [uvm_lab, uvm_lab.mr, uvm_lab.events, uvm_lab.errors, uvm_lab.statistics,
-                                    uvm_lab.allocators.cupy, uvm_lab.allocators.numba])
+                                    uvm_lab.allocators.cupy, uvm_lab.allocators.numba, uvm_lab.torch])
 def test_all_names_exist(module):
     missing = [name for name in module.__all__ if not hasattr(module, name)]
     assert missing == []
@@ -42,6 +43,11 @@ def test_rmms_names_are_public_where_rmm_has_them():
         assert name in uvm_lab.statistics.__all__
     assert "uvm_lab_cupy_allocator" in uvm_lab.allocators.cupy.__all__
     assert "UvmLabNumbaManager" in uvm_lab.allocators.numba.__all__
+
+
+def test_rfc_0023s_names_are_public():
+    for name in ("set_enabled_uvm", "get_enabled_uvm", "is_managed", "manage", "unmanage", "to", "label"):
+        assert name in uvm_lab.torch.__all__
 
 
 def test_every_error_derives_from_the_root_and_a_builtin():

@@ -39,6 +39,9 @@ print(json.dumps({"live": _d.live, "selected": _d.allocations.selected, "a": a.i
 NOTEBOOKS = sorted(path.name for path in (ROOT / "notebooks").glob("*.ipynb"))
 #: Code cells (by id) a test appends to a notebook before running it.
 PROBES = {WELCOME.name: {"test-probe": PROBE}}
+TORCH = "03-pytorch-unified-memory.ipynb"
+#: Optional packages a notebook needs: where one is missing, its run is skipped, with the reason.
+NEEDS = {TORCH: ("torch",)}
 
 
 def _kernel_available() -> bool:
@@ -78,6 +81,8 @@ def executed():
     runs: dict[str, list] = {}
 
     def cells(name: str) -> list:
+        for module in NEEDS.get(name, ()):
+            pytest.importorskip(module)
         if name not in runs:
             runs[name] = _execute(name, PROBES.get(name))
         return runs[name]
@@ -110,7 +115,7 @@ def access(cell) -> dict[str, float]:
 
 
 def test_the_notebooks_are_there():
-    assert {WELCOME.name, "02-the-view.ipynb"} <= set(NOTEBOOKS)
+    assert {WELCOME.name, "02-the-view.ipynb", TORCH} <= set(NOTEBOOKS)
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -227,3 +232,38 @@ def test_the_view_tour_traces_each_loop_and_readmostly_cuts_what_weights_moves(t
     assert moved_after[5] < moved_before[3]
     # ... while activations (line 4, then 6) still moves at least as much: the text says it does not fit.
     assert moved_after[6] >= moved_before[4]
+
+
+@pytest.fixture(scope="module")
+def rfc(executed):
+    """The PyTorch unified-memory notebook, executed (skipped without torch); returns {cell id: cell}."""
+    return {c.id: c for c in executed(TORCH)}
+
+
+def test_the_rfc_notebook_moves_a_managed_tensor_without_a_copy(rfc):
+    assert "managed: True | x managed: False | equal: True" in stdout(rfc["manage"])
+    assert "'preferred_location': 'host', 'accessed_by': ('gpu:0',)" in stdout(rfc["manage"])
+    assert summary(rfc["manage"])["host"] == 1.0
+    moved = stdout(rfc["to-cuda"])
+    assert "same tensor: True | same storage: True" in moved and "on cuda:0" in moved
+    assert "'preferred_location': 'gpu:0', 'accessed_by': ()" in moved
+    assert "moved host -> device 256 MiB, faults 0" in moved       # "256 MiB moved by prefetch, with no faults"
+    assert summary(rfc["to-cuda"])["gpu"] == 1.0
+    assert summary(rfc["to-cpu"])["host"] == 1.0 and "on cpu" in stdout(rfc["to-cpu"])
+
+
+def test_the_rfc_notebook_copies_where_the_rfc_says(rfc):
+    copies = stdout(rfc["copies"])
+    assert "f64: a new tensor: True | managed: True | on cuda:0 | equal: True" in copies
+    assert "forced: a new tensor: True | managed: False" in copies and "m is still on cpu" in copies
+    assert "managed: False | equal: True" in stdout(rfc["unmanage"])
+    assert "m's buffer still live: False" in stdout(rfc["unmanage"])
+
+
+def test_the_rfc_notebook_names_the_models_tensors(rfc):
+    names = ("0.weight", "0.bias", "2.weight", "2.bias")
+    assert ast.literal_eval(result(rfc["label"])) == {n: n for n in names}
+    assert "batch managed: True" in stdout(rfc["model"]) and "parameters on ['cuda:0']" in stdout(rfc["model"])
+    assert "moved host -> device: 32.0 MiB" in stdout(rfc["model"])   # the weights, and the biases' 20 KiB
+    assert ast.literal_eval(result(rfc["model"])) == dict.fromkeys(names, 1.0)
+    assert "(64, 1024) ['cpu']" in stdout(rfc["run"])

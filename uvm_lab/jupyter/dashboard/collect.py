@@ -191,7 +191,9 @@ class LiveAllocations:
         pending = dict(self._pending)
         for alloc_id in sorted(_touched(by_address, ranges)):
             pending.setdefault(alloc_id)   # one waiting already keeps its place
-        kept = {i: self._described[i] for i in buffers if i in self._described}
+        # A description is kept unless its buffer was renamed meanwhile (renaming bumps the generation too).
+        kept = {i: plain for i in buffers if (plain := self._described.get(i)) is not None
+                and (buf := buffers[i]()) is not None and plain["label"] == str(buf.label or "")}
         fresh = self._describe([i for i in buffers if i not in kept or i in pending], first, others, buffers, kept)
         described = {i: plain for i in buffers if (plain := fresh[i] if i in fresh else kept.get(i)) is not None}
         # Only now: a refresh that failed part way reports the same changes again next time.
