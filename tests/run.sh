@@ -11,11 +11,6 @@ if [ ! -x /usr/bin/chromium ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1   # the tests drive /usr/bin/chromium, never a downloaded browser
-# The test extra asks for torch: where none is installed, its CPU wheel from PyTorch's index (about 200 MB;
-# PyPI's wheel would bring GBs of CUDA libraries). An index URL cannot go in pyproject.toml, so it is here.
-if ! python3 -c "import torch" 2>/dev/null; then
-    python3 -m pip install --quiet --disable-pip-version-check torch --index-url https://download.pytorch.org/whl/cpu
-fi
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
 python3 -m ruff check .
 python3 -m mypy
