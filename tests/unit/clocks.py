@@ -12,8 +12,8 @@ from uvm_lab.clock import Clock
 class ManualClock(Clock):
     """Time stands still until :meth:`advance`; CPU time is what the test says each piece of work took."""
 
-    def __init__(self, *, cpu_per_read: float = 0.0) -> None:
-        self.now = 1000.0
+    def __init__(self, *, now: float = 1000.0, cpu_per_read: float = 0.0) -> None:
+        self.now = now
         self._cpu = 0.0
         self._cpu_per_read = cpu_per_read
         self._changed = threading.Condition()

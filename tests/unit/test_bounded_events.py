@@ -16,6 +16,8 @@ from uvm_lab.jupyter.dashboard.collect import collect_snapshot
 from uvm_lab.jupyter.dashboard.text import format_status, format_trace_summary
 from uvm_lab.jupyter.timeline import DeviceSeries, EventWindow
 
+from .clocks import ManualClock
+
 
 class Stalling(np.ndarray):
     """A batch whose copy waits until ``release`` is set: a subscriber that copies it is stuck there."""
@@ -93,7 +95,7 @@ def test_the_views_timeline_answer_counts_what_its_feed_missed(sim_backend, stal
         window.feed(records.copy())
 
     window.subscription = bus.subscribe(feed, limit=1, name="a view's timeline")
-    session = PanelSession(_Sink(), start=False, timeline=(window, DeviceSeries(clock=lambda: 0.0)))
+    session = PanelSession(_Sink(), start=False, timeline=(window, DeviceSeries(clock=ManualClock())))
     try:
         bus.publish(stalling(1))
         assert Stalling.copying.wait(10)

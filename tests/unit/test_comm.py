@@ -80,7 +80,7 @@ def device():
 @pytest.fixture
 def session(device):
     # Its own timeline and device series, unfed and on a stopped clock: the maps are all these tests watch.
-    s = PanelSession(RecordingComm(), start=False, timeline=(EventWindow(), DeviceSeries(clock=lambda: 0.0)))
+    s = PanelSession(RecordingComm(), start=False, timeline=(EventWindow(), DeviceSeries(clock=ManualClock())))
     yield s
     s.close()
 
@@ -329,7 +329,7 @@ def test_updates_carry_only_what_changed(session, device):
 def test_an_update_carries_the_wall_clock_at_which_it_read_the_maps(device):
     clock = ManualClock()
     session = PanelSession(RecordingComm(), start=False, clock=clock,
-                           timeline=(EventWindow(), DeviceSeries(clock=lambda: 0.0)))
+                           timeline=(EventWindow(), DeviceSeries(clock=ManualClock())))
     try:
         buf = ul.DeviceBuffer(size="1MiB", label="a")
         session.handle({"type": "hello", "seq": 1})

@@ -20,6 +20,8 @@ from uvm_lab.jupyter.comm import PanelSession
 from uvm_lab.jupyter.protocol import CELL_LIMIT, TIMELINE_COLUMNS, apply_runs, encode_runs, pack_states
 from uvm_lab.jupyter.timeline import SEVERAL, DeviceSeries, EventWindow
 
+from .clocks import ManualClock
+
 PAGE = 4096
 
 
@@ -444,16 +446,8 @@ def test_the_rate_command_sets_the_update_interval(device):
 
 # --- the device lanes -------------------------------------------------------------------------------
 
-class Clock:
-    def __init__(self):
-        self.now = 0.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_a_sample_sums_its_interval_and_views_sharing_it_do_not_split_it():
-    clock = Clock()
+    clock = ManualClock(now=0.0)
     series = DeviceSeries(interval=0.1, clock=clock)
     series.feed(_events([0, 1], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
     series.feed(_events([2], 1, 1, kind=EventKind.DTOH, flags=MigrationCause.EVICTION, nbytes=2 * PAGE))
@@ -476,7 +470,7 @@ def test_a_sample_sums_its_interval_and_views_sharing_it_do_not_split_it():
 
 
 def test_the_series_keeps_a_bounded_number_of_samples_and_counts_the_rest():
-    clock = Clock()
+    clock = ManualClock(now=0.0)
     series = DeviceSeries(capacity=2, clock=clock)
     for t in range(5):
         clock.now = t
@@ -486,7 +480,7 @@ def test_the_series_keeps_a_bounded_number_of_samples_and_counts_the_rest():
 
 
 def test_updates_carry_the_device_samples(device):
-    clock = Clock()
+    clock = ManualClock(now=0.0)
     window, series = EventWindow(), DeviceSeries(clock=clock)
     comm = RecordingComm()
     session = PanelSession(comm, start=False, timeline=(window, series))
@@ -514,7 +508,7 @@ def test_updates_carry_the_device_samples(device):
 def test_each_allocation_reports_its_faults_and_bytes_by_cause(device):
     window = EventWindow()
     comm = RecordingComm()
-    session = PanelSession(comm, start=False, timeline=(window, DeviceSeries(clock=Clock())))
+    session = PanelSession(comm, start=False, timeline=(window, DeviceSeries(clock=ManualClock(now=0.0))))
     try:
         with ul.events.get_bus().subscribe(window.feed):
             buf = ul.DeviceBuffer(size="2MiB", label="t")
@@ -651,7 +645,7 @@ def test_a_panel_that_shows_every_map_reads_a_bounded_few_an_update_the_longest_
 
 
 def test_an_idle_kernel_still_sends_device_samples(device):
-    clock = Clock()
+    clock = ManualClock(now=0.0)
     window, series = EventWindow(), DeviceSeries(clock=clock)
     comm = RecordingComm()
     session = PanelSession(comm, timeline=(window, series), idle=0.01)   # its own thread, no event to wake it

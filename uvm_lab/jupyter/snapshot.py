@@ -272,7 +272,7 @@ def _samples(events: np.ndarray, first: int, last: int) -> list[DeviceSample]:
         return []
     bins = SAMPLES
     step = (last - first) / bins
-    series = DeviceSeries(capacity=bins, interval=0.0, clock=lambda: 0.0)
+    series = DeviceSeries(capacity=bins, interval=0.0)
     order = np.argsort(events["start"], kind="stable")
     ordered = events[order]
     edges = first + step * np.arange(1, bins + 1)

@@ -15,11 +15,11 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable
 from typing import Final
 
 import numpy as np
 
+from ..clock import SYSTEM_CLOCK, Clock, checked_clock
 from ..errors import InvalidArgumentError
 from ..events import EventKind, MigrationCause, get_bus
 from ..events.bus import EventBus, Subscription
@@ -487,14 +487,11 @@ class DeviceSeries:
     """One :class:`~.protocol.DeviceSample` per interval: bytes each way, faults and evictions summed from
     the bus, memory used read when the interval closes. Keeps the newest ``capacity``. Thread-safe."""
 
-    def __init__(self, capacity: int = 3000, *, interval: float = 0.1,
-                 clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, capacity: int = 3000, *, interval: float = 0.1, clock: Clock = SYSTEM_CLOCK) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise InvalidArgumentError(f"capacity must be a whole number of samples >= 1, got {capacity!r}",
                                        value=capacity, expected="an int >= 1")
-        import time
-
-        self._clock = clock or time.monotonic
+        self._clock = checked_clock(clock)   # when an interval ends (a test moves its own)
         self.interval = interval
         self._lock = threading.Lock()
         self._samples: deque[DeviceSample] = deque(maxlen=capacity)
@@ -530,7 +527,7 @@ class DeviceSeries:
     def close_interval(self, time_ns: int, used: int, total: int, allocated: int = 0) -> bool:
         """End the open interval as a sample, unless one ended less than ``interval`` ago (several views
         share the series). Returns whether it did."""
-        now = self._clock()
+        now = self._clock.monotonic()
         with self._lock:
             pending = self._pending.take()
             if len(pending):   # what was fed since the last close: this interval's (or the next's), summed at once
