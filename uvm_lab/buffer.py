@@ -108,9 +108,7 @@ class DeviceBuffer:
         elif not isinstance(mr, MemoryResource):
             raise InvalidArgumentError(f"mr must be a uvm_lab memory resource, got {mr!r} ({type(mr).__name__})",
                                        value=mr, expected="a uvm_lab.mr.MemoryResource or None")
-        if label is not None and not isinstance(label, str):
-            raise InvalidArgumentError(f"label must be a str or None, got {label!r}", value=label,
-                                       expected="a str or None")
+        _check_label(label)
         deferred.run()   # frees that garbage collection queued: give that memory back first
         address = mr.allocate(nbytes, handle)
         if source and nbytes:
@@ -195,9 +193,7 @@ class DeviceBuffer:
 
     @label.setter
     def label(self, value: str | None) -> None:
-        if value is not None and not isinstance(value, str):
-            raise InvalidArgumentError(f"label must be a str or None, got {shown(value)} ({type(value).__name__})",
-                                       value=value, expected="a str or None")
+        _check_label(value)
         global _live_generation
         with _live_lock:
             self._label = value if value is not None else f"buffer {self.id}"
@@ -568,6 +564,12 @@ def _as_bytes(data: Any, name: str, *, writable: bool) -> np.ndarray:
     if writable and not arr.flags.writeable:
         raise InvalidArgumentError(f"{name} is read-only", value=data, expected="a writable array")
     return arr.reshape(-1).view(np.uint8)
+
+
+def _check_label(label: object) -> None:
+    if label is not None and not isinstance(label, str):
+        raise InvalidArgumentError(f"label must be a str or None, got {shown(label)} ({type(label).__name__})",
+                                   value=label, expected="a str or None")
 
 
 def _address(value: Any, name: str) -> int:

@@ -36,3 +36,11 @@ def cuda(sim_backend):
         if buf.mr.backend is backend:
             buf.close()
     backend.synchronize()
+
+
+@pytest.fixture
+def cupy(cuda):
+    """CuPy, on the real GPU; its own memory pool is its allocator again afterwards."""
+    cp = pytest.importorskip("cupy")
+    yield cp
+    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)

@@ -15,13 +15,6 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
-@pytest.fixture
-def cupy(cuda):
-    cp = pytest.importorskip("cupy")
-    yield cp
-    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
-
-
 def test_copies_and_views_on_each_kind_of_memory(cuda):
     data = np.arange(MiB // 4, dtype=np.float32)
     for mr in (ul.mr.ManagedMemoryResource(), ul.mr.CudaMemoryResource(), ul.mr.PinnedHostMemoryResource()):

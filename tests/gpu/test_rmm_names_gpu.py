@@ -19,13 +19,6 @@ pytestmark = pytest.mark.gpu
 MiB = 1 << 20
 
 
-@pytest.fixture
-def cupy(cuda):
-    cp = pytest.importorskip("cupy")
-    yield cp
-    cp.cuda.set_allocator(cp.get_default_memory_pool().malloc)
-
-
 @pytest.mark.parametrize("make", [ul.mr.ManagedMemoryResource, ul.mr.CudaMemoryResource])
 def test_ptr_copy_from_device_resize_and_tobytes_move_the_bytes(cuda, make):
     data = np.arange(MiB, dtype=np.uint8)

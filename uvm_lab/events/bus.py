@@ -216,25 +216,29 @@ class Subscription:
             log.exception("event subscriber %r raised and has been detached", self.callback)
             self._detach()
 
-    def _detach(self) -> None:
-        """Stop: nothing more is taken, and what waits is not delivered."""
+    def _stop(self, *, discard: bool = False, count: bool = False) -> None:
+        """Take nothing more, and end the thread; with ``discard``, what waits is never delivered (and, with
+        ``count``, counted as dropped)."""
         with self._ready:
             self._closed = True
-            self._pending.clear()
-            self._waiting = 0
+            if discard:
+                if count:
+                    self.dropped += self._waiting
+                self._pending.clear()
+                self._waiting = 0
             self._ready.notify()
         self._hurry.set()
+
+    def _detach(self) -> None:
+        """After its callback raised: what waits is not delivered."""
+        self._stop(discard=True)
         self.bus.unsubscribe(self)
 
     def close(self, *, deliver: bool = True) -> None:
         """Detach, after delivering what was published while it listened; with ``deliver=False``, what still
         waits is dropped (and counted) instead."""
         if not deliver:
-            with self._ready:
-                self._closed = True   # takes nothing more
-                self.dropped += self._waiting
-                self._pending.clear()
-                self._waiting = 0
+            self._stop(discard=True, count=True)
         self.bus.unsubscribe(self)
 
     def __enter__(self) -> Subscription:
@@ -322,10 +326,7 @@ class EventBus:
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
         if listening and not sub.inline and not self._holds_lock():
             sub.drain()
-        with sub._ready:
-            sub._closed = True
-            sub._ready.notify()
-        sub._hurry.set()
+        sub._stop()
 
     def subscriptions(self) -> list[Subscription]:
         """The live subscriptions, in the order they were made (``name``, ``waiting``, ``dropped`` on each)."""

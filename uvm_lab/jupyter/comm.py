@@ -189,7 +189,7 @@ class PanelSession:
             if command["type"] == "timeline":
                 # An answer reads every event held: it waits for its own share of the kernel (see __init__).
                 self._clock.wait(self._closed, max(0.0, self._answers.ready_at() - self._clock.monotonic()))
-                self._catch_up()   # not charged: see _run
+                self._catch_up()   # what the hardware has reported, in the window; not charged: see _run
             started, cpu = self._clock.monotonic(), self._clock.thread_time()
             with self._command_lock:
                 self._execute(command)
@@ -402,7 +402,6 @@ class PanelSession:
             buf.accessed_by = value
 
     def _answer_timeline(self, query: Timeline) -> None:
-        self._catch_up()   # what the hardware has reported, in the window
         columns, events, truncated = self._window.query(query["start"], query["end"], query["width"], query["lanes"])
         first, last = self._window.extent()
         lines, totals, others = self._window.by_source(query["start"], query["end"], query["lanes"], BY_SOURCE_LIMIT)
