@@ -24,6 +24,12 @@ The C hot paths:
   the numpy and Python code beside it gives the same pages, records and times, more slowly.
   ``-ffp-contract=off``: no fused multiply-add, so a float sum is the one Python makes.
 
+And one plain shared library, not a Python module, compiled by a C++ compiler:
+
+- ``uvm_lab/allocators/shim/torch_shim.cpp``: the allocate and free functions that torch's pluggable allocator
+  loads by name (``uvm_lab.allocators.torch``). Without it (no C++ compiler), that allocator says so when made;
+  the rest of ``uvm_lab.torch`` works without it.
+
 ``UVM_LAB_PURE_PYTHON=1`` skips the compiler. ``python hatch_build.py`` compiles them in place, for a checkout
 that is used without installing; ``python hatch_build.py --labextension`` builds the lab extension in place as
 an install would, if its sources changed.
@@ -52,6 +58,13 @@ EXTENSIONS = {
     SIM / "_simcore": tuple(SIM / f"{name}.c" for name in _SIMCORE),
 }
 
+#: Each plain shared library (loaded with ctypes, not imported: in a folder that is not a package, so that
+#: nothing takes it for a module), and the C++ files it is built from.
+LIBRARIES = {
+    Path("uvm_lab") / "allocators" / "shim" / "libuvm_lab_torch": (
+        Path("uvm_lab") / "allocators" / "shim" / "torch_shim.cpp",),
+}
+
 #: The lab extension's sources: every file its build reads, relative to ``EXTENSION`` (folders whole).
 EXTENSION = Path("extension")
 EXTENSION_SOURCES = ("package.json", "yarn.lock", ".yarnrc.yml", "tsconfig.json", "build-snapshot.js",
@@ -77,13 +90,19 @@ class NodeNotFoundError(BuildError):
 
 
 def compile_extension(root: str | os.PathLike[str], module: Path) -> Path:
-    """Compile one extension module next to its sources; raise ``OSError`` or ``CalledProcessError`` on failure."""
+    """Compile one extension module (``EXTENSIONS``) or shared library (``LIBRARIES``) next to its sources; raise
+    ``OSError`` or ``CalledProcessError`` on failure."""
     root = Path(root)
-    target = (root / module).with_name(module.name + sysconfig.get_config_var("EXT_SUFFIX"))
-    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    if module in LIBRARIES:
+        suffix, sources = sysconfig.get_config_var("SHLIB_SUFFIX") or ".so", LIBRARIES[module]
+        compiler, flags = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++", ["-std=c++17"]
+    else:
+        suffix, sources = sysconfig.get_config_var("EXT_SUFFIX"), EXTENSIONS[module]
+        compiler, flags = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc", ["-ffp-contract=off"]
+    target = (root / module).with_name(module.name + suffix)
     include = sysconfig.get_paths()["include"]
-    sources = [str(root / source) for source in EXTENSIONS[module]]
-    subprocess.run([*cc, "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-I", include, *sources, "-o", str(target)],
+    subprocess.run([*shlex.split(compiler), "-O2", *flags, "-shared", "-fPIC", "-I", include,
+                    *(str(root / source) for source in sources), "-o", str(target)],
                    check=True, capture_output=True, text=True)
     return target
 
@@ -214,12 +233,14 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[misc,valid-type]
             raise SystemExit(str(err)) from None   # the one line, not a traceback around it
         if self.target_name != "wheel" or os.environ.get("UVM_LAB_PURE_PYTHON"):
             return
-        for module in EXTENSIONS:
+        for module in [*EXTENSIONS, *LIBRARIES]:
             try:
                 target = compile_extension(self.root, module)
             except (OSError, subprocess.CalledProcessError) as err:
                 detail = getattr(err, "stderr", "") or err
-                self.app.display_warning(f"uvm_lab: {module} was not compiled ({detail}); its Python twin will run")
+                fallback = ("uvm_lab.allocators.torch will say so when used" if module in LIBRARIES
+                            else "its Python twin will run")
+                self.app.display_warning(f"uvm_lab: {module} was not compiled ({detail}); {fallback}")
                 continue
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
@@ -239,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(str(err)) from None
         print(f"built {args.root / LABEXTENSION}" if built else f"{args.root / LABEXTENSION} is up to date")
         return
-    for module in EXTENSIONS:
+    for module in [*EXTENSIONS, *LIBRARIES]:
         print(compile_extension(args.root, module))
 
 

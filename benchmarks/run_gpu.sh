@@ -8,6 +8,8 @@ python3 hatch_build.py || echo "the C hot paths were not compiled: their Python 
 out="${OUT:-benchmarks/out}"; mkdir -p "$out"
 python3 benchmarks/alloc_pair.py --json "$out/alloc_pair.json"
 python3 benchmarks/prefetch_read.py --json "$out/prefetch_read.json"
+# torch through uvm_lab against torch's caching allocator and RMM's torch allocator (rmm from .whl/):
+python3 benchmarks/torch_allocator.py --json "$out/torch_allocator.json"
 python3 benchmarks/tracing_decode.py
 python3 benchmarks/tracing_overhead.py --repeats 3 --modes "watcher,watcher 0.05 s,migrations,faults"
 python3 benchmarks/tracing_loss.py --trials 8

@@ -20,7 +20,7 @@ import numpy as np
 from . import deferred
 from .backends.base import RangeAdvice
 from .dlpack import KDL_CUDA, KDL_CUDA_HOST, to_capsule
-from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError, shown
+from .errors import BufferClosedError, InvalidAdviceError, InvalidArgumentError, InvalidLocationError, shown
 from .events.schema import Advice, MemoryKind
 from .location import Location
 from .mr.base import MemoryResource, resource_chain
@@ -53,13 +53,21 @@ _ADVICE_NAMES = {
 
 
 def _access_prefetcher(mr: MemoryResource) -> Any:
-    """The ``PrefetchResourceAdaptor(on="access")`` in ``mr``'s chain, if there is one."""
+    """The ``PrefetchResourceAdaptor(on="access")`` in ``mr``'s chain, if there is one (a chain never changes:
+    the answer is kept for as long as ``mr`` lives)."""
+    try:
+        return _prefetchers[mr]
+    except KeyError:
+        pass
     from .mr.prefetch import PrefetchResourceAdaptor
 
-    for resource in resource_chain(mr):
-        if isinstance(resource, PrefetchResourceAdaptor) and resource.on == "access":
-            return resource
-    return None
+    found = next((resource for resource in resource_chain(mr)
+                  if isinstance(resource, PrefetchResourceAdaptor) and resource.on == "access"), None)
+    _prefetchers[mr] = found
+    return found
+
+
+_prefetchers: weakref.WeakKeyDictionary[MemoryResource, Any] = weakref.WeakKeyDictionary()
 
 
 def _release(mr: MemoryResource, ptr: int, size: int, stream: int, buffer_id: int, stream_owner: object = None) -> None:
@@ -446,6 +454,32 @@ class DeviceBuffer:
         if length:
             self._mr.backend.prefetch(self._ptr + start, length, loc, stream=handle)
 
+    def lend(self, device: int | str | Location | None = None) -> None:
+        """Say that this buffer is handed to a library whose kernels on GPU ``device`` (the current one when None)
+        uvm_lab does not see, as uvm_lab's allocators for CuPy, Numba and torch do. Those kernels may fault its
+        pages in from nowhere at any time, which the host watcher cannot see either: where nothing measures GPU
+        faults (CUPTI's), its map says unknown for the GPU's side of them, never "nowhere". On the simulator,
+        where no other library runs kernels, nothing changes.
+
+        Raises
+        ------
+        InvalidLocationError
+            ``device`` is the host, or a GPU this backend does not have.
+        BufferClosedError
+            The buffer is closed.
+        """
+        self._check_open("lend")
+        backend = self._mr.backend
+        if type(device) is int and 0 <= device < backend.device_count():   # the allocators' call, per allocation
+            location = Location.device(device)
+        else:
+            location = self._location("gpu" if device is None else device, "device")
+        if location.is_host:
+            raise InvalidLocationError(f"device must be a GPU: a library's kernels run on one, got {device!r}",
+                                       value=device, expected='"gpu", "gpu:N" or a device ordinal')
+        if self._size:
+            backend.lend(self._ptr, self._size, location.id)
+
     def advise(self, advice: str | Advice, location: int | str | Location | None = None) -> None:
         """Apply ``cudaMemAdvise``: ``advice`` is a name such as ``"read_mostly"`` or ``"unset_accessed_by"``."""
         self._check_open("advise")
@@ -574,6 +608,8 @@ def _check_label(label: object) -> None:
 
 def _address(value: Any, name: str) -> int:
     """An address argument: a whole number from 0 to 2**64 - 1."""
+    if type(value) is int and 0 <= value <= MAX_SIZE:   # the common case, without the slower ABC check below
+        return value
     if isinstance(value, bool) or not isinstance(value, Integral) or not 0 <= int(value) <= MAX_SIZE:
         raise InvalidArgumentError(f"{name} must be an address (an int from 0 to 2**64 - 1), got {shown(value)}",
                                    value=value, expected="an int address, or 0 for none")

@@ -43,7 +43,7 @@ def defer(fn: Callable[..., Any], *args: Any) -> None:
 def run() -> None:
     """Run what is queued, here and now, and wait for what is already running (hold no uvm_lab lock)."""
     with _running:
-        while True:
+        while _queue:   # checked first: an empty queue is the common case, and a raised IndexError costs more
             try:
                 fn, args = _queue.popleft()
             except IndexError:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any, ParamSpec, TypeVar
 
+from . import deferred
 from .errors import InvalidArgumentError, InvalidStateError, shown
 from .mr.base import MemoryResource
 from .mr.current import get_current_device_resource, set_current_device_resource
@@ -70,7 +71,9 @@ def enable_statistics() -> None:
 
 
 def get_statistics() -> Statistics | None:
-    """The current resource's counters (its top level), or None when statistics are not enabled."""
+    """The current resource's counters (its top level), or None when statistics are not enabled. Frees already
+    asked for (a collected buffer's, a tensor's that torch let go) are done first, so that they are counted."""
+    deferred.run()
     adaptor = _adaptor()
     return adaptor.allocation_counts if adaptor is not None else None
 

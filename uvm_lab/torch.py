@@ -38,11 +38,15 @@ touch the source and destination memory on the processor that copies (the GPU wh
 The simulator has no other CUDA memory that torch could use, so a copy to ``"cuda"`` there is always a
 managed tensor, enabled or not.
 
-**Not here yet** (issue 26, item 1: an allocator that torch's CUDA caching allocator, or a ``MemPool``, takes
-memory from): with UVM enabled, tensors that torch itself makes (``torch.empty(..., device="cuda")``, the
-results of operations) are not managed; only :func:`manage` and the copies :func:`to` makes are. On a GPU,
-the functions here build CUDA and CPU tensors over managed memory through DLPack; they have not yet been run
-on a GPU.
+**Tensors torch makes itself.** On a GPU, :func:`set_enabled_uvm` ``(True)`` makes uvm_lab's allocator
+(:mod:`uvm_lab.allocators.torch`) torch's CUDA allocator, so every CUDA tensor torch makes from then on
+(``torch.empty(..., device="cuda")``, the results of operations, gradients) is managed memory; it must come
+before torch's first CUDA tensor, and cannot be undone in the process, since torch cannot change its allocator
+once it has one. With ``PYTORCH_ENABLE_UNIFIED_MEMORY=1`` in the environment, importing this module does it.
+Such a tensor moves by the RFC's rules like any managed tensor, where it has its storage to itself. Tensors
+that torch carves from the segments of a pool (``uvm_lab.allocators.torch.mem_pool()``) are managed too, but
+share their buffer (the segment): :func:`to` copies them. Once the allocator is torch's, :func:`unmanage`'s copy
+is torch's memory, which is uvm_lab's again.
 
 **Errors.** Torch is imported when first needed: without it, every function but :func:`get_enabled_uvm`
 raises :class:`~uvm_lab.errors.BackendError` saying how to install it (importing this module works). A value
@@ -56,12 +60,14 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 import weakref
 from numbers import Integral
 from typing import Any
 
 from . import deferred
 from .access import touch
+from .allocators.torch import buffer_at, torch_allocator
 from .backends import get_backend
 from .buffer import DeviceBuffer
 from .dlpack import KDL_CPU, KDL_CUDA, to_capsule
@@ -95,16 +101,18 @@ def set_enabled_uvm(enabled: bool) -> None:
     """Enable or disable unified memory for tensors (RFC-0023's ``torch.cuda.set_enabled_uvm``).
 
     While enabled, the copies :func:`to` makes are managed tensors, with the RFC's initial advice for where
-    they are. Tensors torch makes itself are not (that needs issue 26's allocator: see the module's notes).
-    Setting it overrides ``PYTORCH_ENABLE_UNIFIED_MEMORY``; the RFC has no way back to the environment's
-    value, and neither has this.
+    they are. On a GPU, enabling makes uvm_lab's allocator torch's, so that every CUDA tensor torch makes is
+    managed too (see the module's notes): before torch's first CUDA tensor, and for good. Setting it overrides
+    ``PYTORCH_ENABLE_UNIFIED_MEMORY``; the RFC has no way back to the environment's value, and neither has this.
 
     Raises
     ------
     InvalidArgumentError
         ``enabled`` is not True or False.
     BackendError
-        Enabling, where torch is not installed, or where the current backend has no managed memory.
+        Enabling, where torch is not installed, or where the current backend has no managed memory; on a GPU,
+        where torch has made CUDA tensors already, or the allocator's shim was not built. Disabling, on a GPU,
+        once enabling made uvm_lab's allocator torch's.
     """
     global _enabled
     if not isinstance(enabled, bool):
@@ -113,7 +121,32 @@ def set_enabled_uvm(enabled: bool) -> None:
     if enabled:
         _torch()
         _check_managed_backend()
+        if not get_backend().is_simulated:
+            _install_allocator()
+    elif _installed:
+        raise BackendError("torch's CUDA tensors come from uvm_lab's allocator in this process, and torch cannot "
+                           "change its allocator back once it has one: start a new process to disable UVM")
     _enabled = enabled
+
+
+_installed = False   # whether uvm_lab's allocator is torch's current CUDA allocator in this process
+
+
+def _install_allocator() -> None:
+    """Make uvm_lab's allocator torch's (``change_current_allocator``), so that torch's CUDA tensors are managed."""
+    global _installed
+    if _installed:
+        return
+    torch = _torch()
+    allocator = torch_allocator()
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as exc:
+        raise BackendError(f"torch has already made CUDA tensors with its own allocator ({exc}), and cannot change "
+                           f"it now: enable UVM before the first CUDA tensor (or set {ENV_VAR}=1 before "
+                           f"importing uvm_lab.torch), or allocate in a pool of managed memory: "
+                           f"`with torch.cuda.use_mem_pool(uvm_lab.allocators.torch.mem_pool()):`") from None
+    _installed = True
 
 
 def get_enabled_uvm() -> bool:
@@ -150,10 +183,13 @@ class _Storage:
     that it lives as long as any tensor over it and is freed soon after the last one dies, and where the RFC
     says the memory is now."""
 
-    __slots__ = ("__weakref__", "buffer", "host", "location")
+    __slots__ = ("__weakref__", "buffer", "host", "location", "owner")
 
-    def __init__(self, buffer: DeviceBuffer, location: Location) -> None:
+    def __init__(self, buffer: DeviceBuffer, location: Location, owner: Any = None) -> None:
         self.buffer = buffer
+        # For memory that torch allocated through uvm_lab's allocator: torch's own storage, kept alive as long as
+        # any tensor over this, since torch frees the buffer when its storage dies.
+        self.owner = owner
         # The host's view of the bytes keeps them alive even past the buffer's own close (a test's teardown,
         # a new backend): a tensor over them never reads freed memory.
         self.host = buffer.host_view()
@@ -180,8 +216,33 @@ def _storage_of(t: Any) -> _Storage | None:
         ref = _storages.get(address)
     storage = ref() if ref is not None else None
     if storage is None or storage.buffer.closed:
-        return None
+        return _allocated(t) if t.device.type == "cuda" else None
     return storage
+
+
+def _allocated(t: Any) -> _Storage | None:
+    """The storage of CUDA tensor ``t`` where torch allocated all of it through uvm_lab's allocator
+    (:mod:`uvm_lab.allocators.torch`) in managed memory, as for a managed tensor, so the RFC's moves apply.
+    A tensor that shares a pool's segment with others is not: its buffer is the segment (:func:`buffer_of`)."""
+    untyped = t.untyped_storage()
+    buffer = buffer_at(untyped.data_ptr())
+    if buffer is None or buffer.ptr != untyped.data_ptr() or buffer.size != untyped.nbytes() or not buffer.is_managed:
+        return None
+    storage = _Storage(buffer, Location.device(t.device.index or 0), owner=untyped)
+    _register(buffer.ptr, storage)
+    return storage
+
+
+def _managed_buffer(t: Any) -> DeviceBuffer | None:
+    """The managed buffer ``t``'s memory is in: its storage's, or the segment of a pool of uvm_lab's it is in."""
+    storage = _storage_of(t)
+    if storage is not None:
+        return storage.buffer
+    if t.device.type == "cuda":
+        buffer = buffer_at(t.untyped_storage().data_ptr())
+        if buffer is not None and buffer.is_managed:
+            return buffer
+    return None
 
 
 def _tensor(t: Any, name: str = "t") -> Any:
@@ -345,25 +406,28 @@ def _copy(t: Any, location: Location, dtype: Any, non_blocking: bool, managed: b
 # -- the RFC's functions ------------------------------------------------------------------------------------
 def is_managed(t: Any) -> bool:
     """Whether ``t``'s storage is uvm_lab managed memory (RFC-0023's ``Tensor.is_managed()``): made by
-    :func:`manage` or :func:`to`, and its buffer not closed. Views of a managed tensor are managed too."""
-    return _storage_of(_tensor(t)) is not None
+    :func:`manage` or :func:`to`, or by torch through uvm_lab's allocator (:mod:`uvm_lab.allocators.torch`)
+    from managed memory, and its buffer not closed. Views of a managed tensor are managed too."""
+    return _managed_buffer(_tensor(t)) is not None
 
 
 def buffer_of(t: Any) -> DeviceBuffer:
     """The :class:`~uvm_lab.DeviceBuffer` under managed tensor ``t``: for ``ul.residency``, ``ul.touch``, advice.
 
-    The buffer lives as long as any tensor over it; it is freed soon after the last one dies.
+    The buffer lives as long as any tensor over it; it is freed soon after the last one dies. For a tensor that
+    torch carved from a pool's segment (:func:`uvm_lab.allocators.torch.mem_pool`), it is the whole segment.
 
     Raises
     ------
     InvalidArgumentError
         ``t`` is not a managed tensor.
     """
-    storage = _storage_of(_tensor(t))
-    if storage is None:
+    buffer = _managed_buffer(_tensor(t))
+    if buffer is None:
         raise InvalidArgumentError(f"{_describe(t)} is not managed: its memory is torch's, not uvm_lab's",
-                                   value=t, expected="a tensor from uvm_lab.torch.manage or uvm_lab.torch.to")
-    return storage.buffer
+                                   value=t, expected="a tensor from uvm_lab.torch.manage or uvm_lab.torch.to, or "
+                                                     "one torch made with uvm_lab's allocator")
+    return buffer
 
 
 def device_of(t: Any) -> str:
@@ -483,8 +547,8 @@ def label(module: Any, prefix: str = "") -> dict[str, str]:
     ``"encoder.norm.running_mean"``, after ``prefix``), so that maps, views and traces show tensor names.
 
     Returns ``{name: label}`` for those labelled. Parameters and buffers that are not managed (torch's own
-    memory, which uvm_lab does not see) are left out; tensors that share one storage give its buffer their
-    names joined by ``", "``.
+    memory, which uvm_lab does not see) are left out; tensors that share one buffer (one storage, or one segment
+    of a pool of uvm_lab's) give it their names joined by ``", "``.
 
     Raises
     ------
@@ -501,9 +565,9 @@ def label(module: Any, prefix: str = "") -> dict[str, str]:
     for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
         if tensor is None:
             continue
-        storage = _storage_of(tensor)
-        if storage is not None:
-            names.setdefault(storage.buffer.id, (storage.buffer, []))[1].append(prefix + name)
+        buffer = _managed_buffer(tensor)
+        if buffer is not None:
+            names.setdefault(buffer.id, (buffer, []))[1].append(prefix + name)
     labelled = {}
     for buffer, tensor_names in names.values():
         buffer.label = ", ".join(tensor_names)
@@ -513,3 +577,19 @@ def label(module: Any, prefix: str = "") -> dict[str, str]:
 
 def _describe(t: Any) -> str:
     return f"tensor of shape {tuple(t.shape)} and dtype {t.dtype} on {t.device}"
+
+
+def _from_environment() -> None:
+    """``PYTORCH_ENABLE_UNIFIED_MEMORY=1`` on a GPU: make uvm_lab's allocator torch's now, before torch's first
+    CUDA tensor, as the RFC reads the variable when torch starts."""
+    try:
+        if not get_enabled_uvm() or get_backend().is_simulated:
+            return
+        _install_allocator()
+    except (BackendError, InvalidArgumentError) as exc:
+        warnings.warn(f"{ENV_VAR} is set, but torch's CUDA tensors will not be managed: {exc}", RuntimeWarning,
+                      stacklevel=2)
+
+
+if os.environ.get(ENV_VAR):
+    _from_environment()

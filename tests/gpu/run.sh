@@ -23,5 +23,6 @@ python3 -m pytest -q -p no:cacheprovider tests/unit/test_sim_backend.py tests/un
     tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_buffer_data.py tests/unit/test_pool.py tests/unit/test_pool_hot_path.py tests/unit/test_residency_model.py \
     tests/unit/test_sim_rules.py tests/unit/test_tracing_decode.py tests/unit/test_tracing_collector.py \
     tests/unit/test_tracing_reconcile.py tests/unit/test_residency_inference.py tests/unit/test_bounded_events.py \
-    tests/unit/test_fault_injection.py tests/unit/test_torch.py tests/codebase/test_layering.py || status=1
+    tests/unit/test_fault_injection.py tests/unit/test_torch.py tests/unit/test_torch_allocator.py \
+    tests/codebase/test_layering.py || status=1
 exit $status

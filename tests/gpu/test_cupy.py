@@ -48,6 +48,9 @@ def test_cupy_arrays_come_from_a_uvm_lab_pool(cuda, cupy):
     assert 16 * MiB in allocs["bytes"].tolist()
     assert stats.allocation_counts["current_bytes"] >= 16 * MiB
     buf = next(b for b in ul.live_buffers() if b.ptr == x.data.ptr)
+    # CuPy's kernel wrote it, which uvm_lab does not see with tracing off: its map says unknown, never "nowhere"
+    where = ul.residency(buf).summary()
+    assert where["nowhere"] == 0.0 and where["gpu"] + where["unknown"] == 1.0, where
     buf.prefetch("host")
     cuda.synchronize()
     assert host_resident(x.data.ptr, x.nbytes).all()             # a CuPy array's pages, moved by uvm_lab

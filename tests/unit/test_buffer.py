@@ -241,3 +241,20 @@ def test_all_advice_reads_back_in_one_query_as_the_properties_do():
     buf.close()
     with pytest.raises(ul.errors.BufferClosedError):
         _ = buf.advice
+
+
+def test_lending_a_buffer_on_the_simulator_changes_nothing_but_checks_its_device(sim_backend):
+    buf = ul.DeviceBuffer(size="1MiB")
+    buf.prefetch("gpu")
+    before = ul.residency(buf).summary()
+    with ul.record() as trace:
+        buf.lend()            # no other library runs kernels over simulated memory: the map stays exact
+        buf.lend("gpu:0")
+    assert ul.residency(buf).summary() == before == {**before, "gpu": 1.0}
+    assert trace.summary()["events"] == 0
+    for bad in ("host", 3, "gpu:7"):
+        with pytest.raises(InvalidLocationError):
+            buf.lend(bad)
+    buf.close()
+    with pytest.raises(BufferClosedError):
+        buf.lend()

@@ -241,13 +241,14 @@ def rfc(executed):
 
 
 def test_the_rfc_notebook_moves_a_managed_tensor_without_a_copy(rfc):
+    assert "UVM enabled: True" in stdout(rfc["setup"])
     assert "managed: True | x managed: False | equal: True" in stdout(rfc["manage"])
     assert "'preferred_location': 'host', 'accessed_by': ('gpu:0',)" in stdout(rfc["manage"])
     assert summary(rfc["manage"])["host"] == 1.0
     moved = stdout(rfc["to-cuda"])
-    assert "same tensor: True | same storage: True" in moved and "on cuda:0" in moved
+    assert "same storage: True" in moved and "on cuda:0" in moved
     assert "'preferred_location': 'gpu:0', 'accessed_by': ()" in moved
-    assert "moved host -> device 256 MiB, faults 0" in moved       # "256 MiB moved by prefetch, with no faults"
+    assert "moved host -> device 256 MiB, faults 0" in moved       # "256 MiB moved by prefetch"
     assert summary(rfc["to-cuda"])["gpu"] == 1.0
     assert summary(rfc["to-cpu"])["host"] == 1.0 and "on cpu" in stdout(rfc["to-cpu"])
 
@@ -255,7 +256,9 @@ def test_the_rfc_notebook_moves_a_managed_tensor_without_a_copy(rfc):
 def test_the_rfc_notebook_copies_where_the_rfc_says(rfc):
     copies = stdout(rfc["copies"])
     assert "f64: a new tensor: True | managed: True | on cuda:0 | equal: True" in copies
-    assert "forced: a new tensor: True | managed: False" in copies and "m is still on cpu" in copies
+    # enabled: the forced copy is managed too, with the RFC's advice for the CPU
+    assert "forced: a new tensor: True | managed: True | advice" in copies and "m is still on cpu" in copies
+    assert "'preferred_location': 'host', 'accessed_by': ('gpu:0',)" in copies
     assert "managed: False | equal: True" in stdout(rfc["unmanage"])
     assert "m's buffer still live: False" in stdout(rfc["unmanage"])
 
@@ -267,3 +270,13 @@ def test_the_rfc_notebook_names_the_models_tensors(rfc):
     assert "moved host -> device: 32.0 MiB" in stdout(rfc["model"])   # the weights, and the biases' 20 KiB
     assert ast.literal_eval(result(rfc["model"])) == dict.fromkeys(names, 1.0)
     assert "(64, 1024) ['cpu']" in stdout(rfc["run"])
+
+
+def test_the_seed_example_takes_no_faults_with_the_prefetch_adaptor_and_some_without(rfc):
+    lines = stdout(rfc["seed"]).splitlines()
+    without, with_prefetch = (line for line in lines if line.startswith("prefetch"))
+    faults = [int(line.split("GPU faults")[1].split("|")[0]) for line in (without, with_prefetch)]
+    assert faults[0] > 0 and faults[1] == 0, lines       # what the text after the cell says
+    assert all("result (4096, 4096)" in line and "'gpu': 1.0" in line for line in (without, with_prefetch))
+
+

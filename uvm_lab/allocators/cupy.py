@@ -39,6 +39,11 @@ def make_cupy_allocator(mr: MemoryResource | None = None) -> Callable[[int], Any
             raise BackendError("CuPy needs a real GPU; the current uvm_lab backend is the simulator")
         stream = cupy.cuda.get_current_stream().ptr
         buf = DeviceBuffer(size=nbytes, mr=resource, stream=stream or None, label="cupy")
+        try:
+            buf.lend(resource.device_id if resource.device_id >= 0 else None)   # CuPy's kernels use it
+        except BaseException:
+            buf.close()
+            raise
         # CuPy holds the buffer as the owner: when the array dies, the buffer is freed through its resource.
         memory = cupy.cuda.UnownedMemory(buf.ptr, nbytes, buf, resource.device_id if nbytes else None)
         return cupy.cuda.MemoryPointer(memory, 0)

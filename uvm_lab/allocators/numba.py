@@ -76,6 +76,11 @@ class UvmLabNumbaManager(_Base):
         if get_backend().is_simulated:
             raise BackendError("Numba needs a real GPU; the current uvm_lab backend is the simulator")
         buf = DeviceBuffer(size=size, label="numba")
+        try:
+            buf.lend()   # Numba's kernels use it, on the current device
+        except BaseException:
+            buf.close()
+            raise
         address = int(buf.ptr)
         # Numba clears self.allocations on a context reset; the buffer lives until the finalizer drops it.
         self.allocations[address] = buf

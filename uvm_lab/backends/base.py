@@ -111,6 +111,13 @@ class Backend(Protocol):
         """Run an access by ``processor`` to every page of the range (a kernel on a GPU; a loop on the host)."""
         ...
 
+    def lend(self, ptr: int, size: int, device: int) -> None:
+        """Say that ``[ptr, ptr + size)``, managed memory of a live allocation, is handed to a library whose
+        kernels on GPU ``device`` uvm_lab does not see (torch's, CuPy's, Numba's, through uvm_lab's allocators for
+        them). Those kernels may fault pages in from nowhere at any time, unseen by the host watcher too: where
+        nothing measures GPU faults, the maps say unknown for the GPU's side of those pages, never "nowhere"."""
+        ...
+
     def host_view(self, ptr: int, size: int) -> np.ndarray:
         """A ``uint8`` NumPy view of managed or pinned memory, without a copy."""
         ...

@@ -16,7 +16,9 @@ without them it publishes, so that maps stay true with tracing off:
   measures its migrations: the residency tracker then places its pages and publishes the moves;
 - a kernel or copy over managed pages that no fault record describes is UNOBSERVED: those pages' GPU
   side becomes unknown until the host watcher (``uvm_lab.tracing.watcher``) settles it;
-- unsetting ReadMostly collapses duplicated pages where the driver chooses: UNOBSERVED too.
+- unsetting ReadMostly collapses duplicated pages where the driver chooses: UNOBSERVED too;
+- memory lent to another library's kernels (:meth:`CudaBackend.lend`, by uvm_lab's allocators for CuPy, Numba
+  and torch): UNOBSERVED once a page, since those kernels may fault it in from nowhere unseen.
 """
 
 from __future__ import annotations
@@ -223,6 +225,7 @@ class CudaBackend:
         self._count = count
         self._segments: dict[int, tuple[int, MemoryKind, int]] = {}   # ptr -> (size, kind, segment id)
         self._homes: dict[int, int] = {}     # ptr -> the device that was current when it was allocated
+        self._lent: dict[int, np.ndarray] = {}   # segment id -> its pages lent to other libraries' kernels (lend)
         self._system: set[int] = set()       # segments from malloc (allocate_system), freed with free()
         self._lock = threading.RLock()
         self._kernel: Any = None
@@ -349,6 +352,7 @@ class CudaBackend:
                 with self._on(self._homes[ptr]):
                     check(cudart.cudaFreeHost(ptr) if kind is MemoryKind.PINNED_HOST else cudart.cudaFree(ptr))
             del self._segments[ptr], self._homes[ptr]
+            self._lent.pop(seg_id, None)
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=kind, address=ptr, nbytes=size, alloc_id=seg_id,
                                    start=now, end=now, stream=stream, source=capture()))
@@ -475,6 +479,7 @@ class CudaBackend:
             with self._on(self._homes[ptr]):
                 check(cudart.cudaFreeAsync(ptr, stream))
             del self._segments[ptr], self._homes[ptr]
+            self._lent.pop(held[2], None)
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.SEGMENT_FREE, flags=held[1], address=ptr, nbytes=held[0],
                                    alloc_id=held[2], start=now, end=now, stream=stream, source=capture()))
@@ -591,16 +596,36 @@ class CudaBackend:
                     break
 
     def _unobserved(self, ptr: int, size: int, cause: UnobservedCause, device: int, seg_id: int, *,
-                    mode: AccessMode | None = None, unless: str | None = None) -> None:
+                    mode: AccessMode | None = None, unless: str | None = None, flush: bool = True) -> None:
         """Pages that ``device`` worked on where no record shows what moved (see the module docstring); nothing
-        where a running CUPTI collector records ``unless`` (:func:`uvm_lab.tracing.measures`) on ``device``."""
+        where a running CUPTI collector records ``unless`` (:func:`uvm_lab.tracing.measures`) on ``device``.
+        ``flush``: CUPTI's records of the same work, if any, are published first (not for work yet to come)."""
         if unless is not None and _measured(unless, self._device if device == HOST_ID else device):
             return
-        self.bus.flush(wait=False)   # CUPTI's records of the same work, if any, come first
+        if flush:
+            self.bus.flush(wait=False)
         now = self.now_ns()
         self.bus.publish(record_of(EventKind.UNOBSERVED, flags=cause, dst=device, address=ptr, nbytes=size,
                                    value=_ACCESS[mode] if mode else 0, alloc_id=seg_id, start=now, end=now,
                                    source=capture()))
+
+    def lend(self, ptr: int, size: int, device: int) -> None:
+        base, seg_size, kind, seg_id = self._find(ptr, size)
+        self._check_location(Location.device(device))
+        if kind is not MemoryKind.MANAGED or size == 0 or _measured("kernels", device):
+            return
+        # What a library's kernels do unseen that the host watcher cannot see either is a first touch: a page
+        # faulted in from nowhere. Once marked, a page is never nowhere again while its segment lives (a pool
+        # lends the same pages over and over), so each page is marked once: one record, not one per tensor.
+        first, stop = (ptr - base) // PAGE_SIZE, -(-(ptr + size - base) // PAGE_SIZE)
+        with self._lock:
+            lent = self._lent.get(seg_id)
+            if lent is None:
+                lent = self._lent[seg_id] = np.zeros(-(-seg_size // PAGE_SIZE), dtype=bool)
+            if lent[first:stop].all():
+                return
+            lent[first:stop] = True
+        self._unobserved(ptr, size, UnobservedCause.KERNEL, device, seg_id, flush=False)
 
     def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
         advice = Advice(advice)

@@ -39,8 +39,12 @@ def _device(device: object) -> int:
 
 def get_per_device_resource(device: int) -> MemoryResource:
     """The resource that ``DeviceBuffer`` uses on ``device`` (made on first use)."""
-    dev = _device(device)
     backend = get_backend()
+    if type(device) is int:   # the allocators' hot path: a device that has its resource already, nothing to parse
+        mr = _resources.get(device)
+        if mr is not None and mr.backend is backend:
+            return mr
+    dev = _device(device)
     with _lock:
         mr = _resources.get(dev)
         if mr is None or mr.backend is not backend:   # a new backend starts with a fresh default

@@ -577,6 +577,12 @@ class SimBackend:
                     "chunks_evicted": mem.evicted_blocks, "thrashing_blocks": len(self._thrashing.blocks),
                     "eviction": mem.policy}
 
+    def lend(self, ptr: int, size: int, device: int) -> None:
+        """Nothing to mark: no other library runs kernels over the simulator's memory (only modelled accesses
+        move its pages), so its maps stay exact. The range and the device are checked all the same."""
+        self._find(ptr, size)
+        self._check_device(device)
+
     # -- data ------------------------------------------------------------------------------------------------
     def host_view(self, ptr: int, size: int) -> np.ndarray:
         """The simulated bytes, as a NumPy view. Reading or writing it is not a modelled access: use
