@@ -11,7 +11,8 @@ For the view and the panel it also reports how many updates went out a second, t
 threads' CPU over the updates), and the kernel's half of a change's latency: from the moment the loop's operation
 returned to the moment the first update that holds it (its ``clock`` at or after the operation) was sent. What the
 browser does with it (frames a second, long tasks, the rest of the latency) is measured in the browser half of
-this benchmark.
+this benchmark. Each mode also reports the CPU its loop's thread took, and the whole process's CPU over the loop
+against the loop alone (``cpu_vs_none``): what a view costs the kernel, steadier than seconds on a shared machine.
 
     python benchmarks/view_scale.py [--ops 2000] [--repeats 3] [--modes none,view,panel,dashboard] [--json out.json]
 
@@ -95,8 +96,10 @@ def watched_loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> tuple[d
     throttle holds to 5%, less noisy than the loop's time on a shared machine; and when each operation returned."""
     process, main = time.process_time(), time.thread_time()
     seconds, done = loop(buffers, ops, seed)
-    others = (time.process_time() - process) - (time.thread_time() - main)
-    return {"seconds": seconds, "other_threads_cpu_share": others / seconds}, done
+    mine = time.thread_time() - main
+    others = (time.process_time() - process) - mine
+    return {"seconds": seconds, "loop_cpu_s": mine, "other_threads_cpu_s": others,
+            "other_threads_cpu_share": others / seconds}, done
 
 
 def latencies(ops: list[float], drawn: list[list[float]]) -> tuple[list[float], int]:
@@ -175,6 +178,13 @@ def main() -> None:
             runs[mode].append(measure(mode, buffers, args.ops, seed=r))
 
     base = min(run["seconds"] for run in runs["none"]) if "none" in runs else None
+    # The CPU the whole process spent on the loop (its thread's and the view's threads'), against the loop alone:
+    # less noisy than its seconds where other machines' work shares the cores.
+    base_cpu = statistics.median(run["loop_cpu_s"] for run in runs["none"]) if "none" in runs else None
+    for results in runs.values():
+        for run in results:
+            if base_cpu:
+                run["cpu_vs_none"] = (run["loop_cpu_s"] + run["other_threads_cpu_s"]) / base_cpu
     print(f"\n{'mode':12} {'best s':>8} {'median s':>9} {'vs none':>8}  extra")
     table = {}
     for mode, results in runs.items():
@@ -183,8 +193,8 @@ def main() -> None:
         extra = {k: statistics.median(run[k] for run in results) for k in results[0] if k != "seconds"}
         table[mode] = {"best_s": best, "median_s": median, **extra}
         ratio = f"{best / base:.3f}x" if base else "-"
-        shown = ", ".join(f"{k} {v:,.3f}" if k.endswith("share") else f"{k} {v:,.1f}" if k.endswith(("_ms", "_s")) else
-                          f"{k} {v:,.0f}" for k, v in extra.items())
+        shown = ", ".join(f"{k} {v:,.3f}" if k.endswith(("share", "vs_none")) else
+                          f"{k} {v:,.1f}" if k.endswith(("_ms", "_s")) else f"{k} {v:,.0f}" for k, v in extra.items())
         print(f"{mode:12} {best:8.3f} {median:9.3f} {ratio:>8}  {shown}")
     if args.json:
         args.json.write_text(json.dumps(table, indent=2))
