@@ -59,6 +59,7 @@ _ALLOC_HOOK = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, 
 _FREE_HOOK = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 
 _held: dict[int, tuple[DeviceBuffer, int]] = {}   # by address: what torch holds from uvm_lab now, and if pooled
+_starts: list[int] | None = None   # _held's addresses in order, for buffer_at; None once they change
 _lock = threading.Lock()
 # torch.cuda.memory_stats()'s counters, each [current, peak, allocated, freed]: segments and reserved bytes are
 # every buffer torch holds; allocations are those it made tensors of directly (a pool's tensors are torch's own).
@@ -68,6 +69,7 @@ _counts = {key: [0, 0, 0, 0] for key in ("segment", "reserved_bytes", "allocatio
 def _allocate(size: int, device: int, stream: int | None, pooled: int, error: int | None, error_size: int) -> int:
     """torch's allocate, through the shim: a buffer from the device's resource, its address (0 on failure, with
     the reason written to ``error`` for the shim to raise or torch to report as out of memory)."""
+    global _starts
     if size == 0:
         return 0   # as cudaMalloc(0): nothing to hold
     buffer = None
@@ -84,6 +86,7 @@ def _allocate(size: int, device: int, stream: int | None, pooled: int, error: in
         return 0
     with _lock:
         _held[buffer.ptr] = (buffer, pooled)
+        _starts = None
         _count(+1, size, pooled)
     return buffer.ptr
 
@@ -91,11 +94,13 @@ def _allocate(size: int, device: int, stream: int | None, pooled: int, error: in
 def _free(ptr: int | None, size: int, device: int, stream: int | None) -> None:
     """torch's free, through the shim. The memory goes back to its resource soon after, on a thread that holds
     no uvm_lab lock (torch may free from a collector that runs inside one): see :mod:`uvm_lab.deferred`."""
+    global _starts
     if not ptr:
         return
     with _lock:
         buffer, pooled = _held.pop(ptr, (None, 0))
         if buffer is not None:
+            _starts = None
             _count(-1, buffer.size, pooled)
     if buffer is None:
         warnings.warn(f"torch freed {ptr or 0:#x} ({size} bytes), which uvm_lab's allocator did not give it",
@@ -208,8 +213,11 @@ def buffer_at(address: int) -> DeviceBuffer | None:
     if not isinstance(address, int) or isinstance(address, bool) or address < 0:
         raise InvalidArgumentError(f"address must be a non-negative int, got {shown(address)}", value=address,
                                    expected="a non-negative int, such as tensor.data_ptr()")
+    global _starts
     with _lock:
-        starts = sorted(_held)
+        if _starts is None:   # sorted again only after torch allocated or freed: label() asks once a tensor
+            _starts = sorted(_held)
+        starts = _starts
         at = bisect_right(starts, address) - 1
         buffer = _held[starts[at]][0] if at >= 0 else None
     return buffer if buffer is not None and address < buffer.ptr + buffer.size else None
