@@ -469,16 +469,12 @@ class DeviceBuffer:
             The buffer is closed.
         """
         self._check_open("lend")
-        backend = self._mr.backend
-        if type(device) is int and 0 <= device < backend.device_count():   # the allocators' call, per allocation
-            location = Location.device(device)
-        else:
-            location = self._location("gpu" if device is None else device, "device")
+        location = self._location("gpu" if device is None else device, "device")
         if location.is_host:
             raise InvalidLocationError(f"device must be a GPU: a library's kernels run on one, got {device!r}",
                                        value=device, expected='"gpu", "gpu:N" or a device ordinal')
         if self._size:
-            backend.lend(self._ptr, self._size, location.id)
+            self._mr.backend.lend(self._ptr, self._size, location.id)
 
     def advise(self, advice: str | Advice, location: int | str | Location | None = None) -> None:
         """Apply ``cudaMemAdvise``: ``advice`` is a name such as ``"read_mostly"`` or ``"unset_accessed_by"``."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..buffer import DeviceBuffer
 from ..errors import BackendError
 from ..mr.base import MemoryResource
 from ..mr.current import get_current_device_resource
+from .lent import lent_buffer
 
 __all__ = ["cupy_allocator", "make_cupy_allocator", "uvm_lab_cupy_allocator"]
 
@@ -38,12 +38,8 @@ def make_cupy_allocator(mr: MemoryResource | None = None) -> Callable[[int], Any
         if resource.backend.is_simulated:
             raise BackendError("CuPy needs a real GPU; the current uvm_lab backend is the simulator")
         stream = cupy.cuda.get_current_stream().ptr
-        buf = DeviceBuffer(size=nbytes, mr=resource, stream=stream or None, label="cupy")
-        try:
-            buf.lend(resource.device_id if resource.device_id >= 0 else None)   # CuPy's kernels use it
-        except BaseException:
-            buf.close()
-            raise
+        buf = lent_buffer(nbytes, mr=resource, stream=stream or None, label="cupy",
+                          device=resource.device_id if resource.device_id >= 0 else None)
         # CuPy holds the buffer as the owner: when the array dies, the buffer is freed through its resource.
         memory = cupy.cuda.UnownedMemory(buf.ptr, nbytes, buf, resource.device_id if nbytes else None)
         return cupy.cuda.MemoryPointer(memory, 0)

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ..backends import get_backend
-from ..buffer import DeviceBuffer
 from ..errors import BackendError
+from .lent import lent_buffer
 
 __all__ = ["UvmLabNumbaManager"]
 
@@ -75,12 +75,7 @@ class UvmLabNumbaManager(_Base):
         """An on-device allocation of ``size`` bytes, as a :class:`~uvm_lab.DeviceBuffer` Numba owns."""
         if get_backend().is_simulated:
             raise BackendError("Numba needs a real GPU; the current uvm_lab backend is the simulator")
-        buf = DeviceBuffer(size=size, label="numba")
-        try:
-            buf.lend()   # Numba's kernels use it, on the current device
-        except BaseException:
-            buf.close()
-            raise
+        buf = lent_buffer(size, label="numba")   # Numba's kernels use it, on the current device
         address = int(buf.ptr)
         # Numba clears self.allocations on a context reset; the buffer lives until the finalizer drops it.
         self.allocations[address] = buf

@@ -45,6 +45,7 @@ from ..backends import get_backend
 from ..buffer import DeviceBuffer
 from ..errors import BackendError, InvalidArgumentError, shown
 from ..mr.current import get_per_device_resource
+from .lent import lent_buffer
 
 # Also ``uvm_lab_torch_allocator``, RMM's module attribute, made when first asked for (``__getattr__``).
 __all__ = ["SHIM", "allocations", "buffer_at", "mem_pool", "memory_stats", "torch_allocator"]
@@ -72,14 +73,10 @@ def _allocate(size: int, device: int, stream: int | None, pooled: int, error: in
     global _starts
     if size == 0:
         return 0   # as cudaMalloc(0): nothing to hold
-    buffer = None
     try:
-        buffer = DeviceBuffer(size=size, mr=get_per_device_resource(device), stream=stream or None,
-                              label="torch segment" if pooled else "torch")
-        buffer.lend(device)   # torch's kernels use it, which uvm_lab does not see
+        buffer = lent_buffer(size, mr=get_per_device_resource(device), stream=stream or None, device=device,
+                             label="torch segment" if pooled else "torch")
     except Exception as exc:   # nothing may cross back into C++
-        if buffer is not None:
-            buffer.close()
         if error:
             message = f"uvm_lab could not allocate {size} bytes on cuda:{device} for torch: {exc}".encode()
             ctypes.memmove(error, message, min(len(message), error_size - 1))
@@ -103,7 +100,7 @@ def _free(ptr: int | None, size: int, device: int, stream: int | None) -> None:
             _starts = None
             _count(-1, buffer.size, pooled)
     if buffer is None:
-        warnings.warn(f"torch freed {ptr or 0:#x} ({size} bytes), which uvm_lab's allocator did not give it",
+        warnings.warn(f"torch freed {ptr:#x} ({size} bytes), which uvm_lab's allocator did not give it",
                       RuntimeWarning, stacklevel=1)
         return
     deferred.defer(buffer.close)
