@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import uvm_lab as ul
 from uvm_lab import deferred
 
 
@@ -31,3 +32,12 @@ def test_run_runs_what_is_queued_in_order():
             deferred.defer(done.append, i)
         deferred.run()
     assert done == [0, 1, 2, 3, 4]
+
+
+def test_a_recording_begins_after_the_frees_already_owed():
+    buf = ul.DeviceBuffer(size=1 << 20)
+    with deferred._running:                  # keep the worker out: the free stays owed until record() begins
+        del buf
+        with ul.record() as trace:
+            deferred.run()                   # the worker's next round, inside the recording
+    assert len(trace.events) == 0, trace.to_pandas()

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import deferred
 from ..errors import InvalidArgumentError, shown
 from .bus import PENDING_LIMIT, EventBus, Subscription, get_bus
 from .causes import decode_flags
@@ -223,6 +224,8 @@ def record(bus: EventBus | None = None, *, limit: int = PENDING_LIMIT) -> Iterat
         raise InvalidArgumentError(f"bus must be a uvm_lab EventBus or None, got {shown(bus)}", value=bus,
                                    expected="an EventBus, or None for the process's bus")
     trace = Trace(bus=bus)
+    # Frees that garbage collection already asked for belong before the recording, not in it.
+    deferred.run()
     with bus.subscribe(trace._add, limit=limit, name="ul.record()") as subscription:
         trace._subscription = subscription
         try:
