@@ -539,3 +539,46 @@ def test_a_refresh_that_fails_part_way_reports_its_changes_again(sim, monkeypatc
     monkeypatch.setattr(collect, "describe_buffer", real)
     (described,) = [d for d in live.refresh() if d["id"] == buf.id]
     assert described["category_pages"]["gpu:0"] == 256
+
+
+def test_a_live_dashboard_counts_every_event_without_a_thread_woken_for_them(sim):
+    bus = ul.events.get_bus()
+    listening = set(bus.subscriptions())
+    with Dashboard(interval=0.01) as d:
+        # Counted as published (inline): no thread of the bus's is woken for the dashboard while a loop publishes.
+        assert [s.inline for s in set(bus.subscriptions()) - listening] == [True]
+        b = ul.DeviceBuffer(size="1MiB")
+        ul.touch(b, on="host", mode="write")
+        d.refresh()
+        before = d.snapshot["totals"]
+        with ul.record() as trace:
+            b.prefetch("gpu")
+            b.prefetch("host")
+        d.refresh()
+        after = d.snapshot["totals"]
+        assert after["events"] - before["events"] == len(trace.events)
+        assert after["bytes_htod"] - before["bytes_htod"] == trace.summary()["bytes_htod"] == 1 << 20
+
+
+def test_the_list_follows_each_allocations_pages(sim, dash):
+    a = ul.DeviceBuffer(size="1MiB", label="a")
+    b = ul.DeviceBuffer(size="1MiB", label="b")
+    ul.touch(a, on="host", mode="write")
+    ul.touch(b, on="host", mode="write")
+    dash.refresh()
+    options = dash.allocations.root.options
+
+    def fractions(buf: ul.DeviceBuffer) -> dict[str, float]:
+        data = dash.allocations.source.data
+        row = list(data["id"]).index(buf.id)
+        return {name: float(data[name][row]) for name in ("host", "gpu:0")}
+
+    assert fractions(a) == fractions(b) == {"host": 1.0, "gpu:0": 0.0}
+    a.prefetch("gpu", size="256KiB")
+    dash.refresh()
+    assert fractions(a) == {"host": 0.75, "gpu:0": 0.25} and fractions(b) == {"host": 1.0, "gpu:0": 0.0}
+    assert dash.allocations.root.options == options   # the same buffers: the same choices
+    b.close()
+    dash.refresh()
+    assert [i for _, i in dash.allocations.root.options] == [i for _, i in options if i != b.id]
+    assert fractions(a) == {"host": 0.75, "gpu:0": 0.25}

@@ -54,3 +54,12 @@ def test_an_idle_spell_is_not_saved_up_beyond_the_burst():
     starts = run_greedy(budget, [0.01] * 10, now=100.0)
     assert starts[:6] == pytest.approx([100.0 + 0.01 * i for i in range(6)])
     assert starts[7] > starts[6] + 0.01
+
+
+def test_a_short_loop_pays_the_share_too():
+    # A view's updates of 4 ms every 50 ms, as fast as allowed, while a one-second loop runs.
+    budget = Budget(share=0.04)
+    starts = run_greedy(budget, [0.004] * 100, interval=0.05)
+    done = 0.004 * sum(1 for s in starts if s < 1.0)
+    # Within the view's 5% of the second (its 4% share and the burst's), not a second's grace on top.
+    assert done <= 0.05 + 0.004

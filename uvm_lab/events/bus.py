@@ -21,8 +21,8 @@ delivery: a loop that publishes a small batch per operation then loses the inter
 once a batch. A reader that needs its subscription's records now drains it (:meth:`Subscription.drain`).
 
 Some consumers are the bus's own bookkeeping rather than subscribers: the residency tracker, the address
-index that attributes CUPTI's records, and the live view's wake-up and timeline window (which only queue what
-they are given, and bound it themselves). They subscribe ``inline``: they are called as records are published
+index that attributes CUPTI's records, the live view's wake-up and timeline window, and the dashboard's totals
+(which only stage what they are given, :class:`~.staged.StagedRecords`, and bound it themselves). They subscribe ``inline``: they are called as records are published
 (under the bus's lock, in the producer's thread), must be quick and never block, and see every record. The
 maps are only true if nothing is skipped, and a thread woken for each small batch would cost a loop more than
 the work itself.

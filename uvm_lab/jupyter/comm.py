@@ -106,6 +106,9 @@ CONTROLS_SOURCE = "UVM Lab controls"
 IDLE_SAMPLE = 1.0
 #: The share of the kernel's time (of the view's BUSY_SHARE) that updates may take; timeline answers take the rest.
 UPDATES_SHARE = 0.04
+#: Seconds of the answers' share that may be owed: a view asks for the timeline about once a second, and one answer
+#: may cost more than its share of a second.
+ANSWERS_BURST = 1.0
 #: The least time between two updates, in seconds: about 20 a second at most, so that a change waits for the next
 #: update 25 ms on average and 50 ms at most.
 UPDATE_INTERVAL = 0.05
@@ -156,7 +159,7 @@ class PanelSession:
         # The throttle (.throttle): updates and timeline answers each have their share of the view's, so that an
         # answer (it reads every event held, once a second) never leaves a hole in the updates.
         self._budget = Budget(UPDATES_SHARE)
-        self._answers = Budget(BUSY_SHARE - UPDATES_SHARE)
+        self._answers = Budget(BUSY_SHARE - UPDATES_SHARE, burst=ANSWERS_BURST)
         self._context = contextvars.copy_context()  # where the panel's last message was handled
         self._bus = bus or get_bus()
         # Inline (the bus's own bookkeeping): it only wakes the sender, so it costs the producer nothing, and the

@@ -3,9 +3,10 @@
 A view that watches a loop takes the GIL from it while it reads maps and packs messages. Each refresh (and each
 answer to a timeline query, which reads every event held) is paid for by the time after it: work that took
 ``cost`` seconds uses up ``cost / share`` seconds of the clock (19 times the cost after it, at 5%), and the
-next piece of work may start once what came before is paid for. Up to :data:`BURST` seconds may be owed at a
-time, so one costly answer does not hold the updates back that follow it; over any stretch of time, the work
-takes at most its share of it and ``share * BURST`` seconds more. Both the lab view's session and the widget
+next piece of work may start once what came before is paid for. Up to ``burst`` seconds may be owed at a time
+(:data:`BURST` unless given), so the first change after a quiet stretch goes out at once; over any stretch of time,
+the work takes at most its share of it and ``share * burst`` seconds more. The burst is short because loops are:
+a loop of a second must pay the share too, not a second's grace. Both the lab view's session and the widget
 dashboard follow it; the session splits :data:`BUSY_SHARE` between its updates and its answers to timeline queries,
 each with a budget of its own, so that a costly answer never holds the updates back.
 
@@ -22,8 +23,8 @@ __all__ = ["BURST", "BUSY_SHARE", "Budget"]
 
 #: The most of the kernel's time that a live view's refreshes may take.
 BUSY_SHARE = 0.05
-#: The most time (in seconds of the clock) that work done may be owed for before more work waits.
-BURST = 1.0
+#: The most time (in seconds of the clock) that work done may be owed for before more work waits: a few updates.
+BURST = 0.25
 
 
 class Budget:

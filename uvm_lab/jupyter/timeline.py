@@ -24,8 +24,9 @@ from ..errors import InvalidArgumentError
 from ..events import EventKind, MigrationCause, get_bus
 from ..events.bus import EventBus, Subscription
 from ..events.causes import CAUSE_NAMES, cause_codes
-from ..events.schema import EVENT_DTYPE, INFERRED_BIT
+from ..events.schema import INFERRED_BIT
 from ..events.sources import totals
+from ..events.staged import StagedRecords
 from ..tracing.attribution import AllocationIndex
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
 
@@ -124,7 +125,7 @@ class EventWindow:
         # The buffers each recent read-in changed, newest last: a reader that keeps up reads these, not _stamps.
         self._changes: deque[tuple[int, list[int]]] = deque(maxlen=_CHANGES_KEPT)
         self._read_ins = 0
-        self._pending = _Staged()     # fed, not yet read in
+        self._pending = StagedRecords()     # fed, not yet read in
         self._unbuilt: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # read in: records, lanes, causes
         self._unbuilt_rows = 0
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
@@ -419,29 +420,6 @@ class _Rows:
         return used
 
 
-class _Staged:
-    """Records fed and not read yet, as their bytes: each batch is copied in as it is delivered (its producer may
-    reuse the array), and all are read out as one array. Copied as bytes: copying a structured array, or joining
-    many, costs several times more per call, and a loop delivers many small batches. Not thread-safe."""
-
-    def __init__(self) -> None:
-        self._bytes = bytearray()
-
-    def __len__(self) -> int:
-        return len(self._bytes) // EVENT_DTYPE.itemsize
-
-    def add(self, records: np.ndarray) -> None:
-        if records.dtype != EVENT_DTYPE:
-            raise InvalidArgumentError(f"records must have EVENT_DTYPE, got {records.dtype}", value=records.dtype,
-                                       expected="uvm_lab.events.EVENT_DTYPE")
-        self._bytes += records.tobytes()
-
-    def take(self) -> np.ndarray:
-        """Everything added since the last take, oldest first; empty afterwards."""
-        data, self._bytes = self._bytes, bytearray()
-        return np.frombuffer(data, dtype=EVENT_DTYPE)
-
-
 def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) -> dict[str, np.ndarray]:
     """One row per lane, pixel, kind and cause of ``cols`` (events narrower than a pixel)."""
     n = len(cols["start"])
@@ -498,7 +476,7 @@ class DeviceSeries:
         self._taken = 0       # samples ever closed; the index of the next one
         self._closed_at = -float("inf")
         self._open = dict.fromkeys(_SERIES_NAMES, 0)
-        self._pending = _Staged()   # fed since the last close_interval, summed there
+        self._pending = StagedRecords()   # fed since the last close_interval, summed there
 
     @property
     def dropped(self) -> int:

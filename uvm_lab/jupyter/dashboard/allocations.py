@@ -39,6 +39,7 @@ class AllocationList(DashboardComponent):
         self.source = ColumnDataSource(data=self._columns([]))
         self.root = widgets.Select(options=[], rows=8, description="", layout=widgets.Layout(width="270px"))
         self._syncing = False
+        self._drawn: list[Mapping[str, Any]] = []   # the descriptions the source's rows were made from, in order
         self.root.observe(self._changed, names="value")
 
     @property
@@ -63,7 +64,19 @@ class AllocationList(DashboardComponent):
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         allocs = snapshot["allocations"]
+        same_rows = [a["id"] for a in allocs] == [a["id"] for a in self._drawn]
+        if same_rows:
+            # The same buffers: only the rows whose description is another one changed, and no option did (an
+            # option names what a buffer never changes).
+            changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new]
+            if changed:
+                rows = self._columns([allocs[r] for r in changed])
+                self.source.patch({name: list(zip(changed, rows[name].tolist(), strict=True))
+                                   for name in CATEGORY_NAMES})
+            self._drawn = list(allocs)
+            return
         update_source(self.source, self._columns(allocs))
+        self._drawn = list(allocs)
         options = [(_option_label(a), a["id"]) for a in allocs]
         if list(self.root.options) == options:
             return

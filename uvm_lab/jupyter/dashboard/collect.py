@@ -40,6 +40,7 @@ import uvm_lab as ul
 from uvm_lab.buffer import live_generation
 from uvm_lab.errors import BufferClosedError, InvalidArgumentError
 from uvm_lab.events import get_bus
+from uvm_lab.events.staged import StagedRecords
 from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories
 from uvm_lab.residency_map import get_tracker
 
@@ -52,30 +53,45 @@ class EventTotals:
     bytes migrated each way, faults.
 
     Seeded with the bus's history, so it counts from the start of the session as far as the history
-    ring reaches. ``feed`` may be called from any thread (the bus delivers on the subscription's thread, or
-    on a reader's).
+    ring reaches. ``feed`` may be called from any thread, and is cheap enough for an ``inline`` subscription:
+    it only stages the records (:class:`~uvm_lab.events.staged.StagedRecords`), and :meth:`snapshot` sums what
+    was staged, at once. Past ``STAGED`` records staged, ``feed`` sums them, so nothing piles up unread.
     """
 
     _SUMMED = ("events", "bytes_htod", "bytes_dtoh", "gpu_faults", "cpu_faults")
+    #: The most records staged before ``feed`` sums them itself.
+    STAGED = 1 << 16
 
     def __init__(self, history: np.ndarray | None = None) -> None:
         self._lock = threading.Lock()
         self._totals: dict[str, int] = dict.fromkeys(self._SUMMED, 0)
         self._counts: dict[str, int] = {}
+        self._staged = StagedRecords()
         if history is not None and len(history):
             self.feed(history)
 
     def feed(self, records: np.ndarray) -> None:
-        part = ul.Trace(records).summary()
+        if not len(records):
+            return
         with self._lock:
-            for key in self._SUMMED:
-                self._totals[key] += part[key]
-            for name, n in part["counts"].items():
-                self._counts[name] = self._counts.get(name, 0) + n
+            self._staged.add(records)
+            if len(self._staged) >= self.STAGED:
+                self._sum_staged()
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
+            self._sum_staged()
             return {**self._totals, "counts": dict(self._counts)}
+
+    def _sum_staged(self) -> None:
+        records = self._staged.take()
+        if not len(records):
+            return
+        part = ul.Trace(records).summary()
+        for key in self._SUMMED:
+            self._totals[key] += part[key]
+        for name, n in part["counts"].items():
+            self._counts[name] = self._counts.get(name, 0) + n
 
 
 def describe_buffer(buf: Any) -> dict[str, Any]:

@@ -101,7 +101,9 @@ class Dashboard:
         self._last = 0.0
         self._budget = Budget()   # what live refreshes have taken of the kernel (..throttle)
         self._closed = False
-        self._subscription = bus.subscribe(self._on_events) if live else None
+        # Inline: counting only stages the records, and waking is one flag; a thread of its own, woken as a loop
+        # publishes, would take the interpreter from the loop far more often than the refreshes do.
+        self._subscription = bus.subscribe(self._on_events, inline=True, name="the dashboard") if live else None
         self.refresh()
         if live:
             threading.Thread(target=self._run, name="uvm_lab-dashboard", daemon=True).start()
@@ -118,7 +120,7 @@ class Dashboard:
             self._last = self._clock.monotonic()
             try:
                 if self._subscription is not None:
-                    self._subscription.drain()   # the totals: every event published so far
+                    get_bus().flush(wait=False)   # the totals: every event published so far
                 selected = self.allocations.selected
                 snapshot = collect_snapshot(self.totals, self.live_allocations, others=others,
                                             first=() if selected is None else (selected,))
@@ -162,7 +164,8 @@ class Dashboard:
 
     # -- live updates -------------------------------------------------------------------------------
     def _on_events(self, records: np.ndarray) -> None:
-        # On the subscription's thread: count, never render here (a refresh reads what was counted).
+        # In the publisher's thread, under the bus's lock: stage and wake, never render here (a refresh reads
+        # what was counted).
         self.totals.feed(records)
         self._wake.set()
 

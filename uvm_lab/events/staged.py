@@ -1,0 +1,34 @@
+"""Records taken as they are published and read later, all at once: what a consumer that subscribes ``inline``
+keeps until its reader (a view's update, a dashboard's refresh) wants them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from .schema import EVENT_DTYPE
+
+__all__ = ["StagedRecords"]
+
+
+class StagedRecords:
+    """Records added and not read yet, as their bytes: each batch is copied in as it is delivered (its producer may
+    reuse the array), and all are read out as one array. Copied as bytes: copying a structured array, or joining
+    many, costs several times more per call, and a loop delivers many small batches. Not thread-safe."""
+
+    def __init__(self) -> None:
+        self._bytes = bytearray()
+
+    def __len__(self) -> int:
+        return len(self._bytes) // EVENT_DTYPE.itemsize
+
+    def add(self, records: np.ndarray) -> None:
+        if records.dtype != EVENT_DTYPE:
+            raise InvalidArgumentError(f"records must have EVENT_DTYPE, got {records.dtype}", value=records.dtype,
+                                       expected="uvm_lab.events.EVENT_DTYPE")
+        self._bytes += records.tobytes()
+
+    def take(self) -> np.ndarray:
+        """Everything added since the last take, oldest first; empty afterwards."""
+        data, self._bytes = self._bytes, bytearray()
+        return np.frombuffer(data, dtype=EVENT_DTYPE)
