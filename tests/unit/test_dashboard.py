@@ -582,3 +582,14 @@ def test_the_list_follows_each_allocations_pages(sim, dash):
     dash.refresh()
     assert [i for _, i in dash.allocations.root.options] == [i for _, i in options if i != b.id]
     assert fractions(a) == {"host": 0.75, "gpu:0": 0.25}
+
+
+def test_a_renamed_allocation_is_listed_by_its_new_name(sim, dash):
+    a = ul.DeviceBuffer(size="1MiB", label="before")
+    dash.refresh()
+    a.label = "after"
+    dash.refresh()
+    (shown,) = [text for text, i in dash.allocations.root.options if i == a.id]
+    assert "after" in shown and "before" not in shown
+    data = dash.allocations.source.data
+    assert data["label"][list(data["id"]).index(a.id)] == "after"

@@ -22,10 +22,10 @@ once a batch. A reader that needs its subscription's records now drains it (:met
 
 Some consumers are the bus's own bookkeeping rather than subscribers: the residency tracker, the address
 index that attributes CUPTI's records, the live view's wake-up and timeline window, and the dashboard's totals
-(which only stage what they are given, :class:`~.staged.StagedRecords`, and bound it themselves). They subscribe ``inline``: they are called as records are published
-(under the bus's lock, in the producer's thread), must be quick and never block, and see every record. The
-maps are only true if nothing is skipped, and a thread woken for each small batch would cost a loop more than
-the work itself.
+(which only stage what they are given, :class:`~.staged.StagedRecords`, and bound it themselves). They subscribe
+``inline``: they are called as records are published (under the bus's lock, in the producer's thread), must be
+quick and never block, and see every record. The maps are only true if nothing is skipped, and a thread woken
+for each small batch would cost a loop more than the work itself.
 
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
 timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is

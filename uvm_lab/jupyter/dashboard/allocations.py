@@ -65,10 +65,11 @@ class AllocationList(DashboardComponent):
     def update(self, snapshot: Mapping[str, Any]) -> None:
         allocs = snapshot["allocations"]
         same_rows = [a["id"] for a in allocs] == [a["id"] for a in self._drawn]
-        if same_rows:
-            # The same buffers: only the rows whose description is another one changed, and no option did (an
-            # option names what a buffer never changes).
-            changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new]
+        changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new] \
+            if same_rows else []
+        if same_rows and all(allocs[r]["label"] == self._drawn[r]["label"] for r in changed):
+            # The same buffers, none renamed: only the rows whose description is another one changed, and no
+            # option did.
             if changed:
                 rows = self._columns([allocs[r] for r in changed])
                 self.source.patch({name: list(zip(changed, rows[name].tolist(), strict=True))
