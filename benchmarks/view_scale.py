@@ -169,13 +169,17 @@ def main() -> None:
     ul.use_backend("sim", device_memory="80GiB")
     buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
     pages = sum(b.size for b in buffers) // 4096
-    print(f"{len(buffers)} allocations, {pages / 1e6:.1f} M pages; {args.ops} operations a run")
+    print(f"{len(buffers)} allocations, {pages / 1e6:.1f} M pages; {args.ops} operations a run", flush=True)
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     for r in range(args.repeats):
         for mode in modes:   # interleaved: the machine's drift falls on every mode alike
             for buf in buffers:   # every run starts from the same map: each page written on the host
                 ul.touch(buf, on="host", mode="write")
             runs[mode].append(measure(mode, buffers, args.ops, seed=r))
+            # Each run as it ends: a run cut short by a time limit still leaves what it measured.
+            done = runs[mode][-1]
+            print(f"run {r + 1}/{args.repeats} {mode:10} {done['seconds']:.3f} s, loop thread "
+                  f"{done['loop_cpu_s']:.3f} s, other threads {done['other_threads_cpu_s']:.3f} s", flush=True)
 
     base = min(run["seconds"] for run in runs["none"]) if "none" in runs else None
     # The CPU the whole process spent on the loop (its thread's and the view's threads'), against the loop alone:
