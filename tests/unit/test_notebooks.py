@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from uvm_lab.backends.sim.platform import get_platform
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
@@ -204,6 +206,20 @@ def test_status_and_dashboard(welcome):
     probe = json.loads(stdout(welcome["test-probe"]))
     assert probe["live"] and probe["selected"] == probe["a"]
     assert probe["categories"] == ["gpu:0"]      # "a write collapses the copies: the map turns green"
+
+
+def test_the_read_mostly_write_trap_is_explained_by_its_numbers(welcome):
+    trap = access(welcome["watch"])
+    # "131,072 faults, with no byte moved"; "131,072 pages x 220 us is 29 s" (the platform's calibrated figure)
+    assert trap["faults"] == 131072 and trap["bytes_htod"] == trap["bytes_dtoh"] == trap["bytes_remote"] == 0
+    assert get_platform("x86-pcie5").read_mostly_write_latency == 220e-6
+    assert round(trap["seconds"]) == 29
+    text = stdout(welcome["trap-fix"])
+    (fixed,) = re.findall(r"advice off, prefetch then write:\s+([\d.,]+) ms \+ ([\d.]+) ms with (\d+) faults", text)
+    prefetch_ms, write_ms, faults = float(fixed[0].replace(",", "")), float(fixed[1]), int(fixed[2])
+    assert faults == 0
+    assert round(prefetch_ms) in range(10, 15)                       # "in about 12 ms"
+    assert (prefetch_ms + write_ms) / 1e3 < trap["seconds"] / 2000   # "less than a two-thousandth"
 
 
 @pytest.fixture(scope="module")
