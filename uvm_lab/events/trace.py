@@ -217,6 +217,8 @@ def record(bus: EventBus | None = None, *, limit: int = PENDING_LIMIT) -> Iterat
 
     The recording takes the events on a thread of its own. Should it fall more than ``limit`` records behind,
     what arrives meanwhile is dropped from it, and counted: :attr:`Trace.missed`, and ``summary()["missed"]``.
+    Frees that garbage collection asked for before the block (:mod:`uvm_lab.deferred`) are done before it begins,
+    so they are not in the recording.
     """
     if bus is None:
         bus = get_bus()
