@@ -17,7 +17,8 @@ against the loop alone (``cpu_vs_none``): what a view costs the kernel, steadier
     python benchmarks/view_scale.py [--ops 2000] [--repeats 3] [--modes none,view,panel,dashboard] [--json out.json]
 
 ``view`` watches the maps a view shows (a screenful of the list's rows); ``panel`` watches none, as the
-sidebar panel does, and reads every changed map.
+sidebar panel does, and reads every changed map. Two more modes take the view apart: ``paused`` (a view attached
+and paused: fed, sending nothing) and ``subscriber`` (a bus subscriber that does nothing, on a thread of its own).
 """
 
 from __future__ import annotations
@@ -145,6 +146,19 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
                 "messages": messages, "updates_per_s": len(during) / run["seconds"],
                 "update_cpu_ms": run["other_threads_cpu_share"] * run["seconds"] / max(len(during), 1) * 1000,
                 "sent_latency_p50_ms": percentile(late, 0.5), "sent_latency_p95_ms": percentile(late, 0.95)}
+    if mode == "paused":   # a view attached but paused: what it costs the loop to be fed, with no update sent
+        from uvm_lab.jupyter.comm import PanelSession
+
+        session = PanelSession(CountingComm())
+        session.handle({"type": "hello", "seq": 0})
+        session.handle({"type": "pause", "seq": 1, "paused": True})
+        try:
+            return watched_loop(buffers, ops, seed)[0]
+        finally:
+            session.close()
+    if mode == "subscriber":   # a bus subscriber that does nothing: what a thread woken for the loop's events costs
+        with ul.events.get_bus().subscribe(lambda records: None, name="view_scale's idle subscriber"):
+            return watched_loop(buffers, ops, seed)[0]
     if mode == "dashboard":
         from uvm_lab.jupyter.dashboard import Dashboard
 
@@ -154,7 +168,7 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
         finally:
             dashboard.close()
         return {**run, "refreshes": dashboard.refreshes}
-    raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, panel, dashboard")
+    raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, panel, dashboard, paused, subscriber")
 
 
 def main() -> None:
