@@ -125,7 +125,7 @@ def percentile(values: list[float], q: float) -> float:
 def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> dict[str, float]:
     if mode == "none":
         return watched_loop(buffers, ops, seed)[0]
-    if mode in ("view", "panel"):
+    if mode in ("view", "panel", "paused"):
         from uvm_lab.jupyter.comm import PanelSession
 
         comm = CountingComm()
@@ -133,12 +133,16 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
         session.handle({"type": "hello", "seq": 0})
         if mode == "view":   # as the view does: the maps on screen (a screenful of the list's rows) first
             session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
+        elif mode == "paused":   # attached but paused: what it costs the loop to be fed, with no update sent
+            session.handle({"type": "pause", "seq": 1, "paused": True})
         snapshot, _ = comm.taken()
         try:
             run, done = watched_loop(buffers, ops, seed)
             time.sleep(0.5)   # the updates the loop's last changes cause
         finally:
             session.close()
+        if mode == "paused":
+            return run
         sent, messages = comm.taken()
         during = [u for u in comm.updates if u[1] <= done[-1]]
         late, _ = latencies(done, comm.updates)
@@ -146,16 +150,6 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
                 "messages": messages, "updates_per_s": len(during) / run["seconds"],
                 "update_cpu_ms": run["other_threads_cpu_share"] * run["seconds"] / max(len(during), 1) * 1000,
                 "sent_latency_p50_ms": percentile(late, 0.5), "sent_latency_p95_ms": percentile(late, 0.95)}
-    if mode == "paused":   # a view attached but paused: what it costs the loop to be fed, with no update sent
-        from uvm_lab.jupyter.comm import PanelSession
-
-        session = PanelSession(CountingComm())
-        session.handle({"type": "hello", "seq": 0})
-        session.handle({"type": "pause", "seq": 1, "paused": True})
-        try:
-            return watched_loop(buffers, ops, seed)[0]
-        finally:
-            session.close()
     if mode == "subscriber":   # a bus subscriber that does nothing: what a thread woken for the loop's events costs
         with ul.events.get_bus().subscribe(lambda records: None, name="view_scale's idle subscriber"):
             return watched_loop(buffers, ops, seed)[0]
