@@ -12,7 +12,7 @@ pytest.importorskip("ipywidgets")
 pytest.importorskip("bokeh")
 pytest.importorskip("jupyter_bokeh")
 
-from bokeh.models import HoverTool
+from bokeh.models import ColumnDataSource, HoverTool
 
 import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
@@ -593,3 +593,22 @@ def test_a_renamed_allocation_is_listed_by_its_new_name(sim, dash):
     assert "after" in shown and "before" not in shown
     data = dash.allocations.source.data
     assert data["label"][list(data["id"]).index(a.id)] == "after"
+
+
+def test_the_list_sends_nothing_for_an_allocation_whose_counts_did_not_move(sim, dash, monkeypatch):
+    a = ul.DeviceBuffer(size="1MiB", label="a")
+    ul.touch(a, on="host", mode="write")
+    dash.refresh()
+    patched: list[dict] = []
+    real_patch = ColumnDataSource.patch
+    monkeypatch.setattr(ColumnDataSource, "patch", lambda source, patches, *args, **kwargs: (
+        patched.append(patches) if source is dash.allocations.source else None,
+        real_patch(source, patches, *args, **kwargs)))
+    before = {d["id"]: d for d in dash.snapshot["allocations"]}[a.id]
+    a.preferred_location = "host"            # described again (its advice), its pages where they were
+    dash.refresh()
+    assert {d["id"]: d for d in dash.snapshot["allocations"]}[a.id] is not before
+    assert patched == []
+    a.prefetch("gpu", size="64KiB")
+    dash.refresh()
+    assert len(patched) == 1

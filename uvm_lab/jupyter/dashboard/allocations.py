@@ -68,11 +68,12 @@ class AllocationList(DashboardComponent):
         changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new] \
             if same_rows else []
         if same_rows and all(allocs[r]["label"] == self._drawn[r]["label"] for r in changed):
-            # The same buffers, none renamed: only the rows whose description is another one changed, and no
-            # option did.
-            if changed:
-                rows = self._columns([allocs[r] for r in changed])
-                self.source.patch({name: list(zip(changed, rows[name].tolist(), strict=True))
+            # The same buffers, none renamed: no option changed, and of the rows described again only those whose
+            # counts moved are patched (a patch is a message to the browser, as update_source avoids).
+            moved = [r for r in changed if allocs[r]["category_pages"] != self._drawn[r]["category_pages"]]
+            if moved:
+                rows = self._columns([allocs[r] for r in moved])
+                self.source.patch({name: list(zip(moved, rows[name].tolist(), strict=True))
                                    for name in CATEGORY_NAMES})
             self._drawn = list(allocs)
             return
