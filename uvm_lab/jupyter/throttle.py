@@ -3,9 +3,11 @@
 A view that watches a loop takes the GIL from it while it reads maps and packs messages. Each refresh (and each
 answer to a timeline query, which reads every event held) is paid for by the time after it: work that took
 ``cost`` seconds uses up ``cost / share`` seconds of the clock (19 times the cost after it, at 5%), and the
-next piece of work may start once what came before is paid for. Up to ``burst`` seconds may be owed at a time
-(:data:`BURST` unless given), so the first change after a quiet stretch goes out at once; over any stretch of time,
-the work takes at most its share of it and ``share * burst`` seconds more. The burst is short because loops are:
+next piece of work may start once what came before, and the piece itself, would be paid for within ``burst``
+seconds (:data:`BURST` unless given). A piece is expected to cost what the last one did: charged only after it
+ran, a refresh of 50 ms would overshoot a short loop's share by its whole cost. So the first change after a quiet
+stretch goes out at once, however costly; past it, while pieces cost what the last one did, the work takes at most
+its share of any stretch of time and ``share * burst`` seconds more. The burst is short because loops are:
 a loop of a second must pay the share too, not a second's grace. Both the lab view's session and the widget
 dashboard follow it; the session splits :data:`BUSY_SHARE` between its updates and its answers to timeline queries,
 each with a budget of its own, so that a costly answer never holds the updates back.
@@ -38,13 +40,15 @@ class Budget:
         self._burst = burst
         self._lock = threading.Lock()
         self._paid_at = float("-inf")   # the moment at which the work done so far is paid for
+        self._last_cost = 0.0           # what the next piece of work is expected to cost
 
     def spend(self, started: float, cost: float) -> None:
         """Note work that started at ``started`` and took ``cost`` seconds of its thread's CPU."""
         with self._lock:
             self._paid_at = max(self._paid_at, started) + cost / self._share
+            self._last_cost = cost
 
     def ready_at(self) -> float:
-        """The earliest moment at which the next piece of work may start."""
+        """The earliest moment at which the next piece of work (expected to cost what the last did) may start."""
         with self._lock:
-            return self._paid_at - self._burst
+            return self._paid_at + self._last_cost / self._share - self._burst
