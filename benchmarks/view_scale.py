@@ -12,7 +12,8 @@ threads' CPU over the updates), and the kernel's half of a change's latency: fro
 returned to the moment the first update that holds it (its ``clock`` at or after the operation) was sent. What the
 browser does with it (frames a second, long tasks, the rest of the latency) is measured in the browser half of
 this benchmark. Each mode also reports the CPU its loop's thread took, and the whole process's CPU over the loop
-against the loop alone (``cpu_vs_none``): what a view costs the kernel, steadier than seconds on a shared machine.
+against the loop alone (``cpu_vs_none``): what a view costs the kernel, steadier than seconds on a shared machine;
+and the median over repeats of each run's seconds against the loop alone's with the same seed (``paired_vs_none``).
 
     python benchmarks/view_scale.py [--ops 2000] [--repeats 3] [--modes none,view,panel,dashboard] [--json out.json]
 
@@ -197,6 +198,11 @@ def main() -> None:
         for run in results:
             if base_cpu:
                 run["cpu_vs_none"] = (run["loop_cpu_s"] + run["other_threads_cpu_s"]) / base_cpu
+    # Each run against the loop alone with the same seed (the same operations, right before it): the median of
+    # these pairs is steadier than best against best when the loop's own time moves between runs.
+    for results in runs.values():
+        for run, alone in zip(results, runs.get("none", ()), strict=False):
+            run["paired_vs_none"] = run["seconds"] / alone["seconds"]
     print(f"\n{'mode':12} {'best s':>8} {'median s':>9} {'vs none':>8}  extra")
     table = {}
     for mode, results in runs.items():
