@@ -105,7 +105,7 @@ CONTROLS_SOURCE = "UVM Lab controls"
 #: Seconds between two updates of an idle kernel's view: a sample for the device lanes, nothing else.
 IDLE_SAMPLE = 1.0
 #: The share of the kernel's time (of the view's BUSY_SHARE) that updates may take; timeline answers take the rest.
-UPDATES_SHARE = 0.03
+UPDATES_SHARE = 0.04
 #: Seconds of the answers' share that may be owed: a view asks for the timeline about once a second, and one answer
 #: may cost more than its share of a second.
 ANSWERS_BURST = 1.0

@@ -2,7 +2,7 @@
 
 A view that watches a loop takes the GIL from it while it reads maps and packs messages. Each refresh (and each
 answer to a timeline query, which reads every event held) is paid for by the time after it: work that took
-``cost`` seconds uses up ``cost / share`` seconds of the clock (24 times the cost after it, at 4%), and the
+``cost`` seconds uses up ``cost / share`` seconds of the clock (19 times the cost after it, at 5%), and the
 next piece of work may start once what came before, and the piece itself, would be paid for within ``burst``
 seconds (:data:`BURST` unless given). A piece is expected to cost what the last one did: charged only after it
 ran, a refresh of 50 ms would overshoot a short loop's share by its whole cost. So the first change after a quiet
@@ -23,10 +23,8 @@ import threading
 
 __all__ = ["BURST", "BUSY_SHARE", "Budget"]
 
-#: The most of the kernel's CPU time that a live view's refreshes may take: under the 5% a view may cost a loop,
-#: since the loop also pays for handing the interpreter's lock to and fro (``benchmarks/view_scale.py`` measures
-#: both).
-BUSY_SHARE = 0.04
+#: The most of the kernel's time that a live view's refreshes may take.
+BUSY_SHARE = 0.05
 #: The most time (in seconds of the clock) that work done may be owed for before more work waits: a few updates.
 BURST = 0.25
 

@@ -173,7 +173,7 @@ class Dashboard:
         clock = self._clock
         while not self._stop.is_set():
             clock.wait(self._wake, None)
-            # The throttle (..throttle): at most one refresh an interval and BUSY_SHARE of the kernel's time; what
+            # The throttle (..throttle): at most one refresh an interval and 5% of the kernel's time; what
             # arrives meanwhile is drawn in that one.
             if clock.wait(self._stop, max(0.0, max(self._last + self.interval, self._budget.ready_at())
                                           - clock.monotonic())):
