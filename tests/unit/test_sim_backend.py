@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import uvm_lab as ul
+from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EventKind, MigrationCause
 from uvm_lab.events.schema import MemoryKind
 from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
@@ -368,3 +369,18 @@ def test_a_chunk_longer_than_one_part_keeps_its_write_flags_in_step():
     for lo, hi in zip(first.tolist(), last.tolist(), strict=True):
         touched[lo:hi] = True
     assert np.array_equal(touched, write)
+
+
+def test_a_backend_made_earlier_is_made_current_again_as_it_is():
+    first = ul.get_backend()
+    buf = ul.DeviceBuffer(size="4MiB")
+    second = ul.use_backend("sim", device_memory="8MiB")
+    assert ul.get_backend() is second and second is not first
+    assert ul.use_backend(first) is first and ul.get_backend() is first
+    ul.touch(buf, on="gpu", mode="write")   # the buffer made on it works as before
+    assert ul.residency(buf).summary()["gpu"] == 1.0
+    with pytest.raises(InvalidArgumentError, match="options are for a new backend"):
+        ul.use_backend(second, device_memory="1GiB")
+    with pytest.raises(InvalidArgumentError, match="backend must be one of auto, sim, cuda or a Backend"):
+        ul.use_backend("tpu")
+    assert ul.get_backend() is first   # neither refusal changed the current backend

@@ -27,29 +27,37 @@ def _cuda_backend_class() -> Any | None:
     return CudaBackend if CudaBackend.is_available() else None
 
 
-def use_backend(name: str = "auto", *, watch: bool | None = None, **options: Any) -> Backend:
+def use_backend(name: str | Backend = "auto", *, watch: bool | None = None, **options: Any) -> Backend:
     """Make a new backend current and return it.
 
     ``"sim"`` is the simulated device (options: ``device_memory``, ``platform``); ``"cuda"`` the real
     GPU; ``"auto"`` picks ``"cuda"`` where a usable GPU and the CUDA backend are present, else ``"sim"``.
-    Resources and buffers made earlier keep the backend they were made on; the current device resource
-    starts afresh on the new one.
+    A backend made earlier (say, the one ``get_backend()`` returned before an experiment made its own) is made
+    current again as it is. Resources and buffers made earlier keep the backend they were made on; the current
+    device resource starts afresh on the new one.
 
     ``watch`` runs the host watcher (``ul.tracing.watch()``), which keeps the maps of a real GPU true with
     tracing off; by default it runs on a real GPU, and never on the simulator, whose maps are exact.
     """
     global _current
-    if name not in _BACKENDS:
-        raise InvalidArgumentError(f"backend must be one of {', '.join(_BACKENDS)}, got {name!r}",
-                                   value=name, expected=", ".join(_BACKENDS))
+    if not isinstance(name, Backend) and name not in _BACKENDS:
+        raise InvalidArgumentError(f"backend must be one of {', '.join(_BACKENDS)} or a Backend, got {name!r}",
+                                   value=name, expected=", ".join(_BACKENDS) + ", or a Backend")
     if watch is not None and not isinstance(watch, bool):
         raise InvalidArgumentError(f"watch must be True, False or None, got {watch!r}", value=watch,
                                    expected="a bool, or None for the backend's default")
-    cuda = _cuda_backend_class() if name in ("auto", "cuda") else None
-    if name == "cuda" and cuda is None:
-        raise BackendError("the CUDA backend is not available here: it needs an NVIDIA GPU, its driver and "
-                           "uvm_lab's cuda extra (pip install 'uvm_lab[cuda]'); use_backend('sim') simulates one")
-    backend: Backend = cuda(**options) if cuda is not None else SimBackend(**options)
+    if isinstance(name, Backend) and options:
+        raise InvalidArgumentError(f"options are for a new backend, not one made already: got {sorted(options)}",
+                                   value=sorted(options), expected="no options with a Backend")
+    backend: Backend
+    if isinstance(name, Backend):
+        backend = name
+    else:
+        cuda = _cuda_backend_class() if name in ("auto", "cuda") else None
+        if name == "cuda" and cuda is None:
+            raise BackendError("the CUDA backend is not available here: it needs an NVIDIA GPU, its driver and "
+                               "uvm_lab's cuda extra (pip install 'uvm_lab[cuda]'); use_backend('sim') simulates one")
+        backend = cuda(**options) if cuda is not None else SimBackend(**options)
     if watch and backend.is_simulated:
         raise InvalidArgumentError("watch=True needs a real GPU: the simulator has no host page tables to read",
                                    value=watch, expected="False or None on the simulator")

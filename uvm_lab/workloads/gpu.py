@@ -245,9 +245,9 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
                                             bufs[2][(i * n + j) * tile:], np.uint64(tile)))
     cupy.cuda.runtime.deviceSynchronize()
     seconds = time.perf_counter() - start
-    htod = dtoh = records = None
-    if counter is not None:
-        collector.flush()
-        htod, dtoh = counter.take()
-        records = counter.take_records()
-    return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, htod, dtoh, None, records)
+    if counter is None:
+        return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, None, None, None)
+    collector.flush()
+    moved = counter.take()
+    return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, moved.htod, moved.dtoh, None,
+                       moved.records, moved.evicted)

@@ -12,13 +12,13 @@ from ..backends.sim import SimBackend
 from ..backends.sim.platform import Platform
 from ..errors import InvalidArgumentError
 from ..events.bus import EventBus
-from ..events.schema import Advice, EventKind, MemoryKind
+from ..events.schema import Advice, EventKind, MemoryKind, MigrationCause
 from ..location import Location
 from ..units import PAGE_SIZE, parse_size
 from .patterns import CHUNK, Chunk, phase_stream, stream_shape
 from .spec import Phase, Workload
 
-__all__ = ["POLICIES", "MigrationCounter", "PhaseResult", "run_sim", "swept_bytes"]
+__all__ = ["POLICIES", "MigrationCounter", "Moved", "PhaseResult", "run_sim", "swept_bytes"]
 
 #: How data reaches the GPU: fault it in (no advice); prefetch it chunk by chunk ahead of the kernel;
 #: ReadMostly (reads duplicate, writes collapse); or leave it on the host (PreferredLocation=host) with the
@@ -41,6 +41,8 @@ class PhaseResult:
     #: records published in the pass, by CUPTI counter name (``htod``, ``dtoh``, ``gpu_faults``, ``cpu_faults``):
     #: the simulator's, or on a GPU what CUPTI delivered for the counters its collector enabled
     records: dict[str, int] | None = None
+    #: bytes the pass moved to the host to make room on the GPU (of ``bytes_dtoh``)
+    bytes_evicted: int | None = None
 
     @property
     def gb_per_s(self) -> float:
@@ -52,6 +54,17 @@ def _passes(phase: Phase) -> list[Phase]:
     """A multi-pass phase as one phase per pass, so that each pass is timed on its own."""
     n = int(phase.param("passes", 1))
     return [replace(phase, params={**phase.params, "passes": 1}) for _ in range(n)]
+
+
+@dataclass(frozen=True)
+class Moved:
+    """What a :class:`MigrationCounter` counted since it was last taken."""
+
+    htod: int      #: bytes migrated to the GPU
+    dtoh: int      #: bytes migrated to the host, evictions included
+    evicted: int   #: bytes migrated to the host to make room on the GPU (cause EVICTION)
+    faults: int    #: page faults, the GPU's and the CPU's (a record may stand for several)
+    records: dict[str, int]   #: records of each kind, by CUPTI counter name
 
 
 class MigrationCounter:
@@ -66,7 +79,7 @@ class MigrationCounter:
                                              "cpu_faults": EventKind.CPU_PAGE_FAULT}
 
     def __init__(self, bus: EventBus) -> None:
-        self.htod = self.dtoh = 0
+        self.htod = self.dtoh = self.evicted = self.faults = 0
         self.records = dict.fromkeys(self.KINDS, 0)
         self.bus = bus
         self._sub = bus.subscribe(self._add, kinds=tuple(self.KINDS.values()))
@@ -77,22 +90,20 @@ class MigrationCounter:
         for name, k in self.KINDS.items():
             self.records[name] += int(counts[k])
         nbytes = records["bytes"].astype(np.int64)
+        dtoh = kind == EventKind.DTOH
         self.htod += int(nbytes[kind == EventKind.HTOD].sum())
-        self.dtoh += int(nbytes[kind == EventKind.DTOH].sum())
+        self.dtoh += int(nbytes[dtoh].sum())
+        self.evicted += int(nbytes[dtoh & (records["flags"] == MigrationCause.EVICTION)].sum())
+        faults = (kind == EventKind.GPU_PAGE_FAULT) | (kind == EventKind.CPU_PAGE_FAULT)
+        self.faults += int(records["value"][faults].astype(np.int64).sum())
 
-    def take(self) -> tuple[int, int]:
-        """``(htod, dtoh)`` bytes since the last call (:meth:`take_records` has the records' counts)."""
+    def take(self) -> Moved:
+        """What was counted since the last call."""
         self.bus.flush(wait=False)
         self._sub.drain()
-        out = (self.htod, self.dtoh)
-        self.htod = self.dtoh = 0
-        return out
-
-    def take_records(self) -> dict[str, int]:
-        """Records of each kind since the last call."""
-        self.bus.flush(wait=False)
-        self._sub.drain()
-        out, self.records = self.records, dict.fromkeys(self.KINDS, 0)
+        out = Moved(self.htod, self.dtoh, self.evicted, self.faults, self.records)
+        self.htod = self.dtoh = self.evicted = self.faults = 0
+        self.records = dict.fromkeys(self.KINDS, 0)
         return out
 
     def close(self) -> None:
@@ -178,7 +189,6 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
         for phase in workload.phases:
             for i, one in enumerate(_passes(phase)):
                 counter.take()
-                counter.take_records()
                 results.append(_run_pass(backend, workload, one, i, ptrs, policy, chunk, counter))
         return results
     finally:
@@ -236,6 +246,6 @@ def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int,
             r = backend.access_stream(addrs, where, writes, launch=launch, **shape)
             faults += r.faults or 0
             remote += r.bytes_remote or 0
-    htod, dtoh = counter.take()
+    moved = counter.take()
     return PhaseResult(phase.pattern, index, (backend.now_ns() - start) / 1e9, swept_bytes(workload, phase), faults,
-                       htod, dtoh, remote, counter.take_records())
+                       moved.htod, moved.dtoh, remote, moved.records, moved.evicted)
