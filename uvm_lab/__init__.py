@@ -43,6 +43,7 @@ __all__ = [
     "Trace",
     "__version__",
     "available_device_memory",
+    "compare",
     "deferred",
     "errors",
     "events",
@@ -72,6 +73,14 @@ get_tracker()  # residency maps are built from events: start listening before th
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
     """Where the built lab extension lives (for ``jupyter labextension develop``)."""
     return [{"src": "labextension", "dest": "uvm-lab"}]
+
+
+def compare(workload: Any, grid: Any = None, **options: Any) -> Any:
+    """Run a workload over a grid of configurations and return the table: see
+    :func:`uvm_lab.experiment.compare`."""
+    from .experiment import compare as run
+
+    return run(workload, grid, **options)
 
 
 def snapshot(trace: Trace | None, path: str | os.PathLike[str], **options: Any) -> Path:
