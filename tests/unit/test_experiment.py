@@ -127,6 +127,7 @@ def test_the_progress_bar_counts_the_runs(capsys):
 
 
 def test_the_plot_has_a_bar_per_configuration():
+    pytest.importorskip("bokeh")   # uvm_lab[jupyter]'s: the table needs no plotting package
     result = ul.compare("sequential_stream", {"policy": ["faults", "prefetch", "remote"]}, size="16MiB",
                         progress=False)
     fig = result.plot()
