@@ -352,8 +352,8 @@ class _Function(_Runner):
         platform = _platform(values)
         if "policy" in values:
             _policy(values)
-        on = _where(values)
-        if on == "gpu":
+        on = values.get("on", "sim")
+        if on != "auto" and _where(values) == "gpu":   # "auto": the simulator, where a function runs for now
             raise InvalidArgumentError("a function runs on the simulator for now: on='gpu' takes catalog "
                                        "workloads and Workload descriptions", value=on, expected="on='sim'")
         memory = _device_memory(values, None)

@@ -174,3 +174,8 @@ def test_on_gpu_without_one_says_what_to_do_instead():
         ul.compare("strided", on="gpu", progress=False)
     # "auto" runs the simulator here, and says so.
     assert set(ul.compare("strided", size="16MiB", on="auto", progress=False).summary["ran_on"]) == {"sim"}
+
+
+def test_a_function_runs_on_the_simulator_wherever_it_is_asked_to_run_automatically():
+    result = ul.compare(lambda: ul.DeviceBuffer(size="4MiB").close(), on="auto", progress=False)
+    assert list(result.summary["ran_on"]) == ["sim"]
