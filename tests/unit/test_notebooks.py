@@ -296,3 +296,36 @@ def test_the_seed_example_takes_no_faults_with_the_prefetch_adaptor_and_some_wit
     assert all("result (4096, 4096)" in line and "'gpu': 1.0" in line for line in (without, with_prefetch))
 
 
+
+
+@pytest.fixture(scope="module")
+def strategies(executed):
+    """The prefetch-strategies notebook, executed; returns {cell id: cell}."""
+    return {c.id: c for c in executed("04-prefetch-strategies.ipynb")}
+
+
+def test_the_prefetch_strategies_rank_as_the_text_says(strategies):
+    printed = stdout(strategies["findings"])
+    ms = {(memory, name): float(t) for memory, line in re.findall(r"^(4GiB|1GiB): (.*)$", printed, re.M)
+          for name, t in re.findall(r"(none|on allocate|on access) (\d+) ms", line)}
+    assert len(ms) == 6
+    # Where it fits: on access, then on allocate, then none. Where it does not: on access is the slowest.
+    assert ms["4GiB", "on access"] < ms["4GiB", "on allocate"] < ms["4GiB", "none"]
+    assert ms["1GiB", "on access"] > max(ms["1GiB", "none"], ms["1GiB", "on allocate"])
+    # On allocate moves the host-filled inputs back: their whole gigabyte.
+    assert "moved 1.00 GiB back to the host" in printed
+
+
+def test_the_prefetch_strategies_text_states_the_faults_and_evictions_shown(strategies):
+    printed = stdout(strategies["findings"])
+    fits = re.search(r"^faults where it fits: (.*)$", printed, re.M)[1]
+    faults = {name: int(n.replace(",", "")) for name, n in re.findall(r"(none|on allocate|on access) ([\d,]+)", fits)}
+    text = strategies["findings-md"].source
+    hosts = int(re.search(r"the ([\d,]+) of\s+its row are the host's", text)[1].replace(",", ""))
+    # The kernel takes no fault on access: its row holds the host's alone, which every row holds too.
+    assert faults["on access"] == hosts and min(faults.values()) == hosts and faults["none"] > 100 * hosts
+    over = re.search(r"^evicted where it does not fit: (.*)$", printed, re.M)[1]
+    evicted = {name: float(n) for name, n in re.findall(r"(none|on allocate|on access) ([\d.]+) GiB", over)}
+    number = r"(\d+(?:\.\d+)?)"
+    said = re.search(rf"it evicts {number} GiB over the three passes, where faulting alone evicts {number}", text)
+    assert evicted["on access"] == float(said[1]) and evicted["none"] == float(said[2])
