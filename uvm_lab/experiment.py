@@ -132,13 +132,7 @@ class Experiment:
         path = Path(path)
         meta = json.dumps({"format": _FORMAT, "parameters": self.parameters, "metadata": self.metadata})
         if path.suffix == ".parquet":
-            try:
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-            except ImportError as err:
-                raise InvalidArgumentError(f"writing {path.name} needs pyarrow (pip install pyarrow); a .csv path "
-                                           "writes CSV with its metadata as JSON beside it", value=str(path),
-                                           expected="a .csv path, or pyarrow installed") from err
+            pa, pq = _pyarrow(path, "writing")
             table = pa.Table.from_pandas(self.passes, preserve_index=False)
             table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"uvm_lab": meta.encode()})
             pq.write_table(table, path)
@@ -159,8 +153,7 @@ def load(path: str | Path) -> Experiment:
     """Read an experiment that :meth:`Experiment.save` wrote (on this machine or another)."""
     path = Path(path)
     if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
+        _, pq = _pyarrow(path, "reading")
         table = pq.read_table(path)
         meta = json.loads((table.schema.metadata or {}).get(b"uvm_lab", b"null"))
         passes = table.to_pandas()
@@ -175,6 +168,18 @@ def load(path: str | Path) -> Experiment:
                                    expected="a file written by Experiment.save")
     passes["note"] = ["" if pd.isna(note) else str(note) for note in passes["note"]]   # CSV reads "" as missing
     return Experiment(passes, list(meta["parameters"]), dict(meta["metadata"]))
+
+
+def _pyarrow(path: Path, doing: str) -> tuple[Any, Any]:
+    """pyarrow and its parquet module, or a typed error that says what to do without it."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as err:
+        raise InvalidArgumentError(f"{doing} {path.name} needs pyarrow (pip install pyarrow); a .csv path "
+                                   "keeps an experiment as CSV with its metadata as JSON beside it", value=str(path),
+                                   expected="a .csv path, or pyarrow installed") from err
+    return pa, pq
 
 
 # -- running -------------------------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pandas as pd
 import pytest
 
@@ -119,6 +121,20 @@ def test_saving_and_loading_name_the_formats(tmp_path):
     (tmp_path / "other.json").write_text("{}")
     with pytest.raises(InvalidArgumentError, match="not an experiment"):
         experiment.load(tmp_path / "other.csv")
+
+
+def test_without_pyarrow_parquet_is_refused_and_csv_offered(tmp_path, monkeypatch):
+    result = ul.compare("strided", size="64MiB", progress=False)
+    saved = result.save(tmp_path / "kept.parquet")
+    with monkeypatch.context() as without:
+        for name in ("pyarrow", "pyarrow.parquet"):
+            without.setitem(sys.modules, name, None)   # as if it were not installed
+        with pytest.raises(InvalidArgumentError, match=r"needs pyarrow.*a \.csv path"):
+            result.save(tmp_path / "new.parquet")
+        with pytest.raises(InvalidArgumentError, match="needs pyarrow"):
+            experiment.load(saved)
+    assert not (tmp_path / "new.parquet").exists()
+    assert experiment.load(result.save(tmp_path / "new.csv")).parameters == []
 
 
 def test_the_progress_bar_counts_the_runs(capsys):
