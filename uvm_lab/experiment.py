@@ -237,17 +237,13 @@ def compare(workload: WorkloadLike, grid: Mapping[str, Iterable[Any]] | None = N
     bar = _progress(total, runner.name) if progress else None
     started = clock.monotonic()
     try:
-        for repeat in range(repeats):
-            for plan in plans:
-                if time_budget is not None and clock.monotonic() - started >= time_budget:
-                    break
-                frames.append(plan.run(repeat, parameters))
-                done += 1
-                if bar is not None:
-                    bar.update(1)
-            else:
-                continue
-            break
+        for repeat, plan in itertools.product(range(repeats), plans):   # every configuration before any again
+            if time_budget is not None and clock.monotonic() - started >= time_budget:
+                break
+            frames.append(plan.run(repeat, parameters))
+            done += 1
+            if bar is not None:
+                bar.update(1)
     finally:
         if bar is not None:
             bar.close()
