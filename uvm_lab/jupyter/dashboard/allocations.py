@@ -12,7 +12,7 @@ from bokeh.models import ColumnDataSource
 from uvm_lab.page_states import CATEGORY_NAMES
 from uvm_lab.units import format_bytes
 
-from .base import DashboardComponent, update_source
+from .base import DashboardComponent, described_again, update_source
 from .collect import category_table
 
 __all__ = ["AllocationList"]
@@ -64,10 +64,8 @@ class AllocationList(DashboardComponent):
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
         allocs = snapshot["allocations"]
-        same_rows = [a["id"] for a in allocs] == [a["id"] for a in self._drawn]
-        changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new] \
-            if same_rows else []
-        if same_rows and all(allocs[r]["label"] == self._drawn[r]["label"] for r in changed):
+        changed = described_again(self._drawn, allocs)
+        if changed is not None and all(allocs[r]["label"] == self._drawn[r]["label"] for r in changed):
             # The same buffers, none renamed: no option changed, and of the rows described again only those whose
             # counts moved are patched (a patch is a message to the browser, as update_source avoids).
             moved = [r for r in changed if allocs[r]["category_pages"] != self._drawn[r]["category_pages"]]

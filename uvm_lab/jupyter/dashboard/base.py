@@ -79,3 +79,11 @@ def update_source(source: ColumnDataSource, data: Mapping[str, Sequence[Any] | n
         return False
     source.data = dict(data)
     return True
+
+
+def described_again(drawn: Sequence[Mapping[str, Any]], allocs: Sequence[Mapping[str, Any]]) -> list[int] | None:
+    """The rows of ``allocs`` whose description is not the one a view drew them from, where they are the same
+    allocations in the same order as ``drawn``; None where they are not (the rows must be made again)."""
+    if [a["id"] for a in allocs] != [a["id"] for a in drawn]:
+        return None
+    return [r for r, (old, new) in enumerate(zip(drawn, allocs, strict=True)) if old is not new]

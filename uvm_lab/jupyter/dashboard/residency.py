@@ -23,7 +23,7 @@ from uvm_lab.page_states import CATEGORY_NAMES
 from uvm_lab.units import format_bytes
 
 from ..palette import PALETTE
-from .base import BokehView, DashboardComponent, update_source
+from .base import BokehView, DashboardComponent, described_again, update_source
 from .collect import bin_states, category_table, shown_categories
 
 __all__ = ["ResidencyMap", "ResidencyOverview"]
@@ -208,9 +208,8 @@ class ResidencyOverview(DashboardComponent):
     def update(self, snapshot: Mapping[str, Any]) -> None:
         allocs = snapshot["allocations"]
         self.legend.follow(snapshot, allocs)
-        same_rows = [a["id"] for a in allocs] == [a["id"] for a in self._drawn]
-        changed = [r for r, (old, new) in enumerate(zip(self._drawn, allocs, strict=True)) if old is not new] \
-            if same_rows else []
+        again = described_again(self._drawn, allocs)
+        same_rows, changed = again is not None, again or []
         if same_rows and 0 < len(changed) <= _PATCHED_ROWS:
             self.image.patch({"image": [((0, r, slice(None)), self._strip(allocs[r])) for r in changed]})
             self.source.patch({c: [(r, allocs[r]["category_pages"][c]) for r in changed] for c in CATEGORY_NAMES})
