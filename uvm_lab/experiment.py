@@ -52,6 +52,7 @@ from .clock import SYSTEM_CLOCK, Clock, checked_clock
 from .errors import BackendError, InvalidArgumentError, shown
 from .units import format_bytes, parse_size
 from .workloads import POLICIES, WORKLOADS, PhaseResult, Workload, gpu_available, make, run_gpu, run_sim
+from .workloads.gpu import MAX_FRACTION_OF_FREE
 from .workloads.sim import MigrationCounter
 
 __all__ = ["RUNNER_PARAMETERS", "Experiment", "compare", "load"]
@@ -60,8 +61,9 @@ __all__ = ["RUNNER_PARAMETERS", "Experiment", "compare", "load"]
 RUNNER_PARAMETERS = ("policy", "device_memory", "oversubscription", "platform", "prefetch_chunk", "on")
 _DEFAULTS = {"policy": "faults", "platform": "x86-pcie5", "prefetch_chunk": "256MiB", "on": "sim"}
 _SIM_DEVICE_MEMORY = "16GiB"   # run_sim's, where a configuration names none
-_GPU_SHARE_OF_FREE = 0.9       # run_gpu's bound: never more managed memory than this share of what the card has free
 _FORMAT = 1                    # the saved file's layout
+#: What a run measured that sums over its passes (missing where nothing measured it).
+_COUNTS = ("bytes_htod", "bytes_dtoh", "bytes_evicted", "bytes_remote", "faults")
 
 
 @dataclass
@@ -82,7 +84,7 @@ class Experiment:
     def runs(self) -> pd.DataFrame:
         """One row per configuration and repeat: the passes' times, bytes and faults summed."""
         keys = [*self.parameters, "repeat", "ran_on", "note"]
-        sums = ["seconds", "bytes", "bytes_htod", "bytes_dtoh", "bytes_evicted", "bytes_remote", "faults"]
+        sums = ["seconds", "bytes", *_COUNTS]
         runs = self.passes.groupby(keys, sort=False, dropna=False)[sums].sum(min_count=1).reset_index()
         runs["gb_per_s"] = runs["bytes"] / runs["seconds"] / 1e9
         return runs
@@ -94,8 +96,7 @@ class Experiment:
         runs = self.runs
         keys = [*self.parameters, "ran_on", "note"]
         grouped = runs.groupby(keys, sort=False, dropna=False)
-        out = grouped[["seconds", "bytes_htod", "bytes_dtoh", "bytes_evicted", "bytes_remote", "faults",
-                       "gb_per_s"]].median()
+        out = grouped[["seconds", *_COUNTS, "gb_per_s"]].median()
         out["seconds_min"] = grouped["seconds"].min()
         out["seconds_max"] = grouped["seconds"].max()
         out["spread"] = (out["seconds_max"] - out["seconds_min"]) / out["seconds"]
@@ -273,7 +274,7 @@ class _Plan:
                          "bytes": r.bytes, "bytes_htod": r.bytes_htod, "bytes_dtoh": r.bytes_dtoh,
                          "bytes_evicted": r.bytes_evicted, "bytes_remote": r.bytes_remote, "faults": r.faults})
         frame = pd.DataFrame(rows)
-        for column in ("bytes_htod", "bytes_dtoh", "bytes_evicted", "bytes_remote", "faults"):
+        for column in _COUNTS:
             frame[column] = frame[column].astype("Int64")   # a count, or missing where nothing measured it
         return frame
 
@@ -471,8 +472,8 @@ def _gpu_refusal(values: dict[str, Any], workload_bytes: int) -> str:
     import cupy  # gpu_available() found it
 
     free, _ = cupy.cuda.runtime.memGetInfo()
-    if workload_bytes > _GPU_SHARE_OF_FREE * free:
-        return (f"needs {format_bytes(workload_bytes)}, more than {_GPU_SHARE_OF_FREE:.0%} of the GPU's "
+    if workload_bytes > MAX_FRACTION_OF_FREE * free:
+        return (f"needs {format_bytes(workload_bytes)}, more than {MAX_FRACTION_OF_FREE:.0%} of the GPU's "
                 f"{format_bytes(free)} free: simulated only, never oversubscribed")
     return ""
 
@@ -492,7 +493,7 @@ def _plain(value: Any) -> Any:
 
 def _empty(parameters: list[str]) -> pd.DataFrame:
     return pd.DataFrame(columns=[*parameters, "repeat", "ran_on", "note", "phase", "pass_index", "seconds", "bytes",
-                                 "bytes_htod", "bytes_dtoh", "bytes_evicted", "bytes_remote", "faults"])
+                                 *_COUNTS])
 
 
 def _version() -> str:

@@ -92,8 +92,14 @@ def _cuda_backend(device: int = 0) -> Any:
     return cls(device, bus=EventBus())
 
 
+#: The most of the GPU's free memory a workload's managed buffers may take by default: real GPUs are never
+#: oversubscribed here.
+MAX_FRACTION_OF_FREE = 0.9
+
+
 def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int = 256 << 20,
-            max_fraction_of_free: float = 0.9, backend: Any = None, collector: Any = None) -> list[PhaseResult]:
+            max_fraction_of_free: float = MAX_FRACTION_OF_FREE, backend: Any = None,
+            collector: Any = None) -> list[PhaseResult]:
     """Run ``workload`` on GPU 0 with CuPy and return one result per pass of each phase.
 
     Buffers start host-written, as :func:`~uvm_lab.workloads.run_sim` starts them by default. Managed
