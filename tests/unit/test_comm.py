@@ -554,7 +554,7 @@ def test_closing_the_comm_ends_the_session(device):
     bus = ul.events.get_bus()
     before = len(bus.subscriptions())
     session = PanelSession(comm, interval=0.01)
-    assert len(bus.subscriptions()) == before + 1
+    assert len(bus.subscriptions()) == before + 2   # its own, and the kernel's timeline it opened
     comm.close_from_frontend()
     assert session.closed
     assert len(bus.subscriptions()) == before
@@ -564,6 +564,30 @@ def test_closing_the_comm_ends_the_session(device):
     buf.prefetch("gpu")
     bus.flush()   # delivered to every subscriber: the session is none of them now
     assert comm.messages == []
+
+
+def test_the_kernels_timeline_listens_only_while_a_view_is_open(device):
+    bus = ul.events.get_bus()
+
+    def timelines():
+        return [s for s in bus.subscriptions() if s.name == "the live view's timeline"]
+
+    assert timelines() == [], "an earlier test left a view open"
+    first, second = PanelSession(RecordingComm(), start=False), PanelSession(RecordingComm(), start=False)
+    assert len(timelines()) == 1   # one for the kernel, whatever the number of views
+    first.close()
+    first.close()   # closing twice gives back once
+    assert len(timelines()) == 1   # the other view still reads it
+    second.close()
+    assert timelines() == []   # no view: nothing in the loop's thread feeds a timeline
+    buf = ul.DeviceBuffer(size="1MiB")
+    buf.prefetch("gpu")
+    third = PanelSession(RecordingComm(), start=False)
+    try:   # a view opened later starts from the bus's history: what happened while none was open is there
+        window = third._window
+        assert window.held >= 2 and buf.id in window.changed_lanes(0)[1]
+    finally:
+        third.close()
 
 
 def test_register_comm_target_outside_a_kernel_is_a_no_op():

@@ -77,7 +77,7 @@ from .protocol import (
     parse_command,
 )
 from .throttle import BUSY_SHARE, Budget
-from .timeline import DeviceSeries, EventWindow, shared
+from .timeline import DeviceSeries, EventWindow, release_shared, shared
 
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
 
@@ -151,7 +151,8 @@ class PanelSession:
         self._watched: frozenset[int] | None = None   # the maps the view shows (None: all, the sidebar's way)
         self._next_other = 0.0   # when the next map off the view's screen may be read (_refresh)
         self._lanes_deferred: dict[int, None] = {}   # off-screen buffers whose new counts wait, in order (_due)
-        # The kernel's shared ones unless given (a test's, fed and clocked by the test).
+        # The kernel's shared ones unless given (a test's, fed and clocked by the test); given back at close.
+        self._owns_timeline = timeline is None
         self._window, self._series = timeline or shared(bus)
         self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
@@ -352,11 +353,14 @@ class PanelSession:
 
     def close(self) -> None:
         """Stop listening and sending (the comm closed, or the kernel is shutting down)."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
+        with self._lock:   # once, whoever else closes it meanwhile
+            if self._closed.is_set():
+                return
+            self._closed.set()
         self._wake.set()
         self._subscription.close()
+        if self._owns_timeline:
+            release_shared()
         with _sessions_lock:
             _sessions.discard(self)
 

@@ -20,7 +20,7 @@ from typing import Final
 import numpy as np
 
 from ..clock import SYSTEM_CLOCK, Clock, checked_clock
-from ..errors import InvalidArgumentError
+from ..errors import InvalidArgumentError, InvalidStateError
 from ..events import EventKind, MigrationCause, get_bus
 from ..events.bus import EventBus, Subscription
 from ..events.causes import CAUSE_NAMES, cause_codes
@@ -30,7 +30,7 @@ from ..events.staged import StagedRecords
 from ..tracing.attribution import AllocationIndex
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
 
-__all__ = ["DeviceSeries", "EventWindow", "shared"]
+__all__ = ["DeviceSeries", "EventWindow", "release_shared", "shared"]
 
 #: A merged row's ``src`` or ``dst`` when its events had several.
 SEVERAL: Final = -3
@@ -531,13 +531,16 @@ class DeviceSeries:
 
 
 _shared: tuple[EventWindow, DeviceSeries] | None = None
+_shared_users = 0
 _shared_lock = threading.Lock()
 
 
 def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
-    """The kernel's one event window and device series, made and subscribed on first use (seeded with the
-    bus's history, so the timeline starts before the first view)."""
-    global _shared
+    """The kernel's one event window and device series, made and subscribed when the first view takes them
+    (seeded with the bus's history, so the timeline starts before that view), and let go once the last has
+    given them back (:func:`release_shared`): a kernel that no view watches pays nothing for them. Each call
+    is one taker's."""
+    global _shared, _shared_users
     with _shared_lock:
         if _shared is None:
             bus = bus or get_bus()
@@ -553,4 +556,19 @@ def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
                 window.feed(bus.history())
                 window.subscription = bus.subscribe(feed, name="the live view's timeline", inline=True)
             _shared = (window, series)
+        _shared_users += 1
         return _shared
+
+
+def release_shared() -> None:
+    """Give back what one call of :func:`shared` took; the last taker's release unsubscribes them (a view
+    opened later starts again from the bus's history, which holds more than a window does)."""
+    global _shared, _shared_users
+    with _shared_lock:
+        if _shared_users <= 0:
+            raise InvalidStateError("release_shared() was called more often than shared(): nothing is held")
+        _shared_users -= 1
+        if _shared_users == 0 and _shared is not None:
+            subscription, _shared = _shared[0].subscription, None
+            if subscription is not None:
+                subscription.close()
