@@ -16,8 +16,13 @@ against the loop alone (``cpu_vs_none``): what a view costs the kernel, steadier
 and the median over repeats of each run's seconds against the loop alone's with the same seed (``paired_vs_none``).
 
     python benchmarks/view_scale.py [--ops 2000] [--repeats 3] [--modes none,view,panel,dashboard] [--json out.json]
+    python benchmarks/view_scale.py --repeats 0 --pairs 40 --block-ops 400 --modes view,dashboard
 
-``view`` watches the maps a view shows (a screenful of the list's rows); ``panel`` watches none, as the
+The second form measures the cost to the loop alone, steadier than whole runs: pairs of short blocks, one with a
+view (or the dashboard) and one without, back to back (``alternating``).
+
+``view`` watches the maps a view shows (a screenful of the list's rows), at the view's default rate;
+``view_10hz`` does so with the view's rate set to 10 updates a second; ``panel`` watches none, as the
 sidebar panel does, and reads every changed map. Two more modes take the view apart: ``paused`` (a view attached
 and paused: fed, sending nothing) and ``subscriber`` (a bus subscriber that does nothing, on a thread of its own).
 """
@@ -126,14 +131,16 @@ def percentile(values: list[float], q: float) -> float:
 def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> dict[str, float]:
     if mode == "none":
         return watched_loop(buffers, ops, seed)[0]
-    if mode in ("view", "panel", "paused"):
+    if mode in ("view", "view_10hz", "panel", "paused"):
         from uvm_lab.jupyter.comm import PanelSession
 
         comm = CountingComm()
         session = PanelSession(comm)
         session.handle({"type": "hello", "seq": 0})
-        if mode == "view":   # as the view does: the maps on screen (a screenful of the list's rows) first
+        if mode.startswith("view"):   # as the view does: the maps on screen (a screenful of the list's rows) first
             session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
+        if mode == "view_10hz":   # the view's rate control set to 10 updates a second (the default is 20)
+            session.handle({"type": "rate", "seq": 2, "interval_ms": 100})
         elif mode == "paused":   # attached but paused: what it costs the loop to be fed, with no update sent
             session.handle({"type": "pause", "seq": 1, "paused": True})
         snapshot, _ = comm.taken()
@@ -163,7 +170,67 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
         finally:
             dashboard.close()
         return {**run, "refreshes": dashboard.refreshes}
-    raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, panel, dashboard, paused, subscriber")
+    raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, view_10hz, panel, dashboard, paused, "
+                     "subscriber")
+
+
+class Attached:
+    """A view (or the dashboard) attached to the kernel and done with its first drawing, for a block of the loop."""
+
+    def __init__(self, mode: str, buffers: list[ul.DeviceBuffer]) -> None:
+        self.mode = mode
+        if mode == "view":
+            from uvm_lab.jupyter.comm import PanelSession
+
+            self.session = PanelSession(CountingComm())
+            self.session.handle({"type": "hello", "seq": 0})   # the snapshot is sent before handle returns
+            self.session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
+        elif mode == "dashboard":
+            from uvm_lab.jupyter.dashboard import Dashboard
+
+            self.dashboard = Dashboard(live=True)
+        else:
+            raise SystemExit(f"--pairs measures view or dashboard, not {mode!r}")
+        time.sleep(0.3)   # what attaching set going ends before the block's clock starts
+
+    def close(self) -> None:
+        if self.mode == "view":
+            self.session.close()
+        else:
+            self.dashboard.close()
+
+
+def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int) -> dict[str, float]:
+    """The loop's cost with ``mode`` against none, from ``pairs`` pairs of short blocks run back to back.
+
+    The machine's speed moves in phases of seconds, by more than the 5% measured; two blocks of a fraction of a
+    second each, one right after the other, fall in the same phase. Both blocks of a pair run the same operations
+    from the same map (every buffer prefetched to the host first, untimed), so they do the same work. The view is
+    attached (and has sent its snapshot) before its block starts and closed after it, so a block with none runs
+    as a kernel that no view watches. Which block comes first alternates. Reported: the mean of the pairs' log
+    ratios, as a ratio, with a 95% interval (two standard errors), and their median."""
+    logs = []
+    for pair in range(pairs):
+        seconds = {}
+        for which in (("none", mode) if pair % 2 == 0 else (mode, "none")):
+            for buf in buffers:
+                buf.prefetch("host")
+            attached = Attached(mode, buffers) if which != "none" else None
+            try:
+                if attached is None:
+                    time.sleep(0.3)   # as long as an attached view is given to settle
+                seconds[which] = loop(buffers, ops, seed=1_000_000 + pair)[0]
+            finally:
+                if attached is not None:
+                    attached.close()
+        logs.append(float(np.log(seconds[mode] / seconds["none"])))
+        print(f"pair {pair + 1}/{pairs} {mode:10} none {seconds['none']:.3f} s, {mode} {seconds[mode]:.3f} s, "
+              f"{seconds[mode] / seconds['none']:.3f}x", flush=True)
+    mean = float(np.mean(logs))
+    error = 2 * float(np.std(logs, ddof=1)) / np.sqrt(len(logs)) if len(logs) > 1 else float("nan")
+    return {"pairs": pairs, "ops_per_block": ops, "ratio": float(np.exp(mean)),
+            "ratio_low": float(np.exp(mean - error)), "ratio_high": float(np.exp(mean + error)),
+            "median_ratio": float(np.exp(np.median(logs)))}
 
 
 def main() -> None:
@@ -172,6 +239,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", default="none,view,panel,dashboard")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="then this many pairs of short blocks, with and without each of view and dashboard "
+                             "among --modes (see alternating)")
+    parser.add_argument("--block-ops", type=int, default=400)
     args = parser.parse_args()
     modes = args.modes.split(",")
 
@@ -190,6 +261,7 @@ def main() -> None:
             print(f"run {r + 1}/{args.repeats} {mode:10} {done['seconds']:.3f} s, loop thread "
                   f"{done['loop_cpu_s']:.3f} s, other threads {done['other_threads_cpu_s']:.3f} s", flush=True)
 
+    runs = {mode: results for mode, results in runs.items() if results}   # none with --repeats 0 (--pairs alone)
     base = min(run["seconds"] for run in runs["none"]) if "none" in runs else None
     # The CPU the whole process spent on the loop (its thread's and the view's threads'), against the loop alone:
     # less noisy than its seconds where other machines' work shares the cores.
@@ -214,6 +286,12 @@ def main() -> None:
         shown = ", ".join(f"{k} {v:,.3f}" if k.endswith(("share", "vs_none")) else
                           f"{k} {v:,.1f}" if k.endswith(("_ms", "_s")) else f"{k} {v:,.0f}" for k, v in extra.items())
         print(f"{mode:12} {best:8.3f} {median:9.3f} {ratio:>8}  {shown}")
+    if args.pairs:
+        print(f"\n{'mode':12} {'pairs':>6} {'ops':>5} {'vs none':>8} {'95% interval':>16} {'median':>8}")
+        for mode in (m for m in modes if m in ("view", "dashboard")):
+            cost = table.setdefault(f"{mode}_alternating", alternating(mode, buffers, args.pairs, args.block_ops))
+            print(f"{mode:12} {args.pairs:6} {args.block_ops:5} {cost['ratio']:7.3f}x "
+                  f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x", flush=True)
     if args.json:
         args.json.write_text(json.dumps(table, indent=2))
 
