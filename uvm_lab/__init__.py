@@ -70,6 +70,19 @@ __all__ = [
 get_tracker()  # residency maps are built from events: start listening before the first allocation
 
 
+#: Subpackages imported on first use (``ul.workloads``, ``ul.experiment``): they bring pandas and the catalog, which
+#: importing uvm_lab need not pay for.
+_ON_FIRST_USE = ("experiment", "workloads")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _ON_FIRST_USE:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def _jupyter_labextension_paths() -> list[dict[str, str]]:
     """Where the built lab extension lives (for ``jupyter labextension develop``)."""
     return [{"src": "labextension", "dest": "uvm-lab"}]

@@ -195,3 +195,12 @@ def test_on_gpu_without_one_says_what_to_do_instead():
 def test_a_function_runs_on_the_simulator_wherever_it_is_asked_to_run_automatically():
     result = ul.compare(lambda: ul.DeviceBuffer(size="4MiB").close(), on="auto", progress=False)
     assert list(result.summary["ran_on"]) == ["sim"]
+
+
+def test_the_experiment_and_the_catalog_are_attributes_of_a_fresh_import():
+    import subprocess
+
+    code = "import uvm_lab as ul; print(ul.workloads.POLICIES[0], ul.experiment.compare is not None); ul.nothing"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["faults", "True"]
+    assert "has no attribute 'nothing'" in done.stderr   # any other name is still an AttributeError
