@@ -45,7 +45,7 @@ from typing import Any
 
 import pandas as pd
 
-from .backends import get_backend, has_backend, use_backend
+from .backends import using_backend
 from .backends.sim import SimBackend
 from .backends.sim.platform import get_platform
 from .clock import SYSTEM_CLOCK, Clock, checked_clock
@@ -370,20 +370,17 @@ class _Function(_Runner):
 def _call_on_sim(function: Callable[..., Any], kwargs: dict[str, Any], name: str, device_memory: int,
                  platform: Any) -> list[PhaseResult]:
     """Call ``function`` with a simulated device of its own current, and what it moved, from its events."""
-    before = get_backend() if has_backend() else None
-    backend = use_backend("sim", device_memory=device_memory, platform=platform)
-    assert isinstance(backend, SimBackend)
-    counter = MigrationCounter(backend.bus)
-    try:
-        counter.take()
-        start = backend.now_ns()
-        function(**kwargs)
-        moved = counter.take()
-        seconds = (backend.now_ns() - start) / 1e9
-    finally:
-        counter.close()
-        if before is not None:
-            use_backend(before)
+    with using_backend("sim", device_memory=device_memory, platform=platform) as backend:
+        assert isinstance(backend, SimBackend)
+        counter = MigrationCounter(backend.bus)
+        try:
+            counter.take()
+            start = backend.now_ns()
+            function(**kwargs)
+            moved = counter.take()
+            seconds = (backend.now_ns() - start) / 1e9
+        finally:
+            counter.close()
     return [PhaseResult(name, 0, seconds, moved.htod + moved.dtoh, moved.faults, moved.htod, moved.dtoh, None,
                         moved.records, moved.evicted)]
 

@@ -204,3 +204,19 @@ def test_the_experiment_and_the_catalog_are_attributes_of_a_fresh_import():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["faults", "True"]
     assert "has no attribute 'nothing'" in done.stderr   # any other name is still an AttributeError
+
+
+def test_an_experiment_leaves_the_backend_as_it_found_it_even_none():
+    import subprocess
+
+    # In a fresh process no backend is current until something picks one: a user's function run by compare must
+    # not leave its simulated device behind for the buffers the user makes next.
+    code = ("import uvm_lab as ul\n"
+            "def step(n):\n    ul.touch(ul.DeviceBuffer(size='1MiB'), on='gpu')\n"
+            "ul.compare(step, {'n': [1, 2]}, progress=False)\n"
+            "print(ul.backends.has_backend())")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["False"], done.stderr
+    previous = ul.get_backend()
+    experiment.compare(lambda: None, progress=False)
+    assert ul.get_backend() is previous

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from ..errors import BackendError, InvalidArgumentError
@@ -11,7 +13,7 @@ from .base import AccessMode, AccessResult, Backend, RangeAdvice
 from .sim import SimBackend
 
 __all__ = ["AccessMode", "AccessResult", "Backend", "RangeAdvice", "SimBackend", "get_backend", "has_backend",
-           "use_backend"]
+           "use_backend", "using_backend"]
 
 _BACKENDS = ("auto", "sim", "cuda")
 _current: Backend | None = None
@@ -80,3 +82,24 @@ def get_backend() -> Backend:
 def has_backend() -> bool:
     """Whether a backend is current (``use_backend`` was called, or ``get_backend`` picked one), without picking one."""
     return _current is not None
+
+
+@contextmanager
+def using_backend(name: str | Backend = "auto", **options: Any) -> Iterator[Backend]:
+    """:func:`use_backend` for the length of a ``with`` block: the backend current before it, or none (so that the
+    next :func:`get_backend` picks one, as it would have), is current again after it."""
+    global _current
+    with _lock:
+        before = _current
+    backend = use_backend(name, **options)
+    try:
+        yield backend
+    finally:
+        if before is not None:
+            use_backend(before)
+        else:
+            from ..tracing.watcher import unwatch
+
+            unwatch()
+            with _lock:
+                _current = None
