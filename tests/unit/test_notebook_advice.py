@@ -11,16 +11,10 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_bokeh")
 
-from tests.unit.test_notebooks import _execute, stdout  # noqa: E402
+from tests.unit.test_notebooks import NUMBER, _execute, number, stdout  # noqa: E402
 
 NAME = "05-memory-advice.ipynb"
 ADVICES = ("none", "read_mostly", "preferred_location", "accessed_by")
-#: A number as the notebook writes one: 65,536, 14,437.8, 2.08.
-NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
-
-
-def number(text: str) -> float:
-    return float(text.replace(",", ""))
 
 
 def numbers(text: str) -> set[float]:

@@ -12,17 +12,11 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_bokeh")
 
-from tests.unit.test_notebooks import ROOT, _execute, stdout  # noqa: E402
+from tests.unit.test_notebooks import NUMBER, ROOT, _execute, number, result, stdout  # noqa: E402
 
 NAME = "06-oversubscription.ipynb"
-#: A number as the notebook writes one: 7.6, 1,447.3, 0.51.
-NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
 #: The cells the tests read, by id.
 IDS = ("setup", "compare", "cliff", "cliff-md", "findings", "findings-md", "plot")
-
-
-def number(text: str) -> float:
-    return float(text.replace(",", ""))
 
 
 def numbers(text: str) -> list[float]:
@@ -34,10 +28,6 @@ def said(pattern: str, text: str) -> list[float]:
     found = re.search(pattern.replace("{n}", f"({NUMBER})"), text, re.M)
     assert found, f"not found: {pattern!r}"
     return [number(n) for n in found.groups()]
-
-
-def result(cell) -> str:
-    return next(o.data["text/plain"] for o in cell.outputs if o.output_type == "execute_result")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_bokeh")
 
-from tests.unit.test_notebooks import _execute, result, stdout
+from tests.unit.test_notebooks import _execute, number, result, stdout
 from uvm_lab.units import PAGE_SIZE
 
 NOTEBOOK = "07-choosing-a-resource.ipynb"
@@ -27,13 +27,9 @@ def resources():
     return {c.id: c for c in _execute(NOTEBOOK)}
 
 
-def _number(text: str) -> float:
-    return float(text.replace(",", ""))
-
-
 def _named(line: str, unit: str = "") -> dict[str, float]:
     """``"a 1.0 ms, b c 2.0 ms"`` as ``{"a": 1.0, "b c": 2.0}``."""
-    return {m[1]: _number(m[2]) for m in (re.fullmatch(rf"(.+) ([\d.,]+){unit}", item) for item in line.split(", "))}
+    return {m[1]: number(m[2]) for m in (re.fullmatch(rf"(.+) ([\d.,]+){unit}", item) for item in line.split(", "))}
 
 
 def _said(text: str, pattern: str) -> tuple[str, ...]:
@@ -60,7 +56,7 @@ def larger(resources):
     printed = stdout(resources["larger-findings"])
     refused = dict(re.findall(r"^(.+?): refused: (.*)$", printed, re.M))
     names = ("ms", "loading", "kernels", "faults", "to_gpu", "to_host", "evicted")
-    ran = {m[0]: dict(zip(names, map(_number, m[1:]), strict=True)) for m in RAN.findall(printed)}
+    ran = {m[0]: dict(zip(names, map(number, m[1:]), strict=True)) for m in RAN.findall(printed)}
     return refused, ran
 
 
@@ -93,7 +89,7 @@ def test_managed_memory_faults_every_new_buffer_in_and_a_pool_only_the_first(fit
     assert faults["managed"] == fits["steps"] * faults["pool over managed"] > 0
     total, times, pooled = _said(resources["fits-findings-md"].source,
                                  r"([\d,]+) faults in all, (\d+) times the ([\d,]+) that `pool over managed` takes")
-    assert (_number(total), int(times), _number(pooled)) == (faults["managed"], fits["steps"],
+    assert (number(total), int(times), number(pooled)) == (faults["managed"], fits["steps"],
                                                              faults["pool over managed"])
 
 
@@ -132,9 +128,9 @@ def test_the_larger_than_the_gpu_text_states_the_numbers_printed(larger, resourc
     moved, evicted = _said(text, r"once a pass \(([\d.]+) GiB\) and evicts ([\d.]+) GiB")
     assert all(run["to_gpu"] == float(moved) for run in ran.values())
     assert faulting["evicted"] == piece["evicted"] == float(evicted) < adaptor["evicted"]
-    assert tuple(map(_number, _said(text, r"Faulting alone takes ([\d.]+) ms and ([\d,]+) faults"))) == (
+    assert tuple(map(number, _said(text, r"Faulting alone takes ([\d.]+) ms and ([\d,]+) faults"))) == (
         faulting["ms"], faulting["faults"])
-    assert tuple(map(_number, _said(text, r"takes ([\d.]+) ms with ([\d,]+) faults, all of them the host's"))) == (
+    assert tuple(map(number, _said(text, r"takes ([\d.]+) ms with ([\d,]+) faults, all of them the host's"))) == (
         piece["ms"], piece["faults"])
     assert tuple(map(float, _said(text, r"its kernels take ([\d.]+) ms against ([\d.]+),"))) == (
         piece["kernels"], faulting["kernels"])

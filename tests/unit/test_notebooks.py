@@ -98,6 +98,15 @@ def welcome(executed):
     return {c.id: c for c in executed(WELCOME.name)}
 
 
+#: A number as a notebook prints one: 65,536, 1,447.3, 0.51.
+NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
+
+
+def number(text: str) -> float:
+    """A number as a notebook prints one (:data:`NUMBER`), read back."""
+    return float(text.replace(",", ""))
+
+
 def stdout(cell) -> str:
     return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
 
