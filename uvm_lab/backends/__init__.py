@@ -41,7 +41,6 @@ def use_backend(name: str | Backend = "auto", *, watch: bool | None = None, **op
     ``watch`` runs the host watcher (``ul.tracing.watch()``), which keeps the maps of a real GPU true with
     tracing off; by default it runs on a real GPU, and never on the simulator, whose maps are exact.
     """
-    global _current
     if not isinstance(name, Backend) and name not in _BACKENDS:
         raise InvalidArgumentError(f"backend must be one of {', '.join(_BACKENDS)} or a Backend, got {name!r}",
                                    value=name, expected=", ".join(_BACKENDS) + ", or a Backend")
@@ -63,15 +62,22 @@ def use_backend(name: str | Backend = "auto", *, watch: bool | None = None, **op
     if watch and backend.is_simulated:
         raise InvalidArgumentError("watch=True needs a real GPU: the simulator has no host page tables to read",
                                    value=watch, expected="False or None on the simulator")
+    _make_current(backend, watch=(watch is None and not backend.is_simulated) or bool(watch))
+    return backend
+
+
+def _make_current(backend: Backend | None, *, watch: bool = False) -> None:
+    """``backend`` current (None: none, so that the next :func:`get_backend` picks one), the last one's host
+    watcher stopped, and this one's started where ``watch`` says."""
+    global _current
     from ..tracing.watcher import unwatch
     from ..tracing.watcher import watch as start_watching
 
     unwatch()   # the last backend's, if any
     with _lock:
         _current = backend
-    if (watch is None and not backend.is_simulated) or watch:
+    if watch:
         start_watching()
-    return backend
 
 
 def get_backend() -> Backend:
@@ -88,7 +94,6 @@ def has_backend() -> bool:
 def using_backend(name: str | Backend = "auto", **options: Any) -> Iterator[Backend]:
     """:func:`use_backend` for the length of a ``with`` block: the backend current before it, or none (so that the
     next :func:`get_backend` picks one, as it would have), is current again after it."""
-    global _current
     with _lock:
         before = _current
     backend = use_backend(name, **options)
@@ -98,8 +103,4 @@ def using_backend(name: str | Backend = "auto", **options: Any) -> Iterator[Back
         if before is not None:
             use_backend(before)
         else:
-            from ..tracing.watcher import unwatch
-
-            unwatch()
-            with _lock:
-                _current = None
+            _make_current(None)
