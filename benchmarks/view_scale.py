@@ -132,17 +132,7 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
     if mode == "none":
         return watched_loop(buffers, ops, seed)[0]
     if mode in ("view", "view_10hz", "panel", "paused"):
-        from uvm_lab.jupyter.comm import PanelSession
-
-        comm = CountingComm()
-        session = PanelSession(comm)
-        session.handle({"type": "hello", "seq": 0})
-        if mode.startswith("view"):   # as the view does: the maps on screen (a screenful of the list's rows) first
-            session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
-        if mode == "view_10hz":   # the view's rate control set to 10 updates a second (the default is 20)
-            session.handle({"type": "rate", "seq": 2, "interval_ms": 100})
-        elif mode == "paused":   # attached but paused: what it costs the loop to be fed, with no update sent
-            session.handle({"type": "pause", "seq": 1, "paused": True})
+        session, comm = attach(mode, buffers)
         snapshot, _ = comm.taken()
         try:
             run, done = watched_loop(buffers, ops, seed)
@@ -174,17 +164,29 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
                      "subscriber")
 
 
+def attach(mode: str, buffers: list[ul.DeviceBuffer]) -> tuple[Any, CountingComm]:
+    """A lab view's session in ``mode`` (view, view_10hz, panel or paused), its snapshot sent, and what it sends to."""
+    from uvm_lab.jupyter.comm import PanelSession
+
+    comm = CountingComm()
+    session = PanelSession(comm)
+    session.handle({"type": "hello", "seq": 0})   # the snapshot is sent before handle returns
+    if mode.startswith("view"):   # as the view does: the maps on screen (a screenful of the list's rows) first
+        session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
+    if mode == "view_10hz":   # the view's rate control set to 10 updates a second (the default is 20)
+        session.handle({"type": "rate", "seq": 2, "interval_ms": 100})
+    elif mode == "paused":   # attached but paused: what it costs the loop to be fed, with no update sent
+        session.handle({"type": "pause", "seq": 1, "paused": True})
+    return session, comm
+
+
 class Attached:
     """A view (or the dashboard) attached to the kernel and done with its first drawing, for a block of the loop."""
 
     def __init__(self, mode: str, buffers: list[ul.DeviceBuffer]) -> None:
         self.mode = mode
         if mode == "view":
-            from uvm_lab.jupyter.comm import PanelSession
-
-            self.session = PanelSession(CountingComm())
-            self.session.handle({"type": "hello", "seq": 0})   # the snapshot is sent before handle returns
-            self.session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
+            self.session, _ = attach(mode, buffers)
         elif mode == "dashboard":
             from uvm_lab.jupyter.dashboard import Dashboard
 
