@@ -15,6 +15,7 @@ from typing import Any
 
 from . import deferred, errors, events, mr, statistics
 from .access import touch
+from .advisor import Recommendations, advise
 from .backends import get_backend, use_backend
 from .backends.base import AccessResult
 from .buffer import DeviceBuffer, find_buffer, live_buffers
@@ -29,6 +30,7 @@ from .mr import (
 )
 from .residency_map import ResidencyMap, get_tracker, residency
 from .stream import DEFAULT_STREAM, Stream
+from .trace_replay import Replayed, replay
 from .units import format_bytes, parse_size
 
 __version__ = "0.1.0"
@@ -38,10 +40,13 @@ __all__ = [
     "AccessResult",
     "DeviceBuffer",
     "Location",
+    "Recommendations",
+    "Replayed",
     "ResidencyMap",
     "Stream",
     "Trace",
     "__version__",
+    "advise",
     "available_device_memory",
     "compare",
     "deferred",
@@ -58,6 +63,7 @@ __all__ = [
     "record",
     "register_reinitialize_hook",
     "reinitialize",
+    "replay",
     "residency",
     "snapshot",
     "statistics",

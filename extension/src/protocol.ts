@@ -59,7 +59,8 @@ export const EVENT_KINDS: Readonly<Record<number, string>> = {
   23: 'ADVICE',
   24: 'INVALIDATE',
   25: 'UNOBSERVED',
-  26: 'RESIDENCY'
+  26: 'RESIDENCY',
+  27: 'ACCESS'
 };
 
 /** The timeline's columns, in the order of its buffers, with their types (numpy's spelling). */

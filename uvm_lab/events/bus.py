@@ -31,6 +31,11 @@ The bus keeps the most recent records as history, so a view that attaches late (
 timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
 detached and logged, never allowed to break the producer (a page fault must not fail because a plot did).
 
+The simulator's modelled accesses (ACCESS records, what :mod:`uvm_lab.trace_replay` replays) are many and only a
+recording made for replay reads them: the simulator publishes them, as batches of their own, only while a
+subscription names the kind (:attr:`EventBus.wants_accesses`); they go to such subscriptions alone and are not
+kept in the history.
+
 An inline subscriber may publish too (the residency tracker publishes the migrations a completed prefetch
 implies): its records are published right after the batch being published, so every subscriber sees the
 same order.
@@ -66,6 +71,7 @@ log = logging.getLogger("uvm_lab.events")
 Callback = Callable[[np.ndarray], None]
 
 _alloc_ids = itertools.count(1)
+_ACCESS = int(EventKind.ACCESS)
 
 #: The most records that may wait for one subscriber (about 8 MiB); what arrives past it is dropped for it.
 PENDING_LIMIT = 1 << 17
@@ -135,6 +141,8 @@ class Subscription:
         self._thread: threading.Thread | None = None
         self._closed = False
         self._hurry = threading.Event()   # ends the thread's pause: set on close, or once half the limit waits
+        #: Whether it asked for the simulator's ACCESS records, which no other subscription is given.
+        self.takes_accesses = kinds is not None and int(EventKind.ACCESS) in kinds
 
     @property
     def waiting(self) -> int:
@@ -291,10 +299,15 @@ class EventBus:
         """Records that fell out of the history ring."""
         return max(0, self._written - self._capacity)
 
+    @property
+    def wants_accesses(self) -> bool:
+        """Whether a subscription asked for ACCESS records: only then does the simulator publish them."""
+        return any(sub.takes_accesses for sub in self._subscribers)
+
     def subscribe(self, callback: Callback, kinds: Iterable[EventKind | int] | None = None, *,
                   limit: int = PENDING_LIMIT, name: str | None = None, inline: bool = False) -> Subscription:
         """Call ``callback(records)`` with every batch published from now on (only ``kinds``, if given), on a
-        thread of the subscription's own.
+        thread of the subscription's own. ACCESS records come only where ``kinds`` names them.
 
         At most ``limit`` records wait for it; past that, what arrives is dropped for it and counted. ``name``
         says whose it is in ``%uvm status`` (the callback's name by default). ``inline`` is for the bus's own
@@ -406,7 +419,8 @@ class EventBus:
             self._in_hooks.active = False
 
     def publish(self, records: np.ndarray) -> None:
-        """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, after anything queued."""
+        """Deliver ``records`` (an ``EVENT_DTYPE`` array) to every subscriber, after anything queued. ACCESS records
+        come in batches of their own (see the module's docstring)."""
         if not isinstance(records, np.ndarray) or records.dtype != EVENT_DTYPE or records.ndim != 1:
             what = f"{records.dtype} array of {records.ndim} dimension(s)" if isinstance(records, np.ndarray) \
                 else type(records).__name__
@@ -414,6 +428,9 @@ class EventBus:
                                        f"got a {what}", value=records, expected="a 1-D EVENT_DTYPE array")
         if not len(records) or sys.is_finalizing():
             return
+        if records["kind"][0] == _ACCESS and (records["kind"] != _ACCESS).any():
+            raise InvalidArgumentError("ACCESS records are published in batches of their own, not with records of "
+                                       "other kinds", value=records, expected="a batch of ACCESS records alone")
         with self._locked():
             if self._delivering:   # a subscriber publishing (the lock is this thread's): after this batch
                 self._follow.append(records)
@@ -455,11 +472,14 @@ class EventBus:
         batches = [records]
         while batches:
             batch = stamp(batches.pop(0))   # the driver's records, and any without a caller: the running cell
-            self._append(batch)
+            accesses = batch["kind"][0] == _ACCESS   # a batch of ACCESS records is all ACCESS records (publish)
+            if not accesses:
+                self._append(batch)
             self._delivering = True
             try:
                 for sub in self._subscribers:
-                    sub._offer(batch)
+                    if sub.takes_accesses or not accesses:
+                        sub._offer(batch)
             finally:
                 self._delivering = False
             batches.extend(self._follow)

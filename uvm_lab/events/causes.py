@@ -104,6 +104,8 @@ def decode_flags(kind: int, flags: int) -> tuple[IntEnum | None, IntEnum | None]
     (:data:`~.schema.MigrationCause.USER_INFERRED`)."""
     if kind == EventKind.PREFETCH:
         return (MigrationCause.USER_INFERRED if flags else MigrationCause.USER), None
+    if kind == EventKind.ACCESS:   # its access type, beside the bits that say how it was recorded
+        return None, AccessType._value2member_map_.get(flags & 0x07)   # type: ignore[return-value]
     cause_enum, detail_enum = _CAUSE_ENUM.get(kind), _DETAIL_ENUM.get(kind)
     cause = cause_enum._value2member_map_.get(flags) if cause_enum else None
     detail = detail_enum._value2member_map_.get(flags) if detail_enum else None

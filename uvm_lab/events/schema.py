@@ -28,6 +28,10 @@ import numpy as np
 from ..errors import InvalidArgumentError
 
 __all__ = [
+    "ACCESS_PART",
+    "ACCESS_RUN",
+    "ACCESS_STREAM",
+    "ACCESS_UNIFORM",
     "EVENT_DTYPE",
     "EVENT_DTYPE_WITHOUT_SOURCE",
     "INFERRED_BIT",
@@ -111,6 +115,9 @@ class EventKind(IntEnum):
     # What uvm_lab knows without a record of the driver's (a real GPU with tracing off).
     UNOBSERVED = 25      #: pages changed where nothing recorded it; flags = UnobservedCause, dst = the GPU at work
     RESIDENCY = 26       #: the pages' state, as inferred: value = the page state (uvm_lab.page_states)
+    #: A modelled access (the simulator's, published only to a recording that asks: :mod:`uvm_lab.trace_replay`);
+    #: src = the processor, flags = :class:`AccessType` and the ``ACCESS_*`` bits.
+    ACCESS = 27
 
     @property
     def is_migration(self) -> bool:
@@ -165,6 +172,17 @@ class AccessType(IntEnum):
     WRITE = 2
     ATOMIC = 3
     PREFETCH = 4
+
+
+#: An ACCESS record's ``flags``, besides its :class:`AccessType` (the low three bits). A range access (``touch``)
+#: is one record: ``address`` and ``bytes`` its range. An access stream is a header (``ACCESS_STREAM``: ``address``
+#: in-flight accesses, ``bytes`` bytes an access, ``value`` warps or 0 for the whole GPU, ``dst`` 1 for a launch,
+#: ``ACCESS_UNIFORM`` where one mode applied to every access) and then its accesses as runs of consecutive pages
+#: (``ACCESS_RUN``; ``ACCESS_PART`` on the first of each part the simulator ran), each of one access type.
+ACCESS_UNIFORM = 0x08
+ACCESS_STREAM = 0x10
+ACCESS_PART = 0x20
+ACCESS_RUN = 0x40
 
 
 class RemoteMapCause(IntEnum):

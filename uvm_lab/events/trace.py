@@ -208,7 +208,7 @@ class Trace:
 
 
 @contextlib.contextmanager
-def record(bus: EventBus | None = None, *, limit: int = PENDING_LIMIT) -> Iterator[Trace]:
+def record(bus: EventBus | None = None, *, limit: int = PENDING_LIMIT, accesses: bool = False) -> Iterator[Trace]:
     """Record every event published while the block runs::
 
         with ul.record() as trace:
@@ -219,16 +219,24 @@ def record(bus: EventBus | None = None, *, limit: int = PENDING_LIMIT) -> Iterat
     what arrives meanwhile is dropped from it, and counted: :attr:`Trace.missed`, and ``summary()["missed"]``.
     Frees that garbage collection asked for before the block (:mod:`uvm_lab.deferred`) are done before it begins,
     so they are not in the recording.
+
+    With ``accesses``, the recording also holds the simulator's modelled accesses (ACCESS records: every
+    ``touch`` and access stream, page runs and all), so that :func:`uvm_lab.replay` replays it exactly; they
+    are many, and the simulator publishes them only while a recording asks.
     """
     if bus is None:
         bus = get_bus()
     elif not isinstance(bus, EventBus):
         raise InvalidArgumentError(f"bus must be a uvm_lab EventBus or None, got {shown(bus)}", value=bus,
                                    expected="an EventBus, or None for the process's bus")
+    if not isinstance(accesses, bool):
+        raise InvalidArgumentError(f"accesses must be True or False, got {shown(accesses)}", value=accesses,
+                                   expected="True or False")
     trace = Trace(bus=bus)
     # Frees that garbage collection already asked for belong before the recording, not in it.
     deferred.run()
-    with bus.subscribe(trace._add, limit=limit, name="ul.record()") as subscription:
+    kinds = list(EventKind) if accesses else None
+    with bus.subscribe(trace._add, kinds, limit=limit, name="ul.record()") as subscription:
         trace._subscription = subscription
         try:
             yield trace

@@ -31,7 +31,19 @@ import numpy as np
 
 from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError, shown
 from ...events.bus import EventBus, get_bus, new_alloc_id
-from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause
+from ...events.schema import (
+    ACCESS_PART,
+    ACCESS_RUN,
+    ACCESS_STREAM,
+    ACCESS_UNIFORM,
+    NO_PROCESSOR,
+    AccessType,
+    Advice,
+    EventKind,
+    MemoryKind,
+    MigrationCause,
+    make_events,
+)
 from ...events.sources import capture
 from ...location import HOST_ID, Location
 from ...units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
@@ -425,6 +437,10 @@ class SimBackend:
             self._check_location(processor)
             first, last = seg.page_range(ptr, size)
             log = EventLog(self._now)
+            # What a recording for replay reads (uvm_lab.trace_replay): the call itself.
+            accesses = [make_events(1, kind=EventKind.ACCESS, flags=_ACCESS_TYPES[mode], src=processor.id,
+                                    dst=NO_PROCESSOR, start=self._now, address=ptr, bytes=size, alloc_id=seg.id,
+                                    stream=stream)] if self.bus.wants_accesses else None
             p = self.platform
             touch_bw = {"read": p.touch_read_bw, "write": p.touch_write_bw, "atomic": p.touch_atomic_bw}[mode]
             if seg.kind is MemoryKind.DEVICE and processor.is_host:
@@ -452,7 +468,7 @@ class SimBackend:
                 pages = np.arange(seg.base + first, seg.base + last, dtype=np.int64)
                 stats = self._engine.run([(pages, mode != "read")], processor.id, log, in_flight=p.gpu_pages_in_flight,
                                          access_type=_ACCESS_TYPES[mode], stream=stream, memory_bw=touch_bw)
-            return self._result(log, stats)
+            return self._result(log, stats, accesses)
 
     def access_stream(self, addresses: np.ndarray | Iterable[np.ndarray], processor: Location,
                       mode: AccessMode | np.ndarray | Iterable[np.ndarray] = "read", *, in_flight: int | None = None,
@@ -521,6 +537,13 @@ class SimBackend:
             if in_memory:   # checked whole before anything runs: a bad address leaves the state as it was
                 parts = list(parts)
             log = EventLog(self._now)
+            accesses = None
+            if self.bus.wants_accesses:   # what a recording for replay reads (uvm_lab.trace_replay): call and pages
+                flags = access_type | (ACCESS_STREAM | (ACCESS_UNIFORM if isinstance(mode, str) else 0))
+                accesses = [make_events(1, kind=EventKind.ACCESS, flags=flags, src=processor.id, dst=int(launch),
+                                        start=self._now, address=in_flight, bytes=bytes_per_access,
+                                        value=warps or 0, stream=stream)]
+                parts = self._recorded(parts, accesses, processor.id, access_type, isinstance(mode, str), stream)
             if launch:
                 log.advance(self.platform.kernel_launch_latency)
             try:
@@ -528,7 +551,7 @@ class SimBackend:
                                          bytes_per_access=bytes_per_access, warps=warps, access_type=access_type,
                                          stream=stream)
             finally:
-                self._finish(log)
+                self._finish(log, accesses)
             seconds = stats.seconds + (self.platform.kernel_launch_latency if launch else 0.0)
             return AccessResult(seconds=seconds, faults=stats.faults, bytes_htod=stats.bytes_htod,
                                 bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
@@ -563,9 +586,32 @@ class SimBackend:
             raise InvalidArgumentError("mode has more write arrays than there are address chunks",
                                        value="extra write arrays", expected="one write array per chunk")
 
-    def _result(self, log: EventLog, stats: StreamStats) -> AccessResult:
+    def _recorded(self, parts: Iterable[tuple[np.ndarray, bool | np.ndarray]], into: list[np.ndarray],
+                  processor: int, access_type: AccessType, uniform: bool, stream: int
+                  ) -> Iterator[tuple[np.ndarray, bool | np.ndarray]]:
+        """``parts``, each noted in ``into`` as it runs: one ACCESS_RUN record per run of consecutive pages of one
+        block and one access type, in program order, the part's first marked ACCESS_PART."""
+        for pages, writes in parts:
+            n = len(pages)
+            if n:
+                w = np.broadcast_to(np.bool_(writes), n) if isinstance(writes, (bool, np.bool_)) else writes
+                cut = np.flatnonzero((np.diff(pages) != 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)
+                                     | (w[1:] != w[:-1])) + 1
+                starts = np.concatenate(([0], cut))
+                first = pages[starts]
+                types = np.full(len(starts), access_type, dtype=np.uint8) if uniform else \
+                    np.where(w[starts], np.uint8(AccessType.WRITE), np.uint8(AccessType.READ))
+                runs = make_events(len(starts), kind=EventKind.ACCESS, flags=types | ACCESS_RUN, src=processor,
+                                   dst=NO_PROCESSOR, start=self._now, address=self._table.addresses(first),
+                                   bytes=np.diff(np.append(starts, n)) * PAGE_SIZE,
+                                   alloc_id=self._table.block_alloc[first >> BLOCK_SHIFT], stream=stream)
+                runs["flags"][0] |= ACCESS_PART
+                into.append(runs)
+            yield pages, writes
+
+    def _result(self, log: EventLog, stats: StreamStats, accesses: list[np.ndarray] | None = None) -> AccessResult:
         start = self._now
-        self._finish(log)
+        self._finish(log, accesses)
         return AccessResult(seconds=(self._now - start) / 1e9, faults=stats.faults, bytes_htod=stats.bytes_htod,
                             bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
 
@@ -659,9 +705,15 @@ class SimBackend:
         st[drop_host] &= np.uint8(0xFE)
         mem.release_if_empty(np.unique(pages[dup] >> BLOCK_SHIFT))
 
-    def _finish(self, log: EventLog) -> None:
+    def _finish(self, log: EventLog, accesses: list[np.ndarray] | None = None) -> None:
+        """Publish what ``log`` holds, after ``accesses`` (the ACCESS records of what it did, for a recording)."""
         self._now = max(self._now, int(log.t))
         source = capture()   # one call made every record of the log: they share the user's line
+        if accesses:
+            access = np.concatenate(accesses)
+            access["end"] = self._now
+            access["source"] = source
+            self.bus.publish(access)
         for piece in log.pieces():
             piece["source"] = source
             self.bus.publish(piece)

@@ -1,0 +1,156 @@
+"""The advisor: each pattern found in a trace, the change named as code, and a gain the change really has."""
+
+from __future__ import annotations
+
+import pytest
+
+import uvm_lab as ul
+from uvm_lab.errors import InvalidArgumentError
+from uvm_lab.trace_replay import measured
+
+MiB = 1 << 20
+
+
+def by_pattern(advice: ul.Recommendations) -> dict[str, ul.advisor.Recommendation]:
+    return {r.pattern: r for r in advice}
+
+
+def trap(read_mostly: bool) -> tuple[ul.Trace, ul.DeviceBuffer]:
+    """A buffer the host and the GPU take turns writing, with ReadMostly set or not; and the buffer."""
+    with ul.record(accesses=True) as trace:
+        weights = ul.DeviceBuffer(size="16MiB", label="weights")
+        weights.read_mostly = read_mostly
+        for _ in range(3):
+            ul.touch(weights, on="host", mode="write")
+            ul.touch(weights, on="gpu", mode="write")
+    return trace, weights
+
+
+def test_a_read_mostly_buffer_that_is_written_is_found_and_dropping_it_gains_what_was_predicted():
+    ul.use_backend("sim", device_memory="1GiB")
+    trace, _alive = trap(read_mostly=True)
+    found = by_pattern(ul.advise(trace))["read_mostly_written"]
+
+    assert found.name == "weights" and found.code == "weights.read_mostly = False"
+    assert found.source.startswith("test_advisor.py:") and found.allocated_at.startswith("test_advisor.py:")
+    assert found.gain > 0.5
+    # Applied for real: the same code without ReadMostly takes the time the replay predicted.
+    ul.use_backend("sim", device_memory="1GiB")
+    assert measured(trap(read_mostly=False)[0])["seconds"] == pytest.approx(found.after.seconds, rel=0.01)
+
+
+def test_a_buffer_freed_since_is_named_by_the_line_that_allocated_it():
+    ul.use_backend("sim", device_memory="1GiB")
+    trace, buf = trap(read_mostly=True)
+    buf.close()
+    found = by_pattern(ul.advise(trace))["read_mostly_written"]
+
+    assert found.name == f"buffer {found.alloc_id}"
+    assert found.code.startswith(f"buf.read_mostly = False   # buf: buffer {found.alloc_id}, allocated at ")
+    assert f"allocated at {found.allocated_at}" in found.code
+
+
+def test_gpu_first_touch_faults_are_answered_with_a_prefetch():
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        data = ul.DeviceBuffer(size="64MiB", label="data")
+        ul.touch(data, on="host", mode="write")
+        ul.touch(data, on="gpu")
+    top = ul.advise(trace)[0]
+
+    assert (top.pattern, top.code) == ("gpu_first_touch", 'data.prefetch("gpu")   # before the kernel')
+    assert top.before.gpu_faults > 0 and top.after.gpu_faults == 0
+    assert top.after.seconds < top.before.seconds
+    assert "GPU faults moved 64 MiB in" in top.evidence
+
+
+def test_data_larger_than_the_device_is_left_on_the_host_and_mapped():
+    ul.use_backend("sim", device_memory="64MiB")
+    with ul.record(accesses=True) as trace:
+        big = ul.DeviceBuffer(size="96MiB", label="big", mr=ul.mr.ManagedMemoryResource(allow_oversubscription=True))
+        ul.touch(big, on="host", mode="write")
+        for _ in range(3):
+            ul.touch(big, on="gpu")
+    found = by_pattern(ul.advise(trace))["larger_than_device"]
+
+    assert found.before.bytes_evicted > 0 and found.after.bytes_evicted == 0
+    assert found.code == 'big.preferred_location = "host"; big.accessed_by = "gpu"'
+
+
+def test_pages_that_go_back_and_forth_are_kept_in_one_place():
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        shared = ul.DeviceBuffer(size="32MiB", label="shared")
+        for _ in range(4):
+            ul.touch(shared, on="host", mode="write")
+            ul.touch(shared, on="gpu")
+    found = by_pattern(ul.advise(trace))["ping_pong"]
+
+    assert "to the GPU and" in found.evidence and found.gain > 0
+    assert found.after.bytes_htod + found.after.bytes_dtoh < found.before.bytes_htod + found.before.bytes_dtoh
+
+
+def test_prefetches_that_move_nothing_are_named():
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        table = ul.DeviceBuffer(size="256MiB", label="table")
+        table.prefetch("gpu")   # made there: not idle, though nothing moved
+        for i in range(50):
+            table.prefetch("gpu")   # already there
+            ul.touch(table, on="gpu", offset=i * 4096, size=4096)
+    found = by_pattern(ul.advise(trace))["prefetch_moved_nothing"]
+
+    assert found.evidence.startswith("50 prefetches")
+    assert found.after.seconds < found.before.seconds
+
+
+def test_a_trace_with_nothing_to_mend_gets_no_recommendation():
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        data = ul.DeviceBuffer(size="64MiB")
+        data.prefetch("gpu")
+        for _ in range(3):
+            ul.touch(data, on="gpu", mode="write")
+    advice = ul.advise(trace)
+
+    assert len(advice) == 0 and "none" in repr(advice)
+    assert advice.baseline.seconds == pytest.approx(measured(trace)["seconds"], rel=0.01)
+
+
+def test_recommendations_are_ranked_by_the_time_they_save_and_read_as_a_table():
+    ul.use_backend("sim", device_memory="1GiB")
+    trace, _alive = trap(read_mostly=True)
+    advice = ul.advise(trace)
+    saved = [r.before.seconds - r.after.seconds for r in advice]
+    table = advice.to_pandas()
+
+    assert saved == sorted(saved, reverse=True) and len(advice) >= 2
+    assert list(table["rank"]) == list(range(1, len(advice) + 1))
+    assert {"pattern", "buffer", "source", "evidence", "code", "seconds_before", "seconds_after", "gain"} <= set(table)
+    assert "weights.read_mostly = False" in repr(advice)
+    assert len(ul.advise(trace, top=1)) == 1
+
+
+@pytest.mark.parametrize("policy", ul.workloads.POLICIES)
+@pytest.mark.parametrize("name", ul.workloads.WORKLOADS)
+def test_on_the_catalog_the_top_recommendation_never_makes_it_slower(name, policy):
+    bus = ul.events.EventBus()
+    with ul.record(bus, accesses=True, limit=1 << 22) as trace:
+        ul.workloads.run_sim(ul.workloads.make(name, size="96MiB"),
+                             ul.backends.sim.SimBackend("64MiB", bus=bus), policy=policy)
+    advice = ul.advise(trace, device_memory="64MiB", top=1)
+
+    for r in advice:
+        assert r.after.seconds <= r.before.seconds * (1 - ul.advisor.MIN_GAIN)
+        assert r.before.seconds == pytest.approx(measured(trace)["seconds"], rel=0.01)
+
+
+@pytest.mark.parametrize(("options", "names"), [({"top": 0}, "top"), ({"top": "3"}, "top"),
+                                                ({"device_memory": "none"}, "none")])
+def test_bad_input_is_refused(options, names):
+    with ul.record(accesses=True) as trace:
+        ul.touch(ul.DeviceBuffer(size="4MiB"), on="gpu")
+    with pytest.raises(InvalidArgumentError, match=names):
+        ul.advise(trace, **options)
+    with pytest.raises(InvalidArgumentError, match="Trace"):
+        ul.advise("trace.uvmtrace")

@@ -1,0 +1,278 @@
+"""The advisor: what a trace shows going wrong, the change to make, and what replaying the trace with it gains.
+
+>>> import uvm_lab as ul
+>>> _ = ul.use_backend("sim", device_memory="1GiB")
+>>> with ul.record(accesses=True) as trace:
+...     buf = ul.DeviceBuffer(size="64MiB", label="weights")
+...     _ = ul.touch(buf, on="host", mode="write")
+...     _ = ul.touch(buf, on="gpu")
+>>> advice = ul.advise(trace)
+>>> advice[0].pattern, advice[0].code
+('gpu_first_touch', 'weights.prefetch("gpu")   # before the kernel')
+
+Each pattern is looked for per allocation (an ``alloc`` record's buffer, or a ``segment_alloc``'s memory where no
+buffer was made in it), from the trace's records alone:
+
+``gpu_first_touch``
+    A GPU faulted the allocation's pages in: prefetch it to the GPU before the kernel.
+``ping_pong``
+    Its pages moved to the GPU and back to the host on demand, more than once over: keep them in one place and
+    map them for the other processor (PreferredLocation and AccessedBy), or duplicate them (ReadMostly) where the
+    GPU only reads.
+``thrashing``
+    The driver reported thrashing in it: the same remedies.
+``read_mostly_written``
+    ReadMostly was set and the allocation was written while it held: every write collapses the copies.
+``larger_than_device``
+    Its pages were evicted to make room: leave it on the host and map it for the GPU.
+``prefetch_moved_nothing``
+    A prefetch of it found every page already where it sent them.
+
+Every candidate change is replayed (:func:`uvm_lab.replay`) and kept only where it saves at least
+:data:`MIN_GAIN` of the time: the expected gain is
+the replay's, against the trace replayed as recorded, on the same simulated GPU. A trace recorded with
+``accesses=True`` replays exactly; any other replays its faults, and a recommendation's gain is then a lower
+bound's (each says so in ``note``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, overload
+
+import numpy as np
+
+from .buffer import find_buffer
+from .errors import InvalidArgumentError, shown
+from .events.schema import ACCESS_RUN, ACCESS_STREAM, AccessType, Advice, EventKind, MigrationCause
+from .events.sources import texts
+from .events.trace import Trace
+from .trace_replay import Replayed, replay
+from .units import format_bytes
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["MIN_GAIN", "PATTERNS", "Recommendation", "Recommendations", "advise"]
+
+#: What the advisor looks for, in the order it reports ties.
+PATTERNS = ("read_mostly_written", "thrashing", "ping_pong", "larger_than_device", "gpu_first_touch",
+            "prefetch_moved_nothing")
+
+#: The least share of the time a change must save to be recommended: less is within what a real GPU's runs vary.
+MIN_GAIN = 0.01
+
+_DEMANDED = (int(MigrationCause.COHERENCE), int(MigrationCause.PREFETCH))
+_WRITES = (int(AccessType.WRITE), int(AccessType.ATOMIC))
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """One change, the evidence for it, and what replaying the trace with it measured."""
+
+    pattern: str        #: one of :data:`PATTERNS`
+    alloc_id: int       #: the allocation, as the trace names it
+    name: str           #: the buffer's label where it is alive, else ``buffer <alloc_id>``
+    allocated_at: str   #: the line that allocated it ("" where unknown)
+    source: str         #: the line where the pattern shows (the first fault, the advice set ...)
+    evidence: str       #: what the trace shows, in numbers
+    code: str           #: the change, as code
+    change: dict[str, Any] = field(repr=False)   #: the change, as :func:`uvm_lab.replay`'s options
+    before: Replayed = field(repr=False)         #: the trace replayed as recorded
+    after: Replayed = field(repr=False)          #: the trace replayed with the change
+
+    @property
+    def gain(self) -> float:
+        """The share of the time the change saves: 0.25 is a quarter faster."""
+        return 1 - self.after.seconds / self.before.seconds if self.before.seconds else 0.0
+
+    @property
+    def note(self) -> str:
+        return self.after.note
+
+
+class Recommendations(Sequence[Recommendation]):
+    """The advisor's recommendations, the largest gain first."""
+
+    def __init__(self, items: list[Recommendation], baseline: Replayed) -> None:
+        self._items = items
+        self.baseline = baseline   #: the trace replayed as recorded
+
+    @overload
+    def __getitem__(self, index: int) -> Recommendation: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Recommendation]: ...
+    def __getitem__(self, index: int | slice) -> Recommendation | list[Recommendation]:
+        return self._items[index]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Recommendation]:
+        return iter(self._items)
+
+    def to_pandas(self) -> pd.DataFrame:
+        """One row per recommendation: what, where, the change as code, and the replay's figures."""
+        import pandas as pd
+
+        return pd.DataFrame([{
+            "rank": i + 1, "pattern": r.pattern, "buffer": r.name, "alloc_id": r.alloc_id, "source": r.source,
+            "evidence": r.evidence, "code": r.code, "seconds_before": r.before.seconds,
+            "seconds_after": r.after.seconds, "gain": r.gain, "bytes_moved_before": r.before.bytes_htod +
+            r.before.bytes_dtoh, "bytes_moved_after": r.after.bytes_htod + r.after.bytes_dtoh, "note": r.note,
+        } for i, r in enumerate(self._items)])
+
+    def __repr__(self) -> str:
+        if not self._items:
+            return "<Recommendations: none; the replays found no change that gains>"
+        lines = [f"{i + 1}. {r.pattern} in {r.name}: {r.gain:.0%} faster "
+                 f"({r.before.seconds * 1e3:,.1f} -> {r.after.seconds * 1e3:,.1f} ms)\n"
+                 f"   {r.evidence}{f' at {r.source}' if r.source else ''}\n   {r.code}"
+                 for i, r in enumerate(self._items)]
+        return "\n".join(lines)
+
+
+def advise(trace: Trace, *, device_memory: int | str | None = None, platform: str | None = None,
+           top: int | None = None) -> Recommendations:
+    """Look for the :data:`PATTERNS` in ``trace``, replay each candidate change on a simulated GPU of
+    ``device_memory`` and ``platform`` (:func:`uvm_lab.replay`'s defaults: the current backend's), and return the
+    changes that gain, ranked by the time they save; at most ``top`` of them.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``trace`` is not a Trace, or ``top`` is not a positive int; and what :func:`uvm_lab.replay` refuses.
+    """
+    if not isinstance(trace, Trace):
+        raise InvalidArgumentError(f"advise needs a uvm_lab Trace, got {shown(trace)}", value=trace,
+                                   expected="a Trace (ul.record(accesses=True), Trace.load)")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise InvalidArgumentError(f"top must be a positive int or None, got {shown(top)}", value=top,
+                                   expected="an int >= 1, or None for all")
+    options: dict[str, Any] = {"device_memory": device_memory, "platform": platform}
+    baseline = replay(trace, **options)
+    found = []
+    for candidate in _candidates(trace.events):
+        best = None
+        for change in candidate.pop("changes"):
+            after = replay(trace, **options, **change["replay"])
+            if after.seconds < baseline.seconds * (1 - MIN_GAIN) and (best is None or after.seconds < best[1].seconds):
+                best = (change, after)
+        if best is not None:
+            found.append(Recommendation(**candidate, code=best[0]["code"], change=best[0]["replay"], before=baseline,
+                                        after=best[1]))
+    found.sort(key=lambda r: (-(baseline.seconds - r.after.seconds), PATTERNS.index(r.pattern)))
+    return Recommendations(found[:top], baseline)
+
+
+def _candidates(events: np.ndarray) -> Iterator[dict[str, Any]]:
+    """Each pattern found, per allocation, with the changes that might mend it."""
+    kind, flags, address = events["kind"], events["flags"], events["address"]
+    for alloc_id, start, size, allocated_at in _allocations(events):
+        inside = (address >= start) & (address < start + size)
+        mine = events[inside]
+        k, f = kind[inside], flags[inside]
+        name = _name(alloc_id)
+        var = name if name.isidentifier() else "buf"
+        # Where "buf" stands for a buffer with no usable name, the code's comment says which.
+        which = "" if var == name else f"buf: {name}" + (f", allocated at {allocated_at}" if allocated_at else "")
+
+        def code(text: str, comment: str = "", which: str = which) -> str:
+            said = "; ".join(c for c in (comment, which) if c)
+            return f"{text}   # {said}" if said else text
+
+        def found(pattern: str, source_rows: np.ndarray, evidence: str, changes: list[dict[str, Any]],
+                  alloc_id: int = alloc_id, name: str = name, allocated_at: str = allocated_at,
+                  mine: np.ndarray = mine) -> dict[str, Any]:
+            rows = mine[source_rows]
+            source = texts(rows["source"][:1])[0] if len(rows) else ""
+            return {"pattern": pattern, "alloc_id": alloc_id, "name": name, "allocated_at": allocated_at,
+                    "source": source, "evidence": evidence, "changes": changes}
+
+        def nbytes(rows: np.ndarray, mine: np.ndarray = mine) -> int:
+            return int(mine["bytes"][rows].sum())
+
+        htod = (k == EventKind.HTOD) & np.isin(f, _DEMANDED)
+        dtoh = (k == EventKind.DTOH) & np.isin(f, _DEMANDED)
+        gpu_faults = k == EventKind.GPU_PAGE_FAULT
+        evicted = (k == EventKind.DTOH) & (f == MigrationCause.EVICTION)
+        thrashing = k == EventKind.THRASHING
+        set_read_mostly = (k == EventKind.ADVICE) & (f == Advice.SET_READ_MOSTLY)
+        # A range access or a stream's run (not the stream's header) that writes; a GPU fault on a write.
+        writes = ((k == EventKind.ACCESS) & ((f & ACCESS_STREAM) == 0) & np.isin(f & 0x07, _WRITES)) \
+            | (gpu_faults & np.isin(f, _WRITES))
+        written = writes | (k == EventKind.INVALIDATE)
+        gpu_only_reads = not (writes & (mine["src"] >= 0)).any()
+        keep_on_host = {"set_advice": {alloc_id: {"preferred_location": "host", "accessed_by": "gpu"}}}
+        keep = {"replay": keep_on_host, "code": code(f'{var}.preferred_location = "host"; {var}.accessed_by = "gpu"')}
+        remedies = [dict(keep)]
+        if gpu_only_reads:
+            remedies.append({"replay": {"set_advice": {alloc_id: {"read_mostly": True}}},
+                             "code": code(f"{var}.read_mostly = True", "the GPU only reads it")})
+
+        if set_read_mostly.any() and written[np.argmax(set_read_mostly):].any():
+            yield found("read_mostly_written", set_read_mostly,
+                        f"ReadMostly set, then written: {int(written.sum()):,} writes or collapses",
+                        [{"replay": {"set_advice": {alloc_id: {}}},
+                          "code": code(f"{var}.read_mostly = False")}])
+        if thrashing.any():
+            yield found("thrashing", thrashing, f"{int(thrashing.sum()):,} thrashing reports", remedies)
+        if nbytes(htod) > size and nbytes(dtoh) > 0:
+            yield found("ping_pong", htod, f"{format_bytes(nbytes(htod))} to the GPU and {format_bytes(nbytes(dtoh))} "
+                        f"back on demand, of {format_bytes(size)}", remedies)
+        if evicted.any():
+            yield found("larger_than_device", evicted, f"{format_bytes(nbytes(evicted))} evicted, of "
+                        f"{format_bytes(size)}", [keep])
+        if gpu_faults.any() and htod.any():
+            yield found("gpu_first_touch", gpu_faults, f"{int(mine['value'][gpu_faults].sum()):,} GPU faults moved "
+                        f"{format_bytes(nbytes(htod))} in", [
+                            {"replay": {"prefetch": {alloc_id: "on_access"}},
+                             "code": code(f'{var}.prefetch("gpu")', "before the kernel")}])
+        idle = _idle_prefetches(mine)
+        if idle.any():
+            yield found("prefetch_moved_nothing", idle, f"{int(idle.sum()):,} prefetches found every page in place",
+                        [{"replay": {"prefetch": {alloc_id: "none"}},
+                          "code": code(f"# drop {var}.prefetch(...)", "its pages are already in place")}])
+
+
+def _idle_prefetches(records: np.ndarray) -> np.ndarray:
+    """Which PREFETCH records (of one allocation) no migration followed before the next call's records (the
+    simulator publishes a call's records together, in order), once something had touched it: a prefetch of memory
+    nothing touched yet makes its pages where it sends them, which moves nothing and is not idle."""
+    kind = records["kind"]
+    calls = np.flatnonzero(np.isin(kind, (EventKind.PREFETCH, EventKind.ACCESS, EventKind.ADVICE, EventKind.ALLOC,
+                                          EventKind.SEGMENT_ALLOC, EventKind.FREE, EventKind.SEGMENT_FREE))
+                           & ~((kind == EventKind.ACCESS) & ((records["flags"] & ACCESS_RUN) != 0)))
+    moved = np.isin(kind, (EventKind.HTOD, EventKind.DTOH))
+    idle = np.zeros(len(records), dtype=bool)
+    touched = np.isin(kind, (EventKind.PREFETCH, EventKind.ACCESS, EventKind.HTOD, EventKind.DTOH,
+                             EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT))
+    for i, call in enumerate(calls.tolist()):
+        if kind[call] == EventKind.PREFETCH and touched[:call].any():
+            end = calls[i + 1] if i + 1 < len(calls) else len(records)
+            idle[call] = not moved[call:end].any()
+    return idle
+
+
+def _allocations(events: np.ndarray) -> list[tuple[int, int, int, str]]:
+    """``(alloc_id, address, size, allocated at)`` of every buffer the trace allocates, and of every segment it
+    maps in which no buffer was made."""
+    kind = events["kind"]
+    buffers = events[kind == EventKind.ALLOC]
+    segments = events[kind == EventKind.SEGMENT_ALLOC]
+    out = []
+    for rows, alone in ((buffers, False), (segments, True)):
+        for row, line in zip(rows, texts(rows["source"]), strict=True):
+            start, size = int(row["address"]), int(row["bytes"])
+            if alone and ((buffers["address"] >= start) & (buffers["address"] < start + size)).any():
+                continue
+            out.append((int(row["alloc_id"]), start, size, line))
+    return out
+
+
+def _name(alloc_id: int) -> str:
+    try:
+        return find_buffer(alloc_id).label
+    except InvalidArgumentError:
+        return f"buffer {alloc_id}"
