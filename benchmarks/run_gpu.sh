@@ -20,6 +20,9 @@ for cfg in "--counters faults" "--counters migrations" "--counters transfers" "-
     echo "== $cfg"; python3 benchmarks/tracing_loss.py --size 2GiB --trials 5 --settle 0.2 $cfg
 done
 python3 benchmarks/watch_with_cupti.py --size 1GiB --trials 3
+# The advisor's advice on each catalog workload and policy, recorded on this GPU with CUPTI, applied, and timed
+# (benchmarks/README.md's second advisor table; ReadMostly with GPU writes costs about a minute a pass at 1 GiB):
+python3 benchmarks/advisor_validation.py --on gpu --size 256MiB --json "$out/advisor_gpu.json"
 # The simulator against this GPU (each case timed 5 times in rounds, the median judged; about 2 minutes on an
 # H200 with the two one-minute ReadMostly write cases taken from an earlier run; writes its table into
 # benchmarks/README.md):

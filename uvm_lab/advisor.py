@@ -232,8 +232,9 @@ def _candidates(events: np.ndarray) -> Iterator[dict[str, Any]]:
         idle = _idle_prefetches(mine)
         if idle.any():
             yield found("prefetch_moved_nothing", idle, f"{int(idle.sum()):,} prefetches found every page in place",
-                        [{"replay": {"prefetch": {alloc_id: "none"}},
-                          "code": code(f"# drop {var}.prefetch(...)", "its pages are already in place")}])
+                        [{"replay": {"prefetch": {alloc_id: "needed"}},
+                          "code": code(f"# drop {var}.prefetch(...) at {texts(mine['source'][idle][:1])[0]}",
+                                       "its pages are already there")}])
 
 
 def _idle_prefetches(records: np.ndarray) -> np.ndarray:

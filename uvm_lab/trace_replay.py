@@ -58,9 +58,11 @@ from .units import PAGE_SIZE, format_bytes, parse_size
 
 __all__ = ["PREFETCH_CHOICES", "Replayed", "replay"]
 
-#: What ``prefetch=`` takes: the prefetches recorded; none; before every GPU access, its range to that GPU; at
-#: every allocation, all of it to the GPU (as a ``PrefetchResourceAdaptor`` does).
-PREFETCH_CHOICES = ("recorded", "none", "on_access", "on_allocate")
+#: What ``prefetch=`` takes: the prefetches recorded; those of them that find a page not yet where they send it
+#: (a prefetch of what is all there already is left out); none; the recorded ones and, before every GPU access, its
+#: range to that GPU; the recorded ones and, at every allocation, all of it to the GPU (as a
+#: ``PrefetchResourceAdaptor`` does).
+PREFETCH_CHOICES = ("recorded", "needed", "none", "on_access", "on_allocate")
 #: What ``advice=`` takes: the advice recorded, or none of it (advice set with ``set_advice`` is applied either way).
 ADVICE_CHOICES = ("recorded", "none")
 #: The advice ``set_advice`` may set on an allocation, and how each value reads.
@@ -225,8 +227,9 @@ class _Runner:
                 entry = self.segments.pop(int(ev["address"]), None)
                 if entry is not None:
                     self.sim.free(entry[1])
-            elif kind == EventKind.PREFETCH and self.prefetch(int(ev["address"])) == "recorded":
-                if (ptr := self._at(ev)) is not None:
+            elif kind == EventKind.PREFETCH and self.prefetch(int(ev["address"])) != "none":
+                if (ptr := self._at(ev)) is not None and (self.prefetch(int(ev["address"])) != "needed"
+                                                          or not self._in_place(ptr, size, int(ev["dst"]))):
                     self.sim.prefetch(ptr, size, _location(int(ev["dst"])), stream=stream)
             elif kind == EventKind.ADVICE and self.advice == "recorded" and not any(
                     a <= int(ev["address"]) < a + n for a, n in self.replaced):
@@ -256,6 +259,11 @@ class _Runner:
                     self.sim.access(ptr, max(size, PAGE_SIZE) if kind in _FAULTS else size, processor,
                                     "write" if kind in _FAULTS and flags in (2, 3) else "read")
 
+    def _in_place(self, ptr: int, size: int, dst: int) -> bool:
+        """Whether every page of the range is already at ``dst`` in the replay (a prefetch there moves nothing)."""
+        where = 1 if dst == HOST_ID else 1 << (dst + 1)   # the simulator's residency bits: host 1, GPU n 2 << n
+        return bool(size) and bool((self.sim.page_states(ptr, size) & where).all())
+
     def prefetch(self, address: int) -> str:
         """The prefetch choice for the allocation holding the original ``address``."""
         return next(choice for start, size, choice in self.choices if start <= address < start + size)
@@ -276,12 +284,16 @@ class _Runner:
         if managed and self.prefetch(int(ev["address"])) == "on_allocate":
             self.sim.prefetch(ptr, size, Location.device(0))
 
-    def _before_access(self, ev: np.void, processor: Location) -> None:
-        if self.prefetch(int(ev["address"])) == "on_access" and not processor.is_host \
-                and self._kind_at(int(ev["address"])) == MemoryKind.MANAGED:
-            ptr = self.new_address(int(ev["address"]))
-            if ptr is not None:
-                self.sim.prefetch(ptr, int(ev["bytes"]), processor)
+    def _before_access(self, ev: np.void, processor: Location, end: int | None = None) -> None:
+        """``on_access``: what an access by a GPU is about to touch (its range; for a stream, from its lowest page to
+        its highest, ``end``), prefetched to that GPU first, unless it is all there already."""
+        address = int(ev["address"])
+        if self.prefetch(address) != "on_access" or processor.is_host or self._kind_at(address) != MemoryKind.MANAGED:
+            return
+        ptr = self.new_address(address)
+        size = (end if end is not None else address + int(ev["bytes"])) - address
+        if ptr is not None and not self._in_place(ptr, size, processor.id):
+            self.sim.prefetch(ptr, size, processor)
 
     def _at(self, ev: np.void) -> int | None:
         """Where a record's address is in the replay; None (and counted) outside every segment it made."""
@@ -307,9 +319,12 @@ class _Runner:
                 writes.append([])
             addresses[-1].append(pages)
             writes[-1].append(np.full(len(pages), run["flags"] & 0x07 != 1))
-        if not processor.is_host:
-            for run in runs:
-                self._before_access(run, processor)
+        if not processor.is_host:   # on_access: per allocation, the span of what the stream touches
+            for start, (size, _, _) in list(self.segments.items()):
+                mine = runs[(runs["address"] >= start) & (runs["address"] < start + size)]
+                if len(mine):
+                    self._before_access(mine[np.argmin(mine["address"])], processor,
+                                        end=int((mine["address"] + mine["bytes"]).max()))
         parts = [np.concatenate(a) for a in addresses]
         mode: Any = _MODES[flags & 0x07] if flags & ACCESS_UNIFORM else [np.concatenate(w) for w in writes]
         self.sim.access_stream(parts, processor, mode, in_flight=int(header["address"]),

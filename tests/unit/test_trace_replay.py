@@ -64,10 +64,25 @@ def test_prefetch_choices_change_what_faults():
     assert results["none"].gpu_faults > 0 and results["none"].bytes_htod == 64 * MiB
     assert results["on_access"].gpu_faults == 0
     assert results["none"].seconds > results["recorded"].seconds
-    # On allocation, to the GPU, before the host writes it: made there, every page goes to the host for the write,
-    # and faults its way back for the kernel.
+    # Besides the recorded one, on allocation, to the GPU, before the host writes it: made there, every page goes
+    # to the host for the write, and back with the recorded prefetch.
     on_allocate = results["on_allocate"]
-    assert (on_allocate.bytes_dtoh, on_allocate.bytes_htod) == (64 * MiB, 64 * MiB) and on_allocate.gpu_faults > 0
+    assert (on_allocate.bytes_dtoh, on_allocate.bytes_htod) == (64 * MiB, 64 * MiB)
+    assert results["needed"].as_dict() == results["recorded"].as_dict()   # the one prefetch moved it all
+
+
+def test_only_the_prefetches_that_move_something_are_kept_where_asked():
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        buf = ul.DeviceBuffer(size="64MiB")
+        ul.touch(buf, on="host", mode="write")
+        for _ in range(20):
+            buf.prefetch("gpu")   # the first moves it; the rest find it there
+            ul.touch(buf, on="gpu", size="1MiB")
+    recorded, needed = ul.replay(trace), ul.replay(trace, prefetch="needed")
+
+    assert needed.bytes_htod == recorded.bytes_htod == 64 * MiB and needed.gpu_faults == 0
+    assert needed.seconds < recorded.seconds
 
 
 def test_a_prefetch_choice_for_one_allocation_leaves_the_others_as_recorded():
@@ -205,7 +220,7 @@ def small_trace() -> ul.Trace:
 
 
 @pytest.mark.parametrize(("options", "error", "names"), [
-    ({"prefetch": "always"}, InvalidArgumentError, "recorded, none, on_access, on_allocate"),
+    ({"prefetch": "always"}, InvalidArgumentError, "recorded, needed, none, on_access, on_allocate"),
     ({"advice": "some"}, InvalidArgumentError, "recorded, none"),
     ({"device_memory": "lots"}, InvalidArgumentError, "lots"),
     ({"device_memory": "1MiB"}, InvalidArgumentError, "2 MiB"),

@@ -33,6 +33,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..errors import BackendError, CudaError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError
+from ..events.accesses import range_record
 from ..events.bus import EventBus, get_bus, new_alloc_id
 from ..events.schema import (
     NO_PROCESSOR,
@@ -137,6 +138,7 @@ extern "C" __global__ void uvm_lab_touch(unsigned long long address, unsigned lo
 }
 """
 _MODES = {"read": 0, "write": 1, "atomic": 2}
+_ACCESS_TYPES = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
 #: The access type an UNOBSERVED record carries in ``value``, by mode.
 _ACCESS = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
 
@@ -677,10 +679,13 @@ class CudaBackend:
                                        expected=", ".join(_MODES))
         _, _, kind, seg_id = self._find(ptr, size)
         self._check_location(processor)
+        if processor.is_host and kind is MemoryKind.DEVICE:
+            raise BackendError("the host cannot access device memory (cudaMalloc); use managed or pinned host "
+                               "memory, or copy it")
+        if self.bus.wants_accesses:   # for a recording that replays it (uvm_lab.trace_replay); before its faults
+            self.bus.publish(range_record(ptr, size, processor.id, _ACCESS_TYPES[mode], alloc_id=seg_id,
+                                          stream=stream, start=self.now_ns()))
         if processor.is_host:
-            if kind is MemoryKind.DEVICE:
-                raise BackendError("the host cannot access device memory (cudaMalloc); use managed or pinned host "
-                                   "memory, or copy it")
             self.synchronize()   # without concurrent access the host may touch managed memory only when idle
             start = time.perf_counter()
             self._host_touch(ptr, size, mode)

@@ -280,6 +280,7 @@ class EventBus:
         self._held = 0
         self._written = 0          # records ever published
         self._subscribers: tuple[Subscription, ...] = ()
+        self._wants_accesses = False   # whether one of them takes ACCESS records (kept as they change)
         self._lock = threading.RLock()
         self._hooks: tuple[Callable[[], None], ...] = ()
         self._in_hooks = threading.local()   # a hook that reads the bus must not run the hooks again
@@ -302,7 +303,7 @@ class EventBus:
     @property
     def wants_accesses(self) -> bool:
         """Whether a subscription asked for ACCESS records: only then does the simulator publish them."""
-        return any(sub.takes_accesses for sub in self._subscribers)
+        return self._wants_accesses
 
     def subscribe(self, callback: Callback, kinds: Iterable[EventKind | int] | None = None, *,
                   limit: int = PENDING_LIMIT, name: str | None = None, inline: bool = False) -> Subscription:
@@ -328,6 +329,7 @@ class EventBus:
         with self._locked():
             self._flush_locked()   # what was queued before happened before: it is not this subscriber's
             self._subscribers = (*self._subscribers, sub)
+            self._wants_accesses = any(s.takes_accesses for s in self._subscribers)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -337,6 +339,7 @@ class EventBus:
             if listening and not self._delivering:
                 self._flush_locked()
             self._subscribers = tuple(s for s in self._subscribers if s is not sub)
+            self._wants_accesses = any(s.takes_accesses for s in self._subscribers)
         if listening and not sub.inline and not self._holds_lock():
             sub.drain()
         sub._stop()

@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError, OutOfMemoryError
-from ..events.schema import MemoryKind
-from ..location import Location
+from ..events.accesses import range_record, stream_header, stream_runs
+from ..events.schema import AccessType, MemoryKind
+from ..location import HOST_ID, Location
 from ..units import PAGE_SIZE, format_bytes
-from .patterns import phase_stream
-from .sim import POLICIES, MigrationCounter, PhaseResult, _advise, _passes, swept_bytes
+from .patterns import phase_stream, stream_shape
+from .sim import POLICIES, MigrationCounter, PhaseResult, _advise, _passes, pass_steps, swept_bytes
 from .spec import Phase, Workload
 
 __all__ = ["gpu_available", "run_gpu"]
@@ -152,6 +153,9 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
     try:
         for name, size in workload.buffers.items():
             ptrs[name] = backend.allocate(size, MemoryKind.MANAGED)
+            if backend.bus.wants_accesses:   # for a recording that replays it (uvm_lab.trace_replay)
+                backend.bus.publish(range_record(ptrs[name], size, HOST_ID, AccessType.WRITE,
+                                                 start=backend.now_ns()))
             _host_view(ptrs[name], size)[::PAGE_SIZE] = 1     # host-written, page by page
             _advise(backend, ptrs[name], size, policy, Location.device(dev))
         cupy.cuda.runtime.deviceSynchronize()
@@ -172,6 +176,25 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
             backend.free(ptr)
 
 
+def _accesses(backend: Any, workload: Workload, phase: Phase, ptrs: dict[str, int], policy: str, chunk: int,
+              dev: int) -> list[np.ndarray]:
+    """The ACCESS records of each part of the pass, as the simulator would publish them running it
+    (:func:`~uvm_lab.workloads.sim.pass_steps`, :func:`~uvm_lab.events.accesses.stream_runs`)."""
+    processor = HOST_ID if phase.processor == "host" else dev
+    shape = stream_shape(phase)
+    now = backend.now_ns()
+    out = []
+    for what, addrs, writes, launch in pass_steps(workload, phase, ptrs, policy, chunk):
+        if what != "access":
+            continue
+        pages = addrs & ~np.uint64(PAGE_SIZE - 1)
+        header = stream_header(processor, AccessType.WRITE, uniform=False, launch=bool(launch), start=now,
+                               warps=None, **shape)
+        runs = stream_runs(pages, writes, processor, AccessType.WRITE, uniform=False, alloc_ids=0, start=now)
+        out.append(np.concatenate([header, runs]))
+    return out
+
+
 def _array(cupy: Any, ptr: int, size: int, owner: Any = None) -> Any:
     mem = cupy.cuda.UnownedMemory(ptr, size, owner)
     return cupy.ndarray((size // 4,), dtype=cupy.uint32, memptr=cupy.cuda.MemoryPointer(mem, 0))
@@ -188,8 +211,16 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
     offsets = None
     if phase.pattern == "gather":   # the offsets are made before the clock starts (on the device, not managed)
         offsets = cupy.asarray(np.concatenate([c.offsets for c in phase_stream(workload, phase)]))
+    # What the pass touches, as the simulator's access streams of the same pass (made before the clock starts),
+    # for a recording that replays it: published as the kernels are launched.
+    accesses = _accesses(backend, workload, phase, ptrs, policy, chunk, dev) if backend.bus.wants_accesses else []
     cupy.cuda.runtime.deviceSynchronize()
     start = time.perf_counter()
+
+    def launching(parts: int | None = None) -> None:
+        """Publish the access records of the next ``parts`` parts (None: all that are left)."""
+        for _ in range(len(accesses) if parts is None else min(parts, len(accesses))):
+            backend.bus.publish(accesses.pop(0))
 
     def prefetch(name: str) -> None:
         # The simulator's prefetch policy: each chunk of what the kernel touches goes ahead of it.
@@ -198,6 +229,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
                 backend.prefetch(ptrs[name] + lo, min(chunk, sizes[name] - lo), gpu)
 
     if phase.pattern in ("host_write", "host_read"):
+        launching()
         view = _host_view(ptrs[first], sizes[first])
         if phase.pattern == "host_write":
             view[::PAGE_SIZE * int(phase.param("every", 1))] = 2
@@ -216,18 +248,22 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
             for lo in range(0, sizes[first], chunk):
                 n = min(chunk, sizes[first] - lo)
                 backend.prefetch(ptrs[first] + lo, n, gpu)
+                launching(1)   # the simulator's part of the pass that this chunk is
                 sweep(a[lo // 4:], n // 4)
         else:
+            launching()
             sweep(a, a.size)
     elif phase.pattern == "strided":
         prefetch(first)
         step = int(phase.param("stride", 64 << 10)) // 4
         a = a[int(phase.param("offset", 0)) // 4:]
+        launching()
         module.get_function("strided_read")((grid,), (block,), (a, np.uint64(-(-a.size // step)), np.uint64(step),
                                                                  sink))
     elif phase.pattern == "gather":
         prefetch(first)
         assert offsets is not None   # made above for every gather
+        launching()
         module.get_function("gather_read")((grid,), (block,), (a, offsets, np.uint64(len(offsets)), sink))
     elif phase.pattern == "stencil":
         for name in dict.fromkeys(phase.buffers):
@@ -235,6 +271,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
         out = _array(cupy, ptrs[phase.buffers[-1]], sizes[phase.buffers[-1]])
         width = int(phase.param("row_bytes", 1 << 20)) // 4
         rows = min(a.size, out.size) // width
+        launching()
         module.get_function("stencil3")((grid,), (block,), (a, out, np.uint64(rows), np.uint64(width)))
     elif phase.pattern == "matmul":
         names = (phase.buffers + phase.buffers[-1:] * 3)[:3]
@@ -243,6 +280,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
         n = int(phase.param("tiles", 4))
         bufs = [_array(cupy, ptrs[b], sizes[b]) for b in names]
         tile = min(x.size for x in bufs) // (n * n) // (PAGE_SIZE // 4) * (PAGE_SIZE // 4)
+        launching()
         fma = module.get_function("tile_fma")
         for i in range(n):
             for j in range(n):

@@ -216,12 +216,11 @@ def swept_bytes(workload: Workload, phase: Phase) -> int:
     return sum(sizes[b] for b in dict.fromkeys(phase.buffers))
 
 
-def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int, ptrs: dict[str, int],
-              policy: str, chunk: int, counter: MigrationCounter) -> PhaseResult:
-    where = Location.host() if phase.processor == "host" else Location.device(0)
-    shape = stream_shape(phase)
-    start = backend.now_ns()
-    faults = remote = 0
+def pass_steps(workload: Workload, phase: Phase, ptrs: dict[str, int], policy: str, chunk: int
+               ) -> Iterator[tuple[str, Any, Any, Any]]:
+    """A pass as the simulator runs it: ``("prefetch", ptr, size, None)`` and ``("access", addresses, writes,
+    launch)`` steps, in order. Under the prefetch policy, a GPU pass moves each chunk of what it touches ahead of
+    the part of the kernel that touches it; the kernel is launched once, before its first access."""
     launched = False
     sizes = workload.buffers
     prefetched: set[tuple[str, int]] = set()
@@ -230,7 +229,6 @@ def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int,
         for lo in range(0, len(batch), step):
             addrs, writes = batch[lo:lo + step], batch_writes[lo:lo + step]
             if step != CHUNK:
-                # Prefetch, a chunk at a time, what the next part of the kernel touches, then run that part.
                 for name, ptr in ptrs.items():
                     inside = addrs[(addrs >= ptr) & (addrs < ptr + sizes[name])]
                     if not len(inside):
@@ -239,11 +237,23 @@ def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int,
                     for c in range(first, last + 1):
                         if (name, c) not in prefetched:
                             prefetched.add((name, c))
-                            backend.prefetch(ptr + c * chunk, min(chunk, sizes[name] - c * chunk), where)
-            # The pass's kernel is launched once, before its first access (the prefetches go ahead of it).
+                            yield "prefetch", ptr + c * chunk, min(chunk, sizes[name] - c * chunk), None
             launch = phase.processor == "gpu" and not launched
             launched = launched or launch
-            r = backend.access_stream(addrs, where, writes, launch=launch, **shape)
+            yield "access", addrs, writes, launch
+
+
+def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int, ptrs: dict[str, int],
+              policy: str, chunk: int, counter: MigrationCounter) -> PhaseResult:
+    where = Location.host() if phase.processor == "host" else Location.device(0)
+    shape = stream_shape(phase)
+    start = backend.now_ns()
+    faults = remote = 0
+    for what, a, b, launch in pass_steps(workload, phase, ptrs, policy, chunk):
+        if what == "prefetch":
+            backend.prefetch(a, b, where)
+        else:
+            r = backend.access_stream(a, where, b, launch=launch, **shape)
             faults += r.faults or 0
             remote += r.bytes_remote or 0
     moved = counter.take()

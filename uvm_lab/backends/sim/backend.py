@@ -30,19 +30,15 @@ from typing import Any
 import numpy as np
 
 from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError, shown
+from ...events.accesses import range_record, stream_header, stream_runs
 from ...events.bus import EventBus, get_bus, new_alloc_id
 from ...events.schema import (
-    ACCESS_PART,
-    ACCESS_RUN,
-    ACCESS_STREAM,
-    ACCESS_UNIFORM,
     NO_PROCESSOR,
     AccessType,
     Advice,
     EventKind,
     MemoryKind,
     MigrationCause,
-    make_events,
 )
 from ...events.sources import capture
 from ...location import HOST_ID, Location
@@ -438,9 +434,8 @@ class SimBackend:
             first, last = seg.page_range(ptr, size)
             log = EventLog(self._now)
             # What a recording for replay reads (uvm_lab.trace_replay): the call itself.
-            accesses = [make_events(1, kind=EventKind.ACCESS, flags=_ACCESS_TYPES[mode], src=processor.id,
-                                    dst=NO_PROCESSOR, start=self._now, address=ptr, bytes=size, alloc_id=seg.id,
-                                    stream=stream)] if self.bus.wants_accesses else None
+            accesses = [range_record(ptr, size, processor.id, _ACCESS_TYPES[mode], alloc_id=seg.id, stream=stream,
+                                     start=self._now)] if self.bus.wants_accesses else None
             p = self.platform
             touch_bw = {"read": p.touch_read_bw, "write": p.touch_write_bw, "atomic": p.touch_atomic_bw}[mode]
             if seg.kind is MemoryKind.DEVICE and processor.is_host:
@@ -539,10 +534,9 @@ class SimBackend:
             log = EventLog(self._now)
             accesses = None
             if self.bus.wants_accesses:   # what a recording for replay reads (uvm_lab.trace_replay): call and pages
-                flags = access_type | (ACCESS_STREAM | (ACCESS_UNIFORM if isinstance(mode, str) else 0))
-                accesses = [make_events(1, kind=EventKind.ACCESS, flags=flags, src=processor.id, dst=int(launch),
-                                        start=self._now, address=in_flight, bytes=bytes_per_access,
-                                        value=warps or 0, stream=stream)]
+                accesses = [stream_header(processor.id, access_type, uniform=isinstance(mode, str),
+                                          in_flight=in_flight, bytes_per_access=bytes_per_access, warps=warps,
+                                          launch=bool(launch), stream=stream, start=self._now)]
                 parts = self._recorded(parts, accesses, processor.id, access_type, isinstance(mode, str), stream)
             if launch:
                 log.advance(self.platform.kernel_launch_latency)
@@ -589,24 +583,12 @@ class SimBackend:
     def _recorded(self, parts: Iterable[tuple[np.ndarray, bool | np.ndarray]], into: list[np.ndarray],
                   processor: int, access_type: AccessType, uniform: bool, stream: int
                   ) -> Iterator[tuple[np.ndarray, bool | np.ndarray]]:
-        """``parts``, each noted in ``into`` as it runs: one ACCESS_RUN record per run of consecutive pages of one
-        block and one access type, in program order, the part's first marked ACCESS_PART."""
+        """``parts``, each noted in ``into`` as it runs (:func:`~uvm_lab.events.accesses.stream_runs`)."""
+        t = self._table
         for pages, writes in parts:
-            n = len(pages)
-            if n:
-                w = np.broadcast_to(np.bool_(writes), n) if isinstance(writes, (bool, np.bool_)) else writes
-                cut = np.flatnonzero((np.diff(pages) != 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)
-                                     | (w[1:] != w[:-1])) + 1
-                starts = np.concatenate(([0], cut))
-                first = pages[starts]
-                types = np.full(len(starts), access_type, dtype=np.uint8) if uniform else \
-                    np.where(w[starts], np.uint8(AccessType.WRITE), np.uint8(AccessType.READ))
-                runs = make_events(len(starts), kind=EventKind.ACCESS, flags=types | ACCESS_RUN, src=processor,
-                                   dst=NO_PROCESSOR, start=self._now, address=self._table.addresses(first),
-                                   bytes=np.diff(np.append(starts, n)) * PAGE_SIZE,
-                                   alloc_id=self._table.block_alloc[first >> BLOCK_SHIFT], stream=stream)
-                runs["flags"][0] |= ACCESS_PART
-                into.append(runs)
+            into.append(stream_runs(t.addresses(pages), writes, processor, access_type, uniform=uniform,
+                                    alloc_ids=t.block_alloc[pages >> BLOCK_SHIFT],
+                                    stream=stream, start=self._now))
             yield pages, writes
 
     def _result(self, log: EventLog, stats: StreamStats, accesses: list[np.ndarray] | None = None) -> AccessResult:

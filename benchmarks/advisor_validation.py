@@ -1,0 +1,135 @@
+"""Does the advisor's advice pay? Each catalog workload under each policy, advised, then run again with the advice.
+
+For every workload of the catalog and every policy, the run is recorded with its accesses (on the simulator, or
+on a GPU with CUPTI on), ``ul.advise`` ranks its changes, and the top one is applied for real: the workload runs
+again under the policy that makes that change to all of its buffers (the catalog's runs take a policy, not
+per-buffer changes):
+
+=========================== ==========================================
+top recommendation          applied as the policy
+=========================== ==========================================
+a prefetch before the kernel ``prefetch``
+ReadMostly dropped, or a    ``faults``
+prefetch dropped
+kept on the host and mapped ``remote``
+ReadMostly set              ``read_mostly``
+=========================== ==========================================
+
+The predicted gain is the advisor's (its replay of the change, to the one buffer it names); the measured gain is the
+applied run's time against the original run's. Where a workload has several buffers, the applied run changes them
+all. On the simulator the rows also run variants the advisor was not tuned on (other sizes, seeds, strides and
+device memories).
+
+    python benchmarks/advisor_validation.py --on sim [--size 1GiB] [--json out.json]
+    python benchmarks/advisor_validation.py --on gpu --size 1GiB [--json out.json]   # CuPy, CUPTI and a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import uvm_lab as ul
+from uvm_lab.backends.sim import SimBackend
+from uvm_lab.events import EventBus
+from uvm_lab.trace_replay import measured
+from uvm_lab.workloads import POLICIES, WORKLOADS, make, run_gpu, run_sim
+
+
+def policy_of(rec: ul.advisor.Recommendation) -> str | None:
+    """The catalog policy that makes the recommendation's change to every buffer (None: none does)."""
+    change = rec.change
+    if "prefetch" in change:   # a prefetch before the kernel; or only the prefetches that move something (none)
+        return "prefetch" if "on_access" in change["prefetch"].values() else None
+    advice = next(iter(change["set_advice"].values()))
+    if advice.get("read_mostly"):
+        return "read_mostly"
+    return "remote" if advice.get("preferred_location") == "host" else "faults"
+
+
+def recorded(workload: Any, policy: str, on: str, device_memory: int, collector: Any) -> tuple[ul.Trace, float]:
+    """A run recorded with its accesses, and its time: the span of its records, as the advisor's replays time it
+    (the passes, and the buffers' setup before them)."""
+    if on == "sim":
+        bus = EventBus()
+        with ul.record(bus, accesses=True, limit=1 << 24) as trace:
+            run_sim(workload, SimBackend(device_memory, bus=bus), policy=policy)
+    else:
+        with ul.record(accesses=True, limit=1 << 24) as trace:
+            run_gpu(workload, policy=policy, backend=ul.get_backend(), collector=collector)
+    if trace.missed:
+        raise SystemExit(f"the recording missed {trace.missed} records: raise its limit")
+    return trace, measured(trace)["seconds"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--on", choices=("sim", "gpu"), default="sim")
+    parser.add_argument("--size", default="1GiB")
+    parser.add_argument("--device-memory", default="16GiB", help="the simulated GPU's (--on sim)")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+
+    collector = None
+    cases: list[tuple[str, dict[str, Any], Any]] = [(name, {"size": args.size}, args.device_memory)
+                                                    for name in WORKLOADS]
+    if args.on == "gpu":
+        from uvm_lab.tracing import CuptiCollector
+
+        backend = ul.use_backend("cuda", watch=False)
+        collector = CuptiCollector(gpu_faults=True, required=True).start()
+        device_memory = backend.mem_info()[1]
+        cases = [(name, params, device_memory) for name, params, _ in cases]
+    else:   # variants not tuned on: other sizes, seeds, strides, and a device the data does not fit
+        cases += [("random_gather", {"size": "768MiB", "seed": 7}, args.device_memory),
+                  ("strided", {"size": "1536MiB", "stride": 192 << 10}, args.device_memory),
+                  ("multi_pass_stream", {"size": "3GiB", "passes": 2}, "2GiB"),
+                  ("stencil", {"size": "640MiB", "row_bytes": 3 << 20}, "512MiB"),
+                  ("host_then_device", {"size": "1GiB", "write_every": 3}, args.device_memory)]
+    rows = []
+    print(f"{'workload':18} {'params':32} {'policy':12} {'top recommendation':24} {'applied':12} "
+          f"{'predicted':>9} {'measured':>9}", flush=True)
+    for name, params, device_memory in cases:
+        for policy in POLICIES:
+            workload = make(name, **params)
+            trace, seconds = recorded(workload, policy, args.on, device_memory, collector)
+            advice = ul.advise(trace, device_memory=device_memory, top=1)
+            row: dict[str, Any] = {"workload": name, "params": params, "device_memory": str(device_memory),
+                                   "policy": policy, "seconds": seconds, "exact": advice.baseline.exact}
+            if advice:
+                top = advice[0]
+                applied = policy_of(top)
+                row.update(pattern=top.pattern, code=top.code, applied=applied, predicted_gain=top.gain)
+                if applied is not None:
+                    after = recorded(workload, applied, args.on, device_memory, collector)[1]
+                    row.update(measured_gain=1 - after / seconds, applied_seconds=after)
+            rows.append(row)
+            shown = ", ".join(f"{k}={v}" for k, v in params.items())
+            if "measured_gain" in row:
+                print(f"{name:18} {shown:32} {policy:12} {row['pattern']:24} {row['applied']:12} "
+                      f"{row['predicted_gain']:9.1%} {row['measured_gain']:9.1%}", flush=True)
+            elif "pattern" in row:
+                print(f"{name:18} {shown:32} {policy:12} {row['pattern']:24} {'(no policy)':12} "
+                      f"{row['predicted_gain']:9.1%}", flush=True)
+            else:
+                print(f"{name:18} {shown:32} {policy:12} {'(none)':24}", flush=True)
+    if collector is not None:
+        collector.stop()
+    advised = [r for r in rows if "measured_gain" in r]
+    worse = [r for r in advised if r["measured_gain"] < 0]
+    agree = [r for r in advised if (r["measured_gain"] > 0) == (r["predicted_gain"] > 0)]
+    close = [r for r in advised if abs(r["measured_gain"] - r["predicted_gain"]) <= 0.25 * abs(r["predicted_gain"])]
+    print(f"\n{len(rows)} runs, {sum('pattern' in r for r in rows)} advised, {len(advised)} applied as a policy: "
+          f"{len(worse)} ran slower; the measured gain agreed in sign with the predicted on {len(agree)} and was "
+          f"within 25% of it on {len(close)}")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
