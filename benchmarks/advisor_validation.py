@@ -2,18 +2,20 @@
 
 For every workload of the catalog and every policy, the run is recorded with its accesses (on the simulator, or
 on a GPU with CUPTI on), ``ul.advise`` ranks its changes, and the top one is applied for real: the workload runs
-again under the policy that makes that change to all of its buffers (the catalog's runs take a policy, not
-per-buffer changes):
+again under its policy with that change made to all of its buffers (the catalog's runs take a policy, a
+prefetch strategy and an advice, not per-buffer changes):
 
-=========================== ==========================================
-top recommendation          applied as the policy
-=========================== ==========================================
-a prefetch before the kernel ``prefetch``
-ReadMostly dropped, or a    ``faults``
-prefetch dropped
-kept on the host and mapped ``remote``
-ReadMostly set              ``read_mostly``
-=========================== ==========================================
+============================= ======================================================
+top recommendation            applied: the policy, changed
+============================= ======================================================
+a prefetch before the kernel  its prefetch strategy on (``read_mostly`` becomes
+                              ``prefetch+read_mostly``)
+ReadMostly dropped            its advice off (``read_mostly`` becomes ``faults``)
+kept on the host and mapped   its advice ``remote``
+ReadMostly set                its advice ``read_mostly``
+only the prefetches that move not applied: no catalog policy makes it
+something
+============================= ======================================================
 
 The predicted gain is the advisor's (its replay of the change, to the one buffer it names); the measured gain is the
 applied run's time against the original run's. Where a workload has several buffers, the applied run changes them
@@ -38,18 +40,25 @@ import uvm_lab as ul
 from uvm_lab.backends.sim import SimBackend
 from uvm_lab.events import EventBus
 from uvm_lab.trace_replay import measured
-from uvm_lab.workloads import POLICIES, WORKLOADS, make, run_gpu, run_sim
+from uvm_lab.workloads import POLICIES, WORKLOADS, make, parse_policy, run_gpu, run_sim
+
+#: The prefetch strategy with each advice: catalog policies too.
+COMBINED = ("prefetch+read_mostly", "prefetch+remote")
 
 
-def policy_of(rec: ul.advisor.Recommendation) -> str | None:
-    """The catalog policy that makes the recommendation's change to every buffer (None: none does)."""
+def applied(rec: ul.advisor.Recommendation, policy: str) -> str | None:
+    """``policy`` with the recommendation's change made to every buffer (None: no catalog policy makes it)."""
+    prefetching, advice = parse_policy(policy)
     change = rec.change
     if "prefetch" in change:   # a prefetch before the kernel; or only the prefetches that move something (none)
-        return "prefetch" if "on_access" in change["prefetch"].values() else None
-    advice = next(iter(change["set_advice"].values()))
-    if advice.get("read_mostly"):
-        return "read_mostly"
-    return "remote" if advice.get("preferred_location") == "host" else "faults"
+        if "on_access" not in change["prefetch"].values():
+            return None
+        prefetching = True
+    else:
+        chosen = next(iter(change["set_advice"].values()))
+        advice = "read_mostly" if chosen.get("read_mostly") else \
+            "remote" if chosen.get("preferred_location") == "host" else None
+    return "+".join(p for p in ("prefetch" if prefetching else "", advice or "") if p) or "faults"
 
 
 def recorded(workload: Any, policy: str, on: str, device_memory: int, collector: Any) -> tuple[ul.Trace, float]:
@@ -72,6 +81,8 @@ def main() -> None:
     parser.add_argument("--on", choices=("sim", "gpu"), default="sim")
     parser.add_argument("--size", default="1GiB")
     parser.add_argument("--device-memory", default="16GiB", help="the simulated GPU's (--on sim)")
+    parser.add_argument("--policies", default=",".join(POLICIES + COMBINED),
+                        help="comma-separated (default: every policy, and prefetch with each advice)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
@@ -92,10 +103,10 @@ def main() -> None:
                   ("stencil", {"size": "640MiB", "row_bytes": 3 << 20}, "512MiB"),
                   ("host_then_device", {"size": "1GiB", "write_every": 3}, args.device_memory)]
     rows = []
-    print(f"{'workload':18} {'params':32} {'policy':12} {'top recommendation':24} {'applied':12} "
+    print(f"{'workload':18} {'params':32} {'policy':20} {'top recommendation':24} {'applied':21} "
           f"{'predicted':>9} {'measured':>9}", flush=True)
     for name, params, device_memory in cases:
-        for policy in POLICIES:
+        for policy in args.policies.split(","):
             workload = make(name, **params)
             trace, seconds = recorded(workload, policy, args.on, device_memory, collector)
             advice = ul.advise(trace, device_memory=device_memory, top=1)
@@ -103,21 +114,23 @@ def main() -> None:
                                    "policy": policy, "seconds": seconds, "exact": advice.baseline.exact}
             if advice:
                 top = advice[0]
-                applied = policy_of(top)
-                row.update(pattern=top.pattern, code=top.code, applied=applied, predicted_gain=top.gain)
-                if applied is not None:
-                    after = recorded(workload, applied, args.on, device_memory, collector)[1]
+                policy_after = applied(top, policy)
+                row.update(pattern=top.pattern, code=top.code, applied=policy_after, predicted_gain=top.gain,
+                           gpu_bytes=measured(trace)["bytes_htod"] + measured(trace)["bytes_dtoh"],
+                           replayed_bytes=advice.baseline.bytes_htod + advice.baseline.bytes_dtoh)
+                if policy_after is not None:
+                    after = recorded(workload, policy_after, args.on, device_memory, collector)[1]
                     row.update(measured_gain=1 - after / seconds, applied_seconds=after)
             rows.append(row)
             shown = ", ".join(f"{k}={v}" for k, v in params.items())
             if "measured_gain" in row:
-                print(f"{name:18} {shown:32} {policy:12} {row['pattern']:24} {row['applied']:12} "
+                print(f"{name:18} {shown:32} {policy:20} {row['pattern']:24} {row['applied']:21} "
                       f"{row['predicted_gain']:9.1%} {row['measured_gain']:9.1%}", flush=True)
             elif "pattern" in row:
-                print(f"{name:18} {shown:32} {policy:12} {row['pattern']:24} {'(no policy)':12} "
+                print(f"{name:18} {shown:32} {policy:20} {row['pattern']:24} {'(no policy)':21} "
                       f"{row['predicted_gain']:9.1%}", flush=True)
             else:
-                print(f"{name:18} {shown:32} {policy:12} {'(none)':24}", flush=True)
+                print(f"{name:18} {shown:32} {policy:20} {'(none)':24}", flush=True)
     if collector is not None:
         collector.stop()
     advised = [r for r in rows if "measured_gain" in r]

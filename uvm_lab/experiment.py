@@ -12,7 +12,8 @@ the grid's values it names as keywords. The grid maps a name to the values to tr
 configuration. Besides the workload's own parameters, the grid (or a keyword, for one value) takes:
 
 ``policy``
-    How data reaches the GPU (:data:`uvm_lab.workloads.POLICIES`): faults, prefetch, read_mostly, remote.
+    How data reaches the GPU (:data:`uvm_lab.workloads.POLICIES`): faults, prefetch, read_mostly, remote; or the
+    prefetch strategy with an advice, "prefetch+read_mostly" or "prefetch+remote".
 ``device_memory`` or ``oversubscription``
     The simulated GPU's memory, as a size or as the workload's bytes over it (1.5: half as much again as fits).
 ``platform``
@@ -51,7 +52,7 @@ from .backends.sim.platform import get_platform
 from .clock import SYSTEM_CLOCK, Clock, checked_clock
 from .errors import BackendError, InvalidArgumentError, shown
 from .units import format_bytes, parse_size
-from .workloads import POLICIES, WORKLOADS, PhaseResult, Workload, gpu_available, make, run_gpu, run_sim
+from .workloads import WORKLOADS, PhaseResult, Workload, gpu_available, make, parse_policy, run_gpu, run_sim
 from .workloads.gpu import MAX_FRACTION_OF_FREE
 from .workloads.sim import MigrationCounter
 
@@ -417,9 +418,7 @@ def _axes(grid: Mapping[str, Iterable[Any]] | None, fixed: dict[str, Any], runne
 
 def _policy(values: dict[str, Any]) -> str:
     policy = values.get("policy", _DEFAULTS["policy"])
-    if policy not in POLICIES:
-        raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {shown(policy)}",
-                                   value=policy, expected=", ".join(POLICIES))
+    parse_policy(policy)
     return str(policy)
 
 

@@ -77,6 +77,21 @@ def test_policy_ordering_when_oversubscribed():
     assert rate["faults"] < rate["prefetch"] < rate["remote"]
 
 
+def test_a_prefetch_strategy_and_an_advice_go_together():
+    """prefetch+read_mostly: the kernel finds its pages there (no GPU fault), and as ReadMostly they stay on the host
+    too, so a host read after moves nothing back."""
+    w = W.Workload("read_then_host", {"a": SIZE}, (W.Phase("stream", ("a",)), W.Phase("host_read", ("a",))))
+    both = W.run_sim(w, policy="prefetch+read_mostly")
+    prefetch, read_mostly = W.run_sim(w, policy="prefetch"), W.run_sim(w, policy="read_mostly")
+
+    assert both[0].faults == prefetch[0].faults == 0 < read_mostly[0].faults
+    assert both[1].bytes_dtoh == read_mostly[1].bytes_dtoh == 0 < prefetch[1].bytes_dtoh
+    assert W.parse_policy("read_mostly+prefetch") == (True, "read_mostly")
+    for bad in ("prefetch+faults", "read_mostly+remote", "prefetch+prefetch", "fastest", "", 3, None):
+        with pytest.raises(InvalidArgumentError, match="prefetch\\+read_mostly, prefetch\\+remote"):
+            W.parse_policy(bad)
+
+
 def test_a_strided_read_starts_at_its_offset():
     # One read every 2 MiB from 1 MiB on: each read lands mid-block, and the block holding it migrates as much
     # as a read at the block's start would move.

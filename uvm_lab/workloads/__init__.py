@@ -19,7 +19,7 @@ from .catalog import (
 )
 from .gpu import gpu_available, run_gpu
 from .patterns import Chunk, phase_stream, stream_shape
-from .sim import POLICIES, PhaseResult, run_sim
+from .sim import POLICIES, PhaseResult, parse_policy, run_sim
 from .spec import PATTERNS, Phase, Workload
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "host_then_device",
     "make",
     "multi_pass_stream",
+    "parse_policy",
     "phase_stream",
     "random_gather",
     "run_gpu",

@@ -21,7 +21,7 @@ from ..events.schema import AccessType, MemoryKind
 from ..location import HOST_ID, Location
 from ..units import PAGE_SIZE, format_bytes
 from .patterns import phase_stream, stream_shape
-from .sim import POLICIES, MigrationCounter, PhaseResult, _advise, _passes, pass_steps, swept_bytes
+from .sim import MigrationCounter, PhaseResult, _advise, _passes, parse_policy, pass_steps, swept_bytes
 from .spec import Phase, Workload
 
 __all__ = ["gpu_available", "run_gpu"]
@@ -126,9 +126,7 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
     InvalidArgumentError
         For an unknown policy or a fraction outside (0, 1].
     """
-    if policy not in POLICIES:
-        raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", value=policy,
-                                   expected=", ".join(POLICIES))
+    prefetching, advice = parse_policy(policy)
     if not 0 < max_fraction_of_free <= 1:
         raise InvalidArgumentError(f"max_fraction_of_free must be in (0, 1], got {max_fraction_of_free!r}",
                                    value=max_fraction_of_free, expected="0 < f <= 1")
@@ -157,7 +155,7 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
                 backend.bus.publish(range_record(ptrs[name], size, HOST_ID, AccessType.WRITE,
                                                  start=backend.now_ns()))
             _host_view(ptrs[name], size)[::PAGE_SIZE] = 1     # host-written, page by page
-            _advise(backend, ptrs[name], size, policy, Location.device(dev))
+            _advise(backend, ptrs[name], size, advice, Location.device(dev))
         cupy.cuda.runtime.deviceSynchronize()
         if collector is not None:
             collector.flush()
@@ -165,8 +163,8 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
         results = []
         for phase in workload.phases:
             for i, one in enumerate(_passes(phase)):
-                results.append(_run_pass(cupy, module, backend, workload, one, i, ptrs, sink, policy, prefetch_chunk,
-                                         dev, collector, counter))
+                results.append(_run_pass(cupy, module, backend, workload, one, i, ptrs, sink, prefetching,
+                                         prefetch_chunk, dev, collector, counter))
         return results
     finally:
         cupy.cuda.runtime.deviceSynchronize()
@@ -176,7 +174,7 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
             backend.free(ptr)
 
 
-def _accesses(backend: Any, workload: Workload, phase: Phase, ptrs: dict[str, int], policy: str, chunk: int,
+def _accesses(backend: Any, workload: Workload, phase: Phase, ptrs: dict[str, int], prefetching: bool, chunk: int,
               dev: int) -> list[np.ndarray]:
     """The ACCESS records of each part of the pass, as the simulator would publish them running it
     (:func:`~uvm_lab.workloads.sim.pass_steps`, :func:`~uvm_lab.events.accesses.stream_runs`)."""
@@ -184,7 +182,7 @@ def _accesses(backend: Any, workload: Workload, phase: Phase, ptrs: dict[str, in
     shape = stream_shape(phase)
     now = backend.now_ns()
     out = []
-    for what, addrs, writes, launch in pass_steps(workload, phase, ptrs, policy, chunk):
+    for what, addrs, writes, launch in pass_steps(workload, phase, ptrs, prefetching, chunk):
         if what != "access":
             continue
         pages = addrs & ~np.uint64(PAGE_SIZE - 1)
@@ -201,7 +199,7 @@ def _array(cupy: Any, ptr: int, size: int, owner: Any = None) -> Any:
 
 
 def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: Phase, index: int,
-              ptrs: dict[str, int], sink: Any, policy: str, chunk: int, dev: int, collector: Any,
+              ptrs: dict[str, int], sink: Any, prefetching: bool, chunk: int, dev: int, collector: Any,
               counter: MigrationCounter | None) -> PhaseResult:
     sizes = workload.buffers
     grid, block = 132 * 8, 256
@@ -213,7 +211,8 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
         offsets = cupy.asarray(np.concatenate([c.offsets for c in phase_stream(workload, phase)]))
     # What the pass touches, as the simulator's access streams of the same pass (made before the clock starts),
     # for a recording that replays it: published as the kernels are launched.
-    accesses = _accesses(backend, workload, phase, ptrs, policy, chunk, dev) if backend.bus.wants_accesses else []
+    accesses = _accesses(backend, workload, phase, ptrs, prefetching, chunk, dev) if backend.bus.wants_accesses \
+        else []
     cupy.cuda.runtime.deviceSynchronize()
     start = time.perf_counter()
 
@@ -224,7 +223,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
 
     def prefetch(name: str) -> None:
         # The simulator's prefetch policy: each chunk of what the kernel touches goes ahead of it.
-        if policy == "prefetch":
+        if prefetching:
             for lo in range(0, sizes[name], chunk):
                 backend.prefetch(ptrs[name] + lo, min(chunk, sizes[name] - lo), gpu)
 
@@ -244,7 +243,7 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
             else:
                 module.get_function("stream_read")((grid,), (block,), (part, np.uint64(n), sink))
 
-        if policy == "prefetch":
+        if prefetching:
             for lo in range(0, sizes[first], chunk):
                 n = min(chunk, sizes[first] - lo)
                 backend.prefetch(ptrs[first] + lo, n, gpu)

@@ -18,12 +18,34 @@ from ..units import PAGE_SIZE, parse_size
 from .patterns import CHUNK, Chunk, phase_stream, stream_shape
 from .spec import Phase, Workload
 
-__all__ = ["POLICIES", "MigrationCounter", "Moved", "PhaseResult", "run_sim", "swept_bytes"]
+__all__ = ["ADVICE_POLICIES", "POLICIES", "MigrationCounter", "Moved", "PhaseResult", "parse_policy", "run_sim",
+           "swept_bytes"]
 
 #: How data reaches the GPU: fault it in (no advice); prefetch it chunk by chunk ahead of the kernel;
 #: ReadMostly (reads duplicate, writes collapse); or leave it on the host (PreferredLocation=host) with the
-#: GPU mapped to it (AccessedBy=GPU), read over the link.
+#: GPU mapped to it (AccessedBy=GPU), read over the link. The prefetch strategy and an advice also go together,
+#: joined by "+": "prefetch+read_mostly", "prefetch+remote" (:func:`parse_policy`).
 POLICIES = ("faults", "prefetch", "read_mostly", "remote")
+#: The advice a policy may set.
+ADVICE_POLICIES = ("read_mostly", "remote")
+
+
+def parse_policy(policy: object) -> tuple[bool, str | None]:
+    """A policy as its two parts: whether it prefetches, and the advice it sets (None: none).
+
+    Raises
+    ------
+    InvalidArgumentError
+        For anything but one of :data:`POLICIES`, or "prefetch" and one advice joined by "+".
+    """
+    valid = f"{', '.join(POLICIES)}, or prefetch+read_mostly, prefetch+remote"
+    parts = policy.split("+") if isinstance(policy, str) else []
+    advice = [p for p in parts if p in ADVICE_POLICIES]
+    if not parts or len(set(parts)) != len(parts) or len(advice) > 1 or len(parts) > 2 \
+            or any(p not in POLICIES for p in parts) or ("faults" in parts and len(parts) > 1) \
+            or (len(parts) == 2 and "prefetch" not in parts):
+        raise InvalidArgumentError(f"policy must be one of {valid}, got {policy!r}", value=policy, expected=valid)
+    return "prefetch" in parts, advice[0] if advice else None
 
 
 @dataclass(frozen=True)
@@ -149,7 +171,7 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
         A :class:`SimBackend` to run on; by default a new one with ``device_memory`` on ``platform``
         publishing to a private bus (so that long runs do not fill the process's history).
     policy
-        One of :data:`POLICIES`.
+        One of :data:`POLICIES`, or "prefetch" and an advice joined by "+" (:func:`parse_policy`).
     prefetch_chunk
         The chunk the ``"prefetch"`` policy moves ahead of each part of a kernel.
     platform
@@ -163,9 +185,7 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
     InvalidArgumentError
         For an unknown policy or initial placement, or a non-simulated backend.
     """
-    if policy not in POLICIES:
-        raise InvalidArgumentError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}", value=policy,
-                                   expected=", ".join(POLICIES))
+    prefetching, advice = parse_policy(policy)
     if initial not in ("host", "nowhere"):
         raise InvalidArgumentError(f"initial must be 'host' or 'nowhere', got {initial!r}", value=initial,
                                    expected="host, nowhere")
@@ -183,13 +203,13 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
         for name, ptr in ptrs.items():
             if initial == "host":
                 backend.prefetch(ptr, workload.buffers[name], host)
-            _advise(backend, ptr, workload.buffers[name], policy, gpu)
+            _advise(backend, ptr, workload.buffers[name], advice, gpu)
         counter = MigrationCounter(backend.bus)
         results = []
         for phase in workload.phases:
             for i, one in enumerate(_passes(phase)):
                 counter.take()
-                results.append(_run_pass(backend, workload, one, i, ptrs, policy, chunk, counter))
+                results.append(_run_pass(backend, workload, one, i, ptrs, prefetching, chunk, counter))
         return results
     finally:
         if counter is not None:
@@ -198,11 +218,11 @@ def run_sim(workload: Workload, backend: SimBackend | None = None, *, policy: st
             backend.free(ptr)
 
 
-def _advise(backend: Any, ptr: int, size: int, policy: str, gpu: Location) -> None:
-    """The advice a policy sets on a buffer (the same calls on either backend)."""
-    if policy == "read_mostly":
+def _advise(backend: Any, ptr: int, size: int, advice: str | None, gpu: Location) -> None:
+    """The advice of a policy (:func:`parse_policy`) set on a buffer (the same calls on either backend)."""
+    if advice == "read_mostly":
         backend.advise(ptr, size, Advice.SET_READ_MOSTLY, None)
-    elif policy == "remote":
+    elif advice == "remote":
         backend.advise(ptr, size, Advice.SET_PREFERRED_LOCATION, Location.host())
         backend.advise(ptr, size, Advice.SET_ACCESSED_BY, gpu)
 
@@ -216,15 +236,16 @@ def swept_bytes(workload: Workload, phase: Phase) -> int:
     return sum(sizes[b] for b in dict.fromkeys(phase.buffers))
 
 
-def pass_steps(workload: Workload, phase: Phase, ptrs: dict[str, int], policy: str, chunk: int
+def pass_steps(workload: Workload, phase: Phase, ptrs: dict[str, int], prefetching: bool, chunk: int
                ) -> Iterator[tuple[str, Any, Any, Any]]:
     """A pass as the simulator runs it: ``("prefetch", ptr, size, None)`` and ``("access", addresses, writes,
-    launch)`` steps, in order. Under the prefetch policy, a GPU pass moves each chunk of what it touches ahead of
-    the part of the kernel that touches it; the kernel is launched once, before its first access."""
+    launch)`` steps, in order. ``prefetching`` (a policy's prefetch strategy), a GPU pass moves each chunk of what
+    it touches ahead of the part of the kernel that touches it; the kernel is launched once, before its first
+    access."""
     launched = False
     sizes = workload.buffers
     prefetched: set[tuple[str, int]] = set()
-    step = max(1, chunk // PAGE_SIZE) if policy == "prefetch" and phase.processor == "gpu" else CHUNK
+    step = max(1, chunk // PAGE_SIZE) if prefetching and phase.processor == "gpu" else CHUNK
     for batch, batch_writes in _batched(phase_stream(workload, phase), ptrs):
         for lo in range(0, len(batch), step):
             addrs, writes = batch[lo:lo + step], batch_writes[lo:lo + step]
@@ -244,12 +265,12 @@ def pass_steps(workload: Workload, phase: Phase, ptrs: dict[str, int], policy: s
 
 
 def _run_pass(backend: SimBackend, workload: Workload, phase: Phase, index: int, ptrs: dict[str, int],
-              policy: str, chunk: int, counter: MigrationCounter) -> PhaseResult:
+              prefetching: bool, chunk: int, counter: MigrationCounter) -> PhaseResult:
     where = Location.host() if phase.processor == "host" else Location.device(0)
     shape = stream_shape(phase)
     start = backend.now_ns()
     faults = remote = 0
-    for what, a, b, launch in pass_steps(workload, phase, ptrs, policy, chunk):
+    for what, a, b, launch in pass_steps(workload, phase, ptrs, prefetching, chunk):
         if what == "prefetch":
             backend.prefetch(a, b, where)
         else:
