@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import BackendError, InvalidArgumentError, OutOfMemoryError
 from ..events.accesses import range_record, stream_header, stream_runs
+from ..events.bus import get_bus
 from ..events.schema import AccessType, MemoryKind
 from ..location import HOST_ID, Location
 from ..units import PAGE_SIZE, format_bytes
@@ -116,6 +117,8 @@ def run_gpu(workload: Workload, *, policy: str = "faults", prefetch_chunk: int =
         A started :class:`~uvm_lab.tracing.CuptiCollector` publishing to ``backend.bus``: each result then
         carries the bytes CUPTI saw migrate in that pass (flushed after every pass) and its records of
         each kind (those of counters the collector did not enable count 0). Without one these fields are None.
+        On the process-wide bus, what CUPTI lost is found on the host's page tables after each pass
+        (:meth:`~uvm_lab.tracing.CuptiCollector.check_host`) and counted too.
 
     Raises
     ------
@@ -291,6 +294,10 @@ def _run_pass(cupy: Any, module: Any, backend: Any, workload: Workload, phase: P
     if counter is None:
         return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, None, None, None)
     collector.flush()
+    if collector.bus is get_bus():
+        # What CUPTI lost (it does, silently, with GPU fault capture on), from the host's page tables: the pass's
+        # bytes are then what moved. Their maps are the process-wide tracker's, which only that bus feeds.
+        collector.check_host()
     moved = counter.take()
     return PhaseResult(phase.pattern, index, seconds, swept_bytes(workload, phase), None, moved.htod, moved.dtoh, None,
                        moved.records, moved.evicted)
