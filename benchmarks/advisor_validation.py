@@ -23,7 +23,8 @@ all. On the simulator the rows also run variants the advisor was not tuned on (o
 device memories).
 
     python benchmarks/advisor_validation.py --on sim [--size 1GiB] [--json out.json]
-    python benchmarks/advisor_validation.py --on gpu --size 1GiB [--json out.json]   # CuPy, CUPTI and a GPU
+    python benchmarks/advisor_validation.py --on gpu --size 256MiB [--json out.json]   # CuPy, CUPTI and a GPU
+    python benchmarks/advisor_validation.py --table out.json    # a saved run as benchmarks/README.md's table
 """
 
 from __future__ import annotations
@@ -84,7 +85,11 @@ def main() -> None:
     parser.add_argument("--policies", default=",".join(POLICIES + COMBINED),
                         help="comma-separated (default: every policy, and prefetch with each advice)")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--table", type=Path, help="print the markdown table of a saved --json run, and stop")
     args = parser.parse_args()
+    if args.table:
+        print(markdown(json.loads(args.table.read_text())))
+        return
 
     collector = None
     cases: list[tuple[str, dict[str, Any], Any]] = [(name, {"size": args.size}, args.device_memory)
@@ -142,6 +147,30 @@ def main() -> None:
           f"within 25% of it on {len(close)}")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2, default=str))
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The advised rows as benchmarks/README.md's table, and the runs with no advice in a line."""
+    def percent(value: Any) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    lines = ["| workload | parameters | device | policy | top recommendation | applied as | predicted | measured |"
+             " replayed / run's bytes |", "| --- | --- | --- | --- | --- | --- | ---: | ---: | ---: |"]
+    quiet = []
+    for r in rows:
+        params = ", ".join(f"{k}={v}" for k, v in r["params"].items())
+        if "pattern" not in r:
+            quiet.append(f"{r['workload']} ({params}) {r['policy']}")
+            continue
+        ratio = r["replayed_bytes"] / r["gpu_bytes"] if r.get("gpu_bytes") else float("nan")
+        lines.append(f"| {r['workload']} | {params} | {_size(r['device_memory'])} | {r['policy']} | {r['pattern']} "
+                     f"| {r['applied'] or 'no policy makes it'} | {percent(r['predicted_gain'])} "
+                     f"| {percent(r.get('measured_gain'))} | {ratio:.3f} |")
+    return "\n".join(lines) + f"\n\nNo recommendation (no change saves 1%): {'; '.join(quiet)}."
+
+
+def _size(value: str) -> str:
+    return ul.format_bytes(int(value)) if value.isdigit() else value
 
 
 if __name__ == "__main__":

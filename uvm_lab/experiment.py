@@ -14,6 +14,9 @@ configuration. Besides the workload's own parameters, the grid (or a keyword, fo
 ``policy``
     How data reaches the GPU (:data:`uvm_lab.workloads.POLICIES`): faults, prefetch, read_mostly, remote; or the
     prefetch strategy with an advice, "prefetch+read_mostly" or "prefetch+remote".
+``prefetch`` and ``advice``
+    The policy's two parts as two names, to cross them: ``prefetch`` "none" or "chunked" (each chunk moved ahead of
+    the kernel), ``advice`` "none", "read_mostly" or "remote". Not with ``policy``.
 ``device_memory`` or ``oversubscription``
     The simulated GPU's memory, as a size or as the workload's bytes over it (1.5: half as much again as fits).
 ``platform``
@@ -56,10 +59,14 @@ from .workloads import WORKLOADS, PhaseResult, Workload, gpu_available, make, pa
 from .workloads.gpu import MAX_FRACTION_OF_FREE
 from .workloads.sim import MigrationCounter
 
-__all__ = ["RUNNER_PARAMETERS", "Experiment", "compare", "load"]
+__all__ = ["ADVICE_POLICIES", "PREFETCH_STRATEGIES", "RUNNER_PARAMETERS", "Experiment", "compare", "load"]
 
 #: The parameters the experiment itself reads (the rest are the workload's).
-RUNNER_PARAMETERS = ("policy", "device_memory", "oversubscription", "platform", "prefetch_chunk", "on")
+RUNNER_PARAMETERS = ("policy", "prefetch", "advice", "device_memory", "oversubscription", "platform", "prefetch_chunk",
+                     "on")
+#: The ``prefetch`` and ``advice`` names' values: a policy's two parts (:func:`uvm_lab.workloads.parse_policy`).
+PREFETCH_STRATEGIES = ("none", "chunked")
+ADVICE_POLICIES = ("none", "read_mostly", "remote")
 _DEFAULTS = {"policy": "faults", "platform": "x86-pcie5", "prefetch_chunk": "256MiB", "on": "sim"}
 _SIM_DEVICE_MEMORY = "16GiB"   # run_sim's, where a configuration names none
 _FORMAT = 1                    # the saved file's layout
@@ -353,8 +360,10 @@ class _Function(_Runner):
         # The values it was given, those the experiment reads too where it names them (never a default).
         kwargs = {k: v for k, v in values.items() if k not in RUNNER_PARAMETERS or self._takes(k)}
         platform = _platform(values)
-        if "policy" in values:
-            _policy(values)
+        # A policy's names are checked where the function does not take them (its own parameters mean what it says).
+        if policy_names := {k: v for k, v in values.items() if k in ("policy", "prefetch", "advice")
+                            and not self._takes(k)}:
+            _policy(policy_names)
         on = values.get("on", "sim")
         if on != "auto" and _where(values) == "gpu":   # "auto": the simulator, where a function runs for now
             raise InvalidArgumentError("a function runs on the simulator for now: on='gpu' takes catalog "
@@ -417,9 +426,21 @@ def _axes(grid: Mapping[str, Iterable[Any]] | None, fixed: dict[str, Any], runne
 
 
 def _policy(values: dict[str, Any]) -> str:
-    policy = values.get("policy", _DEFAULTS["policy"])
-    parse_policy(policy)
-    return str(policy)
+    """The configuration's policy: ``policy``, or the one ``prefetch`` and ``advice`` make together."""
+    if "prefetch" not in values and "advice" not in values:
+        policy = values.get("policy", _DEFAULTS["policy"])
+        parse_policy(policy)
+        return str(policy)
+    if "policy" in values:
+        raise InvalidArgumentError("give policy, or prefetch and advice (its two parts), not both", value="policy",
+                                   expected="policy alone, or prefetch and/or advice")
+    prefetch, advice = values.get("prefetch", "none"), values.get("advice", "none")
+    for name, value, valid in (("prefetch", prefetch, PREFETCH_STRATEGIES), ("advice", advice, ADVICE_POLICIES)):
+        if value not in valid:
+            raise InvalidArgumentError(f"{name} must be one of {', '.join(valid)}, got {shown(value)}", value=value,
+                                       expected=", ".join(valid))
+    return "+".join(p for p in ("prefetch" if prefetch == "chunked" else "", "" if advice == "none" else advice)
+                    if p) or "faults"
 
 
 def _chunk(values: dict[str, Any]) -> int:

@@ -154,6 +154,20 @@ def test_the_plot_has_a_bar_per_configuration():
         result.plot("speed")
 
 
+def test_the_prefetch_strategy_and_the_advice_cross_as_two_names():
+    grid = {"prefetch": ["none", "chunked"], "advice": ["none", "read_mostly"]}
+    result = ul.compare("host_then_device", grid, size="128MiB", progress=False)
+    summary = result.summary.set_index(["prefetch", "advice"])
+
+    assert len(summary) == 4 and result.parameters == ["prefetch", "advice"]
+    for (prefetch, advice), policy in {("none", "none"): "faults", ("chunked", "none"): "prefetch",
+                                       ("none", "read_mostly"): "read_mostly",
+                                       ("chunked", "read_mostly"): "prefetch+read_mostly"}.items():
+        direct = workloads.run_sim(workloads.host_then_device("128MiB"), policy=policy)
+        assert summary.loc[(prefetch, advice), "seconds"] == pytest.approx(sum(r.seconds for r in direct))
+    assert summary.loc[("chunked", "none"), "faults"] < summary.loc[("none", "none"), "faults"]
+
+
 @pytest.mark.parametrize(("call", "match"), [
     (lambda f: ul.compare(lambda size: None, {"colour": [1]}), "takes no 'colour'"),
     (lambda f: ul.compare("strided", {"colour": [1]}), "takes no 'colour'"),
@@ -161,6 +175,9 @@ def test_the_plot_has_a_bar_per_configuration():
     (lambda f: ul.compare("strided", {"policy": "faults"}), "must be a list"),
     (lambda f: ul.compare("strided", {"policy": ["faults", "fastest"]}), "policy must be one of"),
     (lambda f: ul.compare("strided", {"platform": ["x86-pcie5", "mars"]}), "unknown platform 'mars'"),
+    (lambda f: ul.compare("strided", {"prefetch": ["none", "always"]}), "prefetch must be one of none, chunked"),
+    (lambda f: ul.compare("strided", {"advice": ["none", "pinned"]}), "advice must be one of none, read_mostly"),
+    (lambda f: ul.compare("strided", {"advice": ["none"]}, policy="remote"), "not both"),
     (lambda f: ul.compare("strided", {"policy": ["faults"]}, policy="remote"), "given as a keyword too"),
     (lambda f: ul.compare("strided", device_memory="1GiB", oversubscription=1.5), "not both"),
     (lambda f: ul.compare("strided", {"oversubscription": [1.5, -1]}), "oversubscription must be a positive"),
