@@ -17,6 +17,10 @@ configuration. Besides the workload's own parameters, the grid (or a keyword, fo
 ``prefetch`` and ``advice``
     The policy's two parts as two names, to cross them: ``prefetch`` "none" or "chunked" (each chunk moved ahead of
     the kernel), ``advice`` "none", "read_mostly" or "remote". Not with ``policy``.
+``resource``
+    For a function: the resource chain its buffers come from, made the current device resource on each
+    configuration's device (:mod:`uvm_lab.mr.chain`: ``"managed"``, ``"pool(managed)"``,
+    ``"prefetch(pool(managed))"`` ...). A function that takes ``resource`` itself gets the value instead.
 ``device_memory`` or ``oversubscription``
     The simulated GPU's memory, as a size or as the workload's bytes over it (1.5: half as much again as fits).
 ``platform``
@@ -49,11 +53,13 @@ from typing import Any
 
 import pandas as pd
 
-from .backends import using_backend
+from .backends import get_backend, has_backend, using_backend
 from .backends.sim import SimBackend
 from .backends.sim.platform import get_platform
 from .clock import SYSTEM_CLOCK, Clock, checked_clock
 from .errors import BackendError, InvalidArgumentError, shown
+from .mr import get_current_device_resource, set_current_device_resource
+from .mr.chain import build_chain, check_chain
 from .units import format_bytes, parse_size
 from .workloads import WORKLOADS, PhaseResult, Workload, gpu_available, make, parse_policy, run_gpu, run_sim
 from .workloads.gpu import MAX_FRACTION_OF_FREE
@@ -62,8 +68,8 @@ from .workloads.sim import MigrationCounter
 __all__ = ["ADVICE_POLICIES", "PREFETCH_STRATEGIES", "RUNNER_PARAMETERS", "Experiment", "compare", "load"]
 
 #: The parameters the experiment itself reads (the rest are the workload's).
-RUNNER_PARAMETERS = ("policy", "prefetch", "advice", "device_memory", "oversubscription", "platform", "prefetch_chunk",
-                     "on")
+RUNNER_PARAMETERS = ("policy", "prefetch", "advice", "resource", "device_memory", "oversubscription", "platform",
+                     "prefetch_chunk", "on")
 #: The ``prefetch`` and ``advice`` names' values: a policy's two parts (:func:`uvm_lab.workloads.parse_policy`).
 PREFETCH_STRATEGIES = ("none", "chunked")
 ADVICE_POLICIES = ("none", "read_mostly", "remote")
@@ -325,6 +331,9 @@ class _Described(_Runner):
             self.accepts = frozenset()
 
     def plan(self, values: dict[str, Any]) -> _Plan:
+        if "resource" in values:
+            raise InvalidArgumentError(f"resource is for a function's buffers: {self.name} allocates on the device "
+                                       f"itself", value=values["resource"], expected="no resource for a workload")
         params = {k: v for k, v in values.items() if k not in RUNNER_PARAMETERS}
         workload = make(self.workload, **params) if isinstance(self.workload, str) else self.workload
         policy, chunk, platform = _policy(values), _chunk(values), _platform(values)
@@ -370,7 +379,10 @@ class _Function(_Runner):
                                        "workloads and Workload descriptions", value=on, expected="on='sim'")
         memory = _device_memory(values, None)
         device_memory = memory if memory is not None else parse_size(_SIM_DEVICE_MEMORY)
-        return _Plan(values, lambda: _call_on_sim(self.function, kwargs, self.name, device_memory, platform),
+        chain = values.get("resource") if not self._takes("resource") else None
+        if chain is not None:
+            check_chain(chain)
+        return _Plan(values, lambda: _call_on_sim(self.function, kwargs, self.name, device_memory, platform, chain),
                      "sim", "")
 
     def _takes(self, name: str) -> bool:
@@ -378,19 +390,27 @@ class _Function(_Runner):
 
 
 def _call_on_sim(function: Callable[..., Any], kwargs: dict[str, Any], name: str, device_memory: int,
-                 platform: Any) -> list[PhaseResult]:
-    """Call ``function`` with a simulated device of its own current, and what it moved, from its events."""
-    with using_backend("sim", device_memory=device_memory, platform=platform) as backend:
-        assert isinstance(backend, SimBackend)
-        counter = MigrationCounter(backend.bus)
-        try:
-            counter.take()
-            start = backend.now_ns()
-            function(**kwargs)
-            moved = counter.take()
-            seconds = (backend.now_ns() - start) / 1e9
-        finally:
-            counter.close()
+                 platform: Any, chain: str | None = None) -> list[PhaseResult]:
+    """Call ``function`` with a simulated device of its own current (and the resource ``chain`` its current device
+    resource), and what it moved, from its events. The user's device and its current resource are current after."""
+    users = get_current_device_resource() if has_backend() else None
+    try:
+        with using_backend("sim", device_memory=device_memory, platform=platform) as backend:
+            assert isinstance(backend, SimBackend)
+            if chain is not None:
+                set_current_device_resource(build_chain(chain))
+            counter = MigrationCounter(backend.bus)
+            try:
+                counter.take()
+                start = backend.now_ns()
+                function(**kwargs)
+                moved = counter.take()
+                seconds = (backend.now_ns() - start) / 1e9
+            finally:
+                counter.close()
+    finally:
+        if users is not None and users.backend is get_backend():
+            set_current_device_resource(users)
     return [PhaseResult(name, 0, seconds, moved.htod + moved.dtoh, moved.faults, moved.htod, moved.dtoh, None,
                         moved.records, moved.evicted)]
 

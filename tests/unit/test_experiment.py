@@ -237,3 +237,37 @@ def test_an_experiment_leaves_the_backend_as_it_found_it_even_none():
     previous = ul.get_backend()
     experiment.compare(lambda: None, progress=False)
     assert ul.get_backend() is previous
+
+
+def test_a_resource_chain_is_an_axis_for_a_functions_buffers():
+    chains = []
+
+    def step() -> None:
+        chains.append([type(mr).__name__ for mr in ul.mr.resource_chain(ul.mr.get_current_device_resource())])
+        for _ in range(20):
+            buf = ul.DeviceBuffer(size="8MiB")
+            ul.touch(buf, on="gpu", mode="write")
+            buf.close()
+
+    mine = ul.mr.StatisticsResourceAdaptor(ul.mr.ManagedMemoryResource())
+    ul.mr.set_current_device_resource(mine)
+    result = ul.compare(step, {"resource": ["managed", "pool(managed)", "prefetch(managed)"]}, progress=False)
+    at = result.summary.set_index("resource")
+
+    assert chains == [["ManagedMemoryResource"], ["PoolMemoryResource", "ManagedMemoryResource"],
+                      ["PrefetchResourceAdaptor", "ManagedMemoryResource"]]
+    # The pool hands the same pages back: made on the GPU once, they fault there once; fresh managed memory each
+    # time faults every time; prefetched on allocation, it never faults.
+    assert at.faults["prefetch(managed)"] == 0 < at.faults["pool(managed)"] < at.faults["managed"]
+    assert ul.mr.get_current_device_resource() is mine   # the user's resource is current again
+
+
+def test_a_resource_chain_is_checked_and_is_for_functions_only():
+    for chain in ("pool(managed", "managed(pool)", "fast", 3):
+        with pytest.raises(InvalidArgumentError, match="resource chain"):
+            ul.compare(lambda: None, {"resource": ["managed", chain]}, progress=False)
+    with pytest.raises(InvalidArgumentError, match="resource is for a function's buffers"):
+        ul.compare("strided", resource="pool(managed)", progress=False)
+    seen = []
+    ul.compare(lambda resource: seen.append(resource), {"resource": ["mine", "yours"]}, progress=False)
+    assert seen == ["mine", "yours"]   # a function that takes resource itself gets the value as it is
