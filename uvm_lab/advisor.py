@@ -28,7 +28,8 @@ buffer was made in it), from the trace's records alone:
 ``prefetch_moved_nothing``
     A prefetch of it found every page already where it sent them.
 
-Every candidate change is replayed (:func:`uvm_lab.replay`) and kept only where it saves at least
+Where several buffers show one pattern, their changes together are one more candidate. Every candidate change is
+replayed (:func:`uvm_lab.replay`) and kept only where it saves at least
 :data:`MIN_GAIN` of the time: the expected gain is
 the replay's, against the trace replayed as recorded, on the same simulated GPU. A trace recorded with
 ``accesses=True`` replays exactly; any other replays its faults, and a recommendation's gain is then a lower
@@ -72,8 +73,8 @@ class Recommendation:
     """One change, the evidence for it, and what replaying the trace with it measured."""
 
     pattern: str        #: one of :data:`PATTERNS`
-    alloc_id: int       #: the allocation, as the trace names it
-    name: str           #: the buffer's label where it is alive, else ``buffer <alloc_id>``
+    alloc_id: int       #: the allocation, as the trace names it (the first, where the change is to several)
+    name: str           #: the buffer's label where it is alive, else ``buffer <alloc_id>`` (comma-separated, several)
     allocated_at: str   #: the line that allocated it ("" where unknown)
     source: str         #: the line where the pattern shows (the first fault, the advice set ...)
     evidence: str       #: what the trace shows, in numbers
@@ -128,7 +129,7 @@ class Recommendations(Sequence[Recommendation]):
             return "<Recommendations: none; the replays found no change that gains>"
         lines = [f"{i + 1}. {r.pattern} in {r.name}: {r.gain:.0%} faster "
                  f"({r.before.seconds * 1e3:,.1f} -> {r.after.seconds * 1e3:,.1f} ms)\n"
-                 f"   {r.evidence}{f' at {r.source}' if r.source else ''}\n   {r.code}"
+                 f"   {r.evidence}{f' at {r.source}' if r.source else ''}\n   " + "\n   ".join(r.code.splitlines())
                  for i, r in enumerate(self._items)]
         return "\n".join(lines)
 
@@ -162,8 +163,32 @@ def advise(trace: Trace, *, device_memory: int | str | None = None, platform: st
         if best is not None:
             found.append(Recommendation(**candidate, code=best[0]["code"], change=best[0]["replay"], before=baseline,
                                         after=best[1]))
+    found += _together(trace, options, baseline, found)
     found.sort(key=lambda r: (-(baseline.seconds - r.after.seconds), PATTERNS.index(r.pattern)))
     return Recommendations(found[:top], baseline)
+
+
+def _together(trace: Trace, options: dict[str, Any], baseline: Replayed, found: list[Recommendation]
+              ) -> list[Recommendation]:
+    """Where several buffers show one pattern, their changes made together: one recommendation more, kept where it
+    gains more than the best of them alone (a kernel that reads two buffers waits for both)."""
+    out = []
+    for pattern in PATTERNS:
+        alike = [r for r in found if r.pattern == pattern]
+        if len(alike) < 2:
+            continue
+        change: dict[str, Any] = {}
+        for r in alike:
+            for option, by_alloc in r.change.items():
+                change.setdefault(option, {}).update(by_alloc)
+        after = replay(trace, **options, **change)
+        if after.seconds < min(r.after.seconds for r in alike):
+            out.append(Recommendation(
+                pattern=pattern, alloc_id=alike[0].alloc_id, name=", ".join(r.name for r in alike),
+                allocated_at=alike[0].allocated_at, source=alike[0].source,
+                evidence=f"{len(alike)} buffers: " + "; ".join(f"{r.name}: {r.evidence}" for r in alike),
+                code="\n".join(r.code for r in alike), change=change, before=baseline, after=after))
+    return out
 
 
 def _candidates(events: np.ndarray) -> Iterator[dict[str, Any]]:

@@ -64,6 +64,24 @@ def test_gpu_first_touch_faults_are_answered_with_a_prefetch():
     assert "GPU faults moved 64 MiB in" in top.evidence
 
 
+def test_buffers_that_show_one_pattern_are_also_mended_together():
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        a, b = ul.DeviceBuffer(size="64MiB", label="a"), ul.DeviceBuffer(size="64MiB", label="b")
+        for buf in (a, b):
+            ul.touch(buf, on="host", mode="write")
+        for buf in (a, b):
+            ul.touch(buf, on="gpu")
+    advice = ul.advise(trace)
+    top = advice[0]
+
+    assert (top.pattern, top.name) == ("gpu_first_touch", "a, b")
+    assert top.code.splitlines() == [f'{name}.prefetch("gpu")   # before the kernel' for name in "ab"]
+    alone = [r for r in advice if r.pattern == "gpu_first_touch" and r.name in ("a", "b")]
+    assert len(alone) == 2 and all(top.after.seconds < r.after.seconds for r in alone)
+    assert top.after.gpu_faults == 0 < min(r.after.gpu_faults for r in alone)
+
+
 def test_data_larger_than_the_device_is_left_on_the_host_and_mapped():
     ul.use_backend("sim", device_memory="64MiB")
     with ul.record(accesses=True) as trace:
