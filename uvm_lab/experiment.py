@@ -351,7 +351,8 @@ class _Described(_Runner):
 
 
 class _Function(_Runner):
-    """The user's function: called on a simulated device made for the configuration (or the GPU), with the
+    """The user's function: called on a simulated device made for the configuration, or on the GPU (``on="gpu"``,
+    or ``"auto"`` where there is one; a configuration that names a device memory runs on the simulator), with the
     values it names; what it did is read from the events its buffers published."""
 
     def __init__(self, function: Callable[..., Any]) -> None:
@@ -373,20 +374,58 @@ class _Function(_Runner):
         if policy_names := {k: v for k, v in values.items() if k in ("policy", "prefetch", "advice")
                             and not self._takes(k)}:
             _policy(policy_names)
-        on = values.get("on", "sim")
-        if on != "auto" and _where(values) == "gpu":   # "auto": the simulator, where a function runs for now
-            raise InvalidArgumentError("a function runs on the simulator for now: on='gpu' takes catalog "
-                                       "workloads and Workload descriptions", value=on, expected="on='sim'")
         memory = _device_memory(values, None)
         device_memory = memory if memory is not None else parse_size(_SIM_DEVICE_MEMORY)
         chain = values.get("resource") if not self._takes("resource") else None
         if chain is not None:
             check_chain(chain)
+        gpu_note = ""
+        if _where(values) == "gpu":
+            if memory is None:   # on the GPU the user has: it allocates what it allocates, far below the free memory
+                return _Plan(values, lambda: _call_on_gpu(self.function, kwargs, self.name, chain), "gpu", "")
+            gpu_note = "a GPU's memory cannot be made smaller: simulated only"
         return _Plan(values, lambda: _call_on_sim(self.function, kwargs, self.name, device_memory, platform, chain),
-                     "sim", "")
+                     "sim", gpu_note)
 
     def _takes(self, name: str) -> bool:
         return self.accepts is None or name in self.accepts
+
+
+def _call_on_gpu(function: Callable[..., Any], kwargs: dict[str, Any], name: str,
+                 chain: str | None = None) -> list[PhaseResult]:
+    """Call ``function`` on the GPU (the current CUDA backend, or a new one for the call): its time from a
+    synchronized device to a synchronized device, and what moved where CUPTI's collector runs (``%uvm tracing on``;
+    without it, nothing measures the migrations and they are missing, not zero)."""
+    from .tracing import cupti_status
+
+    current = get_backend() if has_backend() else None
+    users = get_current_device_resource() if current is not None else None
+    keep = current is not None and not current.is_simulated
+    try:
+        with using_backend(current if keep and current is not None else "cuda",
+                           **({} if keep else {"watch": False})) as backend:
+            if chain is not None:
+                set_current_device_resource(build_chain(chain))
+            counter = MigrationCounter(backend.bus) if cupti_status()["active"] else None
+            try:
+                if counter is not None:
+                    counter.take()
+                backend.synchronize()
+                start = time.perf_counter()
+                function(**kwargs)
+                backend.synchronize()
+                seconds = time.perf_counter() - start
+                moved = counter.take() if counter is not None else None
+            finally:
+                if counter is not None:
+                    counter.close()
+    finally:
+        if users is not None and users.backend is get_backend():
+            set_current_device_resource(users)
+    if moved is None:
+        return [PhaseResult(name, 0, seconds, None, None, None, None, None)]
+    return [PhaseResult(name, 0, seconds, moved.htod + moved.dtoh, moved.faults, moved.htod, moved.dtoh, None,
+                        moved.records, moved.evicted)]
 
 
 def _call_on_sim(function: Callable[..., Any], kwargs: dict[str, Any], name: str, device_memory: int,

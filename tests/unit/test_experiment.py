@@ -209,9 +209,13 @@ def test_on_gpu_without_one_says_what_to_do_instead():
     assert set(ul.compare("strided", size="16MiB", on="auto", progress=False).summary["ran_on"]) == {"sim"}
 
 
-def test_a_function_runs_on_the_simulator_wherever_it_is_asked_to_run_automatically():
+def test_a_function_runs_on_the_simulator_where_there_is_no_gpu():
+    if workloads.gpu_available():
+        pytest.skip("this machine has a GPU")
     result = ul.compare(lambda: ul.DeviceBuffer(size="4MiB").close(), on="auto", progress=False)
     assert list(result.summary["ran_on"]) == ["sim"]
+    with pytest.raises(BackendError, match="on='sim'"):
+        ul.compare(lambda: None, on="gpu", progress=False)
 
 
 def test_the_experiment_and_the_catalog_are_attributes_of_a_fresh_import():

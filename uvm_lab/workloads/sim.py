@@ -55,7 +55,7 @@ class PhaseResult:
     phase: str
     pass_index: int
     seconds: float
-    bytes: int               #: bytes of the buffers the pass sweeps (its working set)
+    bytes: int | None        #: bytes of the buffers the pass sweeps (its working set); None where nothing measured it
     faults: int | None
     bytes_htod: int | None   #: bytes migrated to the GPU in the pass, prefetches included
     bytes_dtoh: int | None   #: bytes migrated to the host in the pass, evictions included
@@ -69,6 +69,8 @@ class PhaseResult:
     @property
     def gb_per_s(self) -> float:
         """Working-set bytes per second, as the H200 measurements report a pass."""
+        if self.bytes is None:
+            return float("nan")
         return self.bytes / self.seconds / 1e9 if self.seconds > 0 else float("inf")
 
 
