@@ -14,13 +14,17 @@
 
 What the trace holds decides what a replay can tell:
 
-- **A recording made with** ``accesses=True`` **on the simulator** holds every modelled access (ACCESS records):
-  a replay runs the same calls in the same order, so under the configuration it was recorded with it moves the
-  same bytes and takes the same time (:attr:`Replayed.exact`).
-- **Any other trace** (the simulator's without accesses, or CUPTI's from a GPU) holds only the faults. Each
-  fault's range becomes an access by the processor that faulted. Accesses that found their pages in place left no
-  record, so they are not replayed: under less memory, what they would have faulted and moved is missing, and
-  the bytes are a lower bound; the time is the faults' alone, not the program's. :attr:`Replayed.note` says so.
+- **A recording made with** ``accesses=True`` holds what the program touched (ACCESS records): on the simulator,
+  every modelled access; on a GPU, those of ``ul.touch`` and of the catalog's runs
+  (:func:`uvm_lab.workloads.run_gpu`), whose kernels uvm_lab knows. A replay runs the same calls in the same
+  order, so a simulator trace replayed under the configuration it was recorded with moves the same bytes and takes
+  the same time, and a GPU trace replays to the GPU's bytes (:attr:`Replayed.exact`: the trace held the accesses,
+  which is not to say the GPU's own records were complete).
+- **Any other trace** (one recorded without accesses, or kernels of CuPy or torch on a GPU, which say nothing of
+  what they touch) holds only faults and migrations. Each fault's range, and each migration an access demanded,
+  becomes an access by that processor. Accesses that found their pages in place left no record, so they are not
+  replayed: under less memory, what they would have faulted and moved is missing, and the bytes are a lower bound;
+  the time is the faults' alone, not the program's. :attr:`Replayed.note` says so.
 
 The changes a replay can make: the device's memory and the platform's profile; the prefetches (those recorded,
 none, or one before each GPU access, or one at each allocation); the advice (as recorded, or none) and advice
