@@ -53,6 +53,7 @@ from typing import Any
 
 import pandas as pd
 
+from . import experiment_feed
 from .backends import get_backend, has_backend, using_backend
 from .backends.sim import SimBackend
 from .backends.sim.platform import get_platform
@@ -120,7 +121,7 @@ class Experiment:
     def plot(self, y: str = "seconds") -> Any:
         """A bokeh figure of ``y`` (a column of :attr:`summary`) per configuration, with each one's range over
         repeats where ``y`` is seconds. Show it with ``bokeh.io.show``."""
-        from bokeh.models import ColumnDataSource, FactorRange, HoverTool
+        from bokeh.models import BasicTickFormatter, ColumnDataSource, FactorRange, HoverTool
         from bokeh.models.annotations import Whisker
         from bokeh.plotting import figure
 
@@ -132,14 +133,24 @@ class Experiment:
         source = ColumnDataSource({"name": names, "y": summary[y].astype(float),
                                    "lo": summary["seconds_min"], "hi": summary["seconds_max"],
                                    "ran_on": summary["ran_on"]})
-        fig = figure(y_range=FactorRange(factors=names[::-1]), height=60 + 28 * len(names), width=640, x_axis_label=y,
-                     title=f"{self.metadata.get('workload', '')}: {y} (median of repeats)",
+        # As wide as where it is shown (a notebook's output, the lab view's frame); plain numbers on the axis.
+        fig = figure(y_range=FactorRange(factors=names[::-1]), height=60 + 28 * len(names), sizing_mode="stretch_width",
+                     x_axis_label=y, title=f"{self.metadata.get('workload', '')}: {y} (median of repeats)",
                      toolbar_location=None)
+        fig.xaxis.formatter = BasicTickFormatter(use_scientific=False)
         fig.hbar(y="name", right="y", height=0.6, source=source)
         if y == "seconds":
             fig.add_layout(Whisker(source=source, base="name", lower="lo", upper="hi", dimension="width"))
         fig.add_tools(HoverTool(tooltips=[("configuration", "@name"), (y, "@y"), ("ran on", "@ran_on")]))
         return fig
+
+    def to_html(self, y: str = "seconds") -> str:
+        """:meth:`plot`'s figure as one self-contained page (BokehJS inline: no network, no server), as the lab
+        view shows it."""
+        from bokeh.embed import file_html
+        from bokeh.resources import INLINE
+
+        return file_html(self.plot(y), INLINE, title=f"{self.metadata.get('workload', 'experiment')}: {y}")
 
     def save(self, path: str | Path) -> Path:
         """Write the passes and the metadata: Parquet (``.parquet``, where pyarrow is installed), or CSV with
@@ -268,7 +279,9 @@ def compare(workload: WorkloadLike, grid: Mapping[str, Iterable[Any]] | None = N
                 "python": sys.version.split()[0], "machine": host_platform.node(),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     passes = pd.concat(frames, ignore_index=True) if frames else _empty(parameters)
-    return Experiment(passes, parameters, metadata)
+    result = Experiment(passes, parameters, metadata)
+    experiment_feed.publish(result)   # the lab view draws it
+    return result
 
 
 @dataclass

@@ -14,6 +14,7 @@ import {
   Command,
   DeviceInfo,
   DeviceSample,
+  ExperimentChart,
   ITimelineColumns,
   Location,
   PageRows,
@@ -118,6 +119,15 @@ export class UvmLabModel implements ITimelineSource {
   }
 
   /** Emitted when device samples arrive (or all go, on a new connection). */
+  /** The latest experiment's chart the kernel sent (`ul.compare`), or null. */
+  get experiment(): ExperimentChart | null {
+    return this._experiment;
+  }
+
+  get experimentChanged(): ISignal<this, void> {
+    return this._experimentChanged;
+  }
+
   get samplesChanged(): ISignal<this, void> {
     return this._samplesChanged;
   }
@@ -375,6 +385,10 @@ export class UvmLabModel implements ITimelineSource {
       case 'result':
         this._onResult(data);
         break;
+      case 'experiment':
+        this._experiment = data;
+        this._experimentChanged.emit();
+        break;
     }
   }
 
@@ -583,6 +597,8 @@ export class UvmLabModel implements ITimelineSource {
   private _samples: DeviceSample[] = [];
   private _samplesDropped = 0;
   private _samplesChanged = new Signal<this, void>(this);
+  private _experiment: ExperimentChart | null = null;
+  private _experimentChanged = new Signal<this, void>(this);
   private _nextSeq = 1;
   private _revision = 0;
   private _retries = 0;

@@ -307,7 +307,16 @@ export type Result = {
   error: ErrorInfo | null;
 };
 
-export type KernelMessage = Snapshot | Update | Removed | TimelineRows | PageRows | Result;
+/** An experiment's chart (`ul.compare`'s result): a self-contained page, BokehJS inline. */
+export type ExperimentChart = {
+  type: 'experiment';
+  workload: string;
+  configurations: number;
+  created: string;
+  html: string;
+};
+
+export type KernelMessage = Snapshot | Update | Removed | TimelineRows | PageRows | Result | ExperimentChart;
 
 /** Narrow an incoming comm payload to a kernel message, or undefined for anything else. */
 export function asKernelMessage(data: unknown): KernelMessage | undefined {
@@ -322,6 +331,7 @@ export function asKernelMessage(data: unknown): KernelMessage | undefined {
     case 'timeline':
     case 'pages':
     case 'result':
+    case 'experiment':
       return data as KernelMessage;
     default:
       return undefined;

@@ -50,6 +50,7 @@ export class UvmLabView extends Widget {
       this._schedule();
     }, this);
     model.samplesChanged.connect(this._schedule, this);
+    model.experimentChanged.connect(this._showExperiment, this);
     model.setPaused(true); // until shown
   }
 
@@ -113,6 +114,23 @@ export class UvmLabView extends Widget {
       this._frame = 0;
       this._render();
     });
+  }
+
+  /** Draw the latest experiment's chart, where it is a new one. */
+  private _showExperiment(): void {
+    const chart = this.model.experiment;
+    if (!chart || this._experiment.dataset.created === chart.created) {
+      return;
+    }
+    this._experiment.dataset.created = chart.created;
+    this._experiment.hidden = false;
+    const configurations = `${chart.configurations} configuration${chart.configurations === 1 ? '' : 's'}`;
+    this._experimentTitle.textContent = `Experiment: ${chart.workload}, ${configurations} (${chart.created})`;
+    // The figure is 60 px and 28 a configuration tall (Experiment.plot), with the page's margins.
+    this._experimentFrame.style.height = `${100 + 28 * chart.configurations}px`;
+    this._experimentFrame.srcdoc = chart.html;
+    // The user just ran it: bring it on screen (the view scrolls; the chart sits below the timeline).
+    this._experiment.scrollIntoView({ block: 'nearest' });
   }
 
   // --- building ---------------------------------------------------------------------------------
@@ -225,7 +243,28 @@ export class UvmLabView extends Widget {
       this._controls
     );
 
-    main.append(this._lanes.node, this._lanesNote, this._timeline.node, causes, this._sourceLines.node, selected);
+    // The latest experiment's chart (ul.compare), in a frame of its own: its page carries BokehJS, and runs
+    // sandboxed, apart from JupyterLab's page. Hidden until the kernel sends one.
+    this._experiment = document.createElement('details');
+    this._experiment.className = 'jp-UvmLab-experiment';
+    this._experiment.open = true;
+    this._experiment.hidden = true;
+    this._experimentTitle = document.createElement('summary');
+    this._experimentFrame = document.createElement('iframe');
+    this._experimentFrame.className = 'jp-UvmLab-experimentFrame';
+    this._experimentFrame.title = 'The latest experiment';
+    this._experimentFrame.setAttribute('sandbox', 'allow-scripts');
+    this._experiment.append(this._experimentTitle, this._experimentFrame);
+
+    main.append(
+      this._lanes.node,
+      this._lanesNote,
+      this._timeline.node,
+      causes,
+      this._sourceLines.node,
+      this._experiment,
+      selected
+    );
     body.append(side, main);
 
     this._status = div('jp-UvmLab-status');
@@ -649,6 +688,9 @@ export class UvmLabView extends Widget {
   private _lanesNote!: HTMLElement;
   private _timeline!: Timeline;
   private _sourceLines!: SourceLines;
+  private _experiment!: HTMLDetailsElement;
+  private _experimentTitle!: HTMLElement;
+  private _experimentFrame!: HTMLIFrameElement;
   private _selectedTitle!: HTMLElement;
   private _legend!: HTMLElement;
   private _map!: PageMap;

@@ -719,3 +719,30 @@ def test_random_json_never_breaks_the_session(session, data, kind):
         assert session.handle({"type": "hello", "seq": 1})["ok"]
     finally:
         buf.close()
+
+
+def test_an_experiments_chart_reaches_an_open_view_and_one_that_opens_later(device):
+    first = PanelSession(RecordingComm(), start=False, timeline=(EventWindow(), DeviceSeries(clock=ManualClock())))
+    try:
+        first.handle({"type": "hello", "seq": 0})
+        result = ul.compare("multi_pass_stream", {"policy": ["faults", "prefetch"]}, size="16MiB", passes=2,
+                            progress=False)
+        [(chart, _)] = first.comm.of_type("experiment")
+        assert (chart["workload"], chart["configurations"]) == ("multi_pass_stream", 2)
+        assert chart["created"] == result.metadata["created"]
+        # A page of its own, BokehJS inline: it draws in the view's frame with no network.
+        assert chart["html"].startswith("<!DOCTYPE html>") and "Bokeh" in chart["html"]
+        assert "https://cdn.bokeh.org" not in chart["html"] and "faults" in chart["html"]
+    finally:
+        first.close()
+    later = PanelSession(RecordingComm(), start=False, timeline=(EventWindow(), DeviceSeries(clock=ManualClock())))
+    try:
+        later.handle({"type": "hello", "seq": 0})
+        [snapshot, (chart, _)] = [m for m in later.comm.messages if m[0]["type"] in ("snapshot", "experiment")]
+        assert snapshot[0]["type"] == "snapshot" and chart["created"] == result.metadata["created"]
+        first.comm.clear()
+        ul.compare("strided", size="16MiB", progress=False)
+        assert first.comm.of_type("experiment") == []   # a closed view is sent nothing
+        assert len(later.comm.of_type("experiment")) == 2
+    finally:
+        later.close()

@@ -353,7 +353,7 @@ def _py_typeddicts() -> dict[str, set[str]]:
 
 def test_every_message_has_a_same_named_twin_with_the_same_fields():
     ts, py = _ts_types(), _py_typeddicts()
-    assert len(py) == 21  # 8 commands, 6 kernel messages, 7 parts
+    assert len(py) == 22  # 8 commands, 7 kernel messages, 7 parts
     assert ts == py
 
 

@@ -11,6 +11,7 @@ The panel opens a comm to target ``"uvm_lab"`` with a ``hello``; each open comm 
   residency or advice changed, each as the cells that changed (``"runs"``), and the device lanes'
   new samples, so the map follows a cell while it runs;
 - answers ``timeline`` queries from the kernel's shared event window (:mod:`.timeline`);
+- sends each ``ul.compare`` result's chart as it ends (``experiment``), and the latest one to a view that opens;
 - stops sending while the panel says it is hidden (``pause``), and sends a full snapshot when it
   is shown again.
 
@@ -43,6 +44,7 @@ import numpy as np
 
 import uvm_lab as ul
 
+from .. import experiment_feed
 from ..buffer import page_range
 from ..clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
 from ..events import get_bus
@@ -63,6 +65,7 @@ from .protocol import (
     Command,
     DeviceInfo,
     ErrorInfo,
+    ExperimentChart,
     PageRows,
     Prefetch,
     Removed,
@@ -168,6 +171,8 @@ class PanelSession:
         self._subscription = self._bus.subscribe(self._on_events, inline=True, name="the live view's session")
         comm.on_msg(self._on_msg)
         comm.on_close(self._on_close)
+        self._charted: tuple[Any, str] | None = None   # the last experiment drawn, and its chart
+        self._unsubscribe_experiments = experiment_feed.subscribe(self._send_experiment)
         self._thread = threading.Thread(target=self._run, name="uvm_lab-panel-updates", daemon=True)
         if start:
             self._thread.start()
@@ -359,6 +364,7 @@ class PanelSession:
             self._closed.set()
         self._wake.set()
         self._subscription.close()
+        self._unsubscribe_experiments()
         if self._owns_timeline:
             release_shared()
         with _sessions_lock:
@@ -369,6 +375,8 @@ class PanelSession:
         # Every branch is spelled out: a command picks one of these, it never names code to run.
         if command["type"] == "hello":
             self.send_snapshot()
+            if (result := experiment_feed.latest()) is not None:   # the latest experiment, drawn once a view is new
+                self._send_experiment(result)
         elif command["type"] == "pause":
             with self._lock:
                 self._paused = command["paused"]
@@ -423,6 +431,16 @@ class PanelSession:
                             sources=sources, by_source=np.column_stack([lines, totals]).tolist(),
                             by_source_others=others)
         self._send(rows, [columns[name] for name, _ in TIMELINE_COLUMNS])
+
+    def _send_experiment(self, result: Any) -> None:
+        """An experiment's chart (``ul.compare``'s result, :meth:`~uvm_lab.experiment.Experiment.to_html`)."""
+        if self._charted is None or self._charted[0] is not result:
+            self._charted = (result, result.to_html())
+        summary = result.summary
+        with self._send_lock:
+            self._send(ExperimentChart(type="experiment", workload=str(result.metadata.get("workload", "")),
+                                       configurations=len(summary),
+                                       created=str(result.metadata.get("created", "")), html=self._charted[1]))
 
     # -- comm and bus callbacks ------------------------------------------------------------------------
     def _on_msg(self, msg: dict[str, Any]) -> None:

@@ -106,6 +106,7 @@ __all__ = [
     "DeviceInfo",
     "DeviceSample",
     "ErrorInfo",
+    "ExperimentChart",
     "Hello",
     "PageCounts",
     "PageRows",
@@ -344,6 +345,14 @@ class PageRows(TypedDict):
     first_page: int
     pages: int
     time: int  # ns on the backend's clock: the pages were read at this time (or just after)
+
+
+class ExperimentChart(TypedDict):
+    type: Literal["experiment"]
+    workload: str  # what ran
+    configurations: int  # rows of its summary
+    created: str  # when it ended, as ISO 8601
+    html: str  # its chart (Experiment.to_html): a self-contained page, BokehJS inline
 
 
 class ErrorInfo(TypedDict):
