@@ -11,7 +11,8 @@
 ('gpu_first_touch', 'weights.prefetch("gpu")   # before the kernel')
 
 Each pattern is looked for per allocation (an ``alloc`` record's buffer, or a ``segment_alloc``'s memory where no
-buffer was made in it), from the trace's records alone:
+buffer was made in it), over its life (from the record that made it to the one that freed it: a pool hands the
+same addresses out again), from the trace's records alone:
 
 ``gpu_first_touch``
     A GPU faulted the allocation's pages in: prefetch it to the GPU before the kernel.
@@ -25,6 +26,9 @@ buffer was made in it), from the trace's records alone:
     ReadMostly was set and the allocation was written while it held: every write collapses the copies.
 ``larger_than_device``
     Its pages were evicted to make room: leave it on the host and map it for the GPU.
+``prefetch_adaptor_not_outermost``
+    A pool's memory was prefetched whole as it grew, and the buffers it handed out never were: a
+    ``PrefetchResourceAdaptor`` under the pool, where it prefetches the pool's growth, not each buffer.
 ``prefetch_moved_nothing``
     A prefetch of it found every page already where it sent them.
 
@@ -59,7 +63,7 @@ __all__ = ["MIN_GAIN", "PATTERNS", "Recommendation", "Recommendations", "advise"
 
 #: What the advisor looks for, in the order it reports ties.
 PATTERNS = ("read_mostly_written", "thrashing", "ping_pong", "larger_than_device", "gpu_first_touch",
-            "prefetch_moved_nothing")
+            "prefetch_adaptor_not_outermost", "prefetch_moved_nothing")
 
 #: The least share of the time a change must save to be recommended: less is within what a real GPU's runs vary.
 MIN_GAIN = 0.01
@@ -193,9 +197,12 @@ def _together(trace: Trace, options: dict[str, Any], baseline: Replayed, found: 
 
 def _candidates(events: np.ndarray) -> Iterator[dict[str, Any]]:
     """Each pattern found, per allocation, with the changes that might mend it."""
-    kind, flags, address = events["kind"], events["flags"], events["address"]
-    for alloc_id, start, size, allocated_at in _allocations(events):
-        inside = (address >= start) & (address < start + size)
+    kind, flags = events["kind"], events["flags"]
+    allocations = _allocations(events)
+    yield from _inner_prefetches(events, allocations)
+    for allocation in (a for a in allocations if a.leaf):
+        alloc_id, size, allocated_at = allocation.alloc_id, allocation.size, allocation.allocated_at
+        inside = allocation.holds(events)
         mine = events[inside]
         k, f = kind[inside], flags[inside]
         name = _name(alloc_id)
@@ -242,7 +249,8 @@ def _candidates(events: np.ndarray) -> Iterator[dict[str, Any]]:
                         [{"replay": {"set_advice": {alloc_id: {}}},
                           "code": code(f"{var}.read_mostly = False")}])
         if thrashing.any():
-            yield found("thrashing", thrashing, f"{int(thrashing.sum()):,} thrashing reports", remedies)
+            yield found("thrashing", thrashing, f"{_count(int(thrashing.sum()), 'thrashing report')} from the driver",
+                        remedies)
         if nbytes(htod) > size and nbytes(dtoh) > 0:
             yield found("ping_pong", htod, f"{format_bytes(nbytes(htod))} to the GPU and {format_bytes(nbytes(dtoh))} "
                         f"back on demand, of {format_bytes(size)}", remedies)
@@ -256,10 +264,50 @@ def _candidates(events: np.ndarray) -> Iterator[dict[str, Any]]:
                              "code": code(f'{var}.prefetch("gpu")', "before the kernel")}])
         idle = _idle_prefetches(mine)
         if idle.any():
-            yield found("prefetch_moved_nothing", idle, f"{int(idle.sum()):,} prefetches found every page in place",
+            yield found("prefetch_moved_nothing", idle,
+                        f"{_count(int(idle.sum()), 'prefetch')} found every page in place",
                         [{"replay": {"prefetch": {alloc_id: "needed"}},
                           "code": code(f"# drop {var}.prefetch(...) at {texts(mine['source'][idle][:1])[0]}",
                                        "its pages are already there")}])
+
+
+def _inner_prefetches(events: np.ndarray, allocations: list[_Allocation]) -> Iterator[dict[str, Any]]:
+    """A prefetch adaptor that is not outermost: the memory a pool (or another suballocator) took was prefetched
+    whole as it grew, and the buffers it handed out never were (RMM's PrefetchResourceAdaptor prefetches what its
+    upstream gives it: under a pool, the pool's growth)."""
+    kind = events["kind"]
+    prefetches = np.flatnonzero(kind == EventKind.PREFETCH)
+    reported: set[int] = set()
+    # The innermost first (made last): a pool's memory sits in the segment that was mapped for it, both prefetched
+    # by the one record, which is the pool's.
+    for outer in sorted((a for a in allocations if not a.leaf), key=lambda a: -a.first):
+        whole = prefetches[(events["address"][prefetches] == outer.start) & (events["bytes"][prefetches] == outer.size)
+                           & (prefetches > outer.first) & (prefetches <= outer.last)]
+        whole = np.array([i for i in whole.tolist() if i not in reported], dtype=np.int64)
+        if not len(whole):
+            continue
+        reported.update(whole.tolist())
+        inside = [a for a in allocations if a.leaf and outer.start <= a.start < outer.start + outer.size
+                  and outer.first < a.first <= outer.last]
+        bare = [a for a in inside if not (a.holds(events) & (kind == EventKind.PREFETCH)).any()]
+        if not bare:
+            continue
+        name = _name(outer.alloc_id)
+        yield {"pattern": "prefetch_adaptor_not_outermost", "alloc_id": outer.alloc_id, "name": name,
+               "allocated_at": outer.allocated_at, "source": texts(events["source"][whole[:1]])[0],
+               "evidence": f"{_count(len(whole), 'prefetch')} of the {format_bytes(outer.size)} it took, as it grew; "
+                           f"none of the {_count(len(bare), 'buffer')} handed out of it",
+               # Each buffer prefetched as it is handed out, and the pool's growth not.
+               "changes": [{"replay": {"prefetch": {outer.alloc_id: "none",
+                                                    **{a.alloc_id: "on_allocate" for a in bare}}},
+                            "code": "mr = ul.mr.PrefetchResourceAdaptor(ul.mr.PoolMemoryResource(...))   # the "
+                                    "prefetch adaptor outermost: each buffer prefetched as it is handed out"
+                                    + (f"; in place of the one at {outer.allocated_at}" if outer.allocated_at
+                                       else "")}]}
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 'es' if noun.endswith('h') else 's'}"
 
 
 def _idle_prefetches(records: np.ndarray) -> np.ndarray:
@@ -281,19 +329,39 @@ def _idle_prefetches(records: np.ndarray) -> np.ndarray:
     return idle
 
 
-def _allocations(events: np.ndarray) -> list[tuple[int, int, int, str]]:
-    """``(alloc_id, address, size, allocated at)`` of every buffer the trace allocates, and of every segment it
-    maps in which no buffer was made."""
-    kind = events["kind"]
-    buffers = events[kind == EventKind.ALLOC]
-    segments = events[kind == EventKind.SEGMENT_ALLOC]
+@dataclass(frozen=True)
+class _Allocation:
+    """An allocation of the trace: where, from which record to which (its life), and whether it is a leaf."""
+
+    alloc_id: int
+    start: int
+    size: int
+    first: int          # the index of the record that made it
+    last: int           # the index of the record that freed it (the trace's end where none did)
+    allocated_at: str
+    leaf: bool          # no allocation was made inside it in its life (a pool's memory holds what it hands out)
+
+    def holds(self, events: np.ndarray) -> np.ndarray:
+        """Which records concern it: in its range, in its life."""
+        index = np.arange(len(events))
+        return (events["address"] >= self.start) & (events["address"] < self.start + self.size) \
+            & (index >= self.first) & (index <= self.last)
+
+
+def _allocations(events: np.ndarray) -> list[_Allocation]:
+    """Every buffer and segment the trace allocates, with its life."""
+    kind, ids, address = events["kind"], events["alloc_id"], events["address"]
+    made = np.flatnonzero((kind == EventKind.ALLOC) | (kind == EventKind.SEGMENT_ALLOC))
+    freed = np.flatnonzero((kind == EventKind.FREE) | (kind == EventKind.SEGMENT_FREE))
+    freed_at = {int(ids[i]): int(i) for i in freed[::-1]}   # each id's first free
+    buffers = np.flatnonzero(kind == EventKind.ALLOC)
     out = []
-    for rows, alone in ((buffers, False), (segments, True)):
-        for row, line in zip(rows, texts(rows["source"]), strict=True):
-            start, size = int(row["address"]), int(row["bytes"])
-            if alone and ((buffers["address"] >= start) & (buffers["address"] < start + size)).any():
-                continue
-            out.append((int(row["alloc_id"]), start, size, line))
+    for i, line in zip(made.tolist(), texts(events["source"][made]), strict=True):
+        start, size = int(address[i]), int(events["bytes"][i])
+        last = freed_at.get(int(ids[i]), len(events) - 1)
+        inside = buffers[(buffers > i) & (buffers <= last) & (address[buffers] >= start)
+                         & (address[buffers] < start + size)]
+        out.append(_Allocation(int(ids[i]), start, size, i, last, line, leaf=not len(inside)))
     return out
 
 

@@ -231,8 +231,8 @@ class _Runner:
                 entry = self.segments.pop(int(ev["address"]), None)
                 if entry is not None:
                     self.sim.free(entry[1])
-            elif kind == EventKind.PREFETCH and self.prefetch(int(ev["address"])) != "none":
-                if (ptr := self._at(ev)) is not None and (self.prefetch(int(ev["address"])) != "needed"
+            elif kind == EventKind.PREFETCH and self.prefetch(int(ev["address"]), size) != "none":
+                if (ptr := self._at(ev)) is not None and (self.prefetch(int(ev["address"]), size) != "needed"
                                                           or not self._in_place(ptr, size, int(ev["dst"]))):
                     self.sim.prefetch(ptr, size, _location(int(ev["dst"])), stream=stream)
             elif kind == EventKind.ADVICE and self.advice == "recorded" and not any(
@@ -268,9 +268,11 @@ class _Runner:
         where = 1 if dst == HOST_ID else 1 << (dst + 1)   # the simulator's residency bits: host 1, GPU n 2 << n
         return bool(size) and bool((self.sim.page_states(ptr, size) & where).all())
 
-    def prefetch(self, address: int) -> str:
-        """The prefetch choice for the allocation holding the original ``address``."""
-        return next(choice for start, size, choice in self.choices if start <= address < start + size)
+    def prefetch(self, address: int, size: int = 1) -> str:
+        """The prefetch choice for the smallest allocation that holds the original range (a pool's growth, prefetched
+        whole, is the pool's memory's, not the first buffer's at the same address)."""
+        end = address + max(size, 1)
+        return next(choice for start, n, choice in self.choices if start <= address and end <= start + n)
 
     def _kind_at(self, address: int) -> int | None:
         for start, (size, _, kind) in self.segments.items():
@@ -285,7 +287,7 @@ class _Runner:
             return
         for advice, where in self.set_advice.get(int(ev["alloc_id"]), {}).items():
             self.sim.advise(ptr, size, advice, where)
-        if managed and self.prefetch(int(ev["address"])) == "on_allocate":
+        if managed and self.prefetch(int(ev["address"]), size) == "on_allocate":
             self.sim.prefetch(ptr, size, Location.device(0))
 
     def _before_access(self, ev: np.void, processor: Location, end: int | None = None) -> None:

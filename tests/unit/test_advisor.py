@@ -82,6 +82,43 @@ def test_buffers_that_show_one_pattern_are_also_mended_together():
     assert top.after.gpu_faults == 0 < min(r.after.gpu_faults for r in alone)
 
 
+def pooled(outermost: bool) -> ul.Trace:
+    """Three scratch buffers from a pool, each written by a kernel and read back by the host; a prefetch adaptor
+    under the pool (where RMM's guide warns it prefetches the pool's growth) or over it."""
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        def pool(upstream):
+            return ul.mr.PoolMemoryResource(upstream, initial_pool_size="64MiB")
+
+        managed = ul.mr.ManagedMemoryResource()
+        mr = ul.mr.PrefetchResourceAdaptor(pool(managed)) if outermost else pool(ul.mr.PrefetchResourceAdaptor(managed))
+        for _ in range(3):
+            scratch = ul.DeviceBuffer(size="16MiB", mr=mr)
+            ul.touch(scratch, on="gpu", mode="write")
+            ul.touch(scratch, on="host")
+            scratch.close()
+    return trace
+
+
+def test_a_prefetch_adaptor_under_a_pool_is_moved_outermost_and_gains_what_was_predicted():
+    found = by_pattern(ul.advise(pooled(outermost=False)))["prefetch_adaptor_not_outermost"]
+
+    assert found.evidence == "1 prefetch of the 64 MiB it took, as it grew; none of the 3 buffers handed out of it"
+    assert found.code.startswith("mr = ul.mr.PrefetchResourceAdaptor(ul.mr.PoolMemoryResource(...))")
+    assert found.after.gpu_faults < found.before.gpu_faults
+    # Applied for real, the adaptor outermost takes the time the replay predicted.
+    assert measured(pooled(outermost=True))["seconds"] == pytest.approx(found.after.seconds, rel=0.01)
+    assert "prefetch_adaptor_not_outermost" not in by_pattern(ul.advise(pooled(outermost=True)))
+
+
+def test_buffers_a_pool_hands_out_at_one_address_are_told_apart_by_their_lives():
+    """Each of the three scratch buffers moves 16 MiB each way once: none of them ping-pongs, though the three
+    together, at one address, moved 48 MiB each way."""
+    advice = ul.advise(pooled(outermost=True))
+    assert "ping_pong" not in by_pattern(advice)
+    assert all(r.name != "buffer" and "48 MiB" not in r.evidence for r in advice)
+
+
 def test_data_larger_than_the_device_is_left_on_the_host_and_mapped():
     ul.use_backend("sim", device_memory="64MiB")
     with ul.record(accesses=True) as trace:
@@ -105,6 +142,21 @@ def test_pages_that_go_back_and_forth_are_kept_in_one_place():
     found = by_pattern(ul.advise(trace))["ping_pong"]
 
     assert "to the GPU and" in found.evidence and found.gain > 0
+    assert found.after.bytes_htod + found.after.bytes_dtoh < found.before.bytes_htod + found.before.bytes_dtoh
+
+
+def test_thrashing_is_answered_by_keeping_the_pages_in_one_place():
+    ul.use_backend("sim", device_memory="1GiB")
+    with ul.record(accesses=True) as trace:
+        shared = ul.DeviceBuffer(size="8MiB", label="shared")
+        for _ in range(20):   # both sides write the same 64 KiB, in turn
+            ul.touch(shared, on="host", mode="write", size="64KiB")
+            ul.touch(shared, on="gpu", mode="write", size="64KiB")
+    assert len(trace.of_kind(ul.events.EventKind.THRASHING)) > 0
+    found = by_pattern(ul.advise(trace))["thrashing"]
+
+    assert found.evidence.endswith("thrashing report from the driver") or "thrashing reports" in found.evidence
+    assert found.code == 'shared.preferred_location = "host"; shared.accessed_by = "gpu"'
     assert found.after.bytes_htod + found.after.bytes_dtoh < found.before.bytes_htod + found.before.bytes_dtoh
 
 
