@@ -24,5 +24,6 @@ python3 -m pytest -q -p no:cacheprovider tests/unit/test_sim_backend.py tests/un
     tests/unit/test_sim_rules.py tests/unit/test_tracing_decode.py tests/unit/test_tracing_collector.py \
     tests/unit/test_tracing_reconcile.py tests/unit/test_residency_inference.py tests/unit/test_bounded_events.py \
     tests/unit/test_fault_injection.py tests/unit/test_torch.py tests/unit/test_torch_allocator.py \
+    tests/unit/test_trace_replay.py tests/unit/test_advisor.py tests/unit/test_experiment.py \
     tests/codebase/test_layering.py || status=1
 exit $status
