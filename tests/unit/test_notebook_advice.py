@@ -11,23 +11,11 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_bokeh")
 
-from tests.unit.test_notebooks import NUMBER, _execute, number, stdout  # noqa: E402
+from tests.unit.test_notebooks import NUMBER, _execute, number, numbers, said, stdout  # noqa: E402
 
 NAME = "05-memory-advice.ipynb"
 ADVICES = ("none", "read_mostly", "preferred_location", "accessed_by")
 
-
-def numbers(text: str) -> set[float]:
-    return {number(n) for n in re.findall(NUMBER, text)}
-
-
-def said(pattern: str, text: str) -> list[float]:
-    """The numbers that ``pattern`` (``{n}`` for each, any run of spaces or a line break between words) captures in
-    ``text``; fails where the text does not say it."""
-    regex = re.escape(pattern).replace(r"\{n\}", f"({NUMBER})").replace(r"\ ", r"\s+")
-    found = re.search(regex, text)
-    assert found, f"the text does not say {pattern!r}"
-    return [number(n) for n in found.groups()]
 
 
 @pytest.fixture(scope="module")

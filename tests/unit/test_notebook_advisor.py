@@ -13,7 +13,7 @@ nbformat = pytest.importorskip("nbformat")
 pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
-from tests.unit.test_notebooks import NUMBER, ROOT, _execute, number, stdout  # noqa: E402
+from tests.unit.test_notebooks import NUMBER, ROOT, _execute, number, numbers, said, stdout  # noqa: E402
 
 NAME = "08-the-advisor.ipynb"
 #: The cells the tests read, by id.
@@ -25,18 +25,6 @@ PAGE = 4096
 KEEP_ON_HOST = 'inputs.preferred_location = "host"; inputs.accessed_by = "gpu"'
 PREFETCH = 'inputs.prefetch("gpu")   # before the kernel'
 
-
-def numbers(text: str) -> set[float]:
-    return {number(n) for n in re.findall(NUMBER, text)}
-
-
-def said(pattern: str, text: str) -> list[float]:
-    """The numbers that ``pattern`` (``{n}`` for each, any run of spaces or a line break between words) captures in
-    ``text``; fails where the text does not say it."""
-    regex = re.escape(pattern).replace(r"\{n\}", f"({NUMBER})").replace(r"\ ", r"\s+")
-    found = re.search(regex, text)
-    assert found, f"the text does not say {pattern!r}"
-    return [number(n) for n in found.groups()]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("jupyter_bokeh")   # tests.unit.test_notebooks, whose helpers these are, needs it
 
-from tests.unit.test_notebooks import NUMBER, ROOT, _execute, number, result, stdout  # noqa: E402
+from tests.unit.test_notebooks import NUMBER, ROOT, _execute, number, numbers, result, said, stdout  # noqa: E402
 
 NAME = "09-tracing-a-real-gpu.ipynb"
 #: The cells the tests read, by id.
@@ -30,18 +30,6 @@ PAGES = SIZE // 4096
 #: What only a GPU run may print: none of it may show on the simulator.
 GPU_ONLY = ("a real GPU", "CUPTI tracing: on", "check_host:", "CUPTI:", "CUPTI collector stopped", "unknown, CUPTI")
 
-
-def numbers(text: str) -> set[float]:
-    return {number(n) for n in re.findall(NUMBER, text)}
-
-
-def said(pattern: str, text: str) -> list[float]:
-    """The numbers that ``pattern`` (``{n}`` for each, any run of spaces or a line break between words) captures in
-    ``text``; fails where the text does not say it."""
-    regex = re.escape(pattern).replace(r"\{n\}", f"({NUMBER})").replace(r"\ ", r"\s+")
-    found = re.search(regex, text)
-    assert found, f"the text does not say {pattern!r}"
-    return [number(n) for n in found.groups()]
 
 
 def _listing() -> set[str]:

@@ -107,6 +107,20 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+def numbers(text: str) -> set[float]:
+    """Every number ``text`` holds, as a notebook prints them (:data:`NUMBER`)."""
+    return {number(n) for n in re.findall(NUMBER, text)}
+
+
+def said(pattern: str, text: str) -> list[float]:
+    """The numbers that ``pattern`` (``{n}`` for each, any run of spaces or a line break between words) captures in
+    ``text``; fails where the text does not say it."""
+    regex = re.escape(pattern).replace(r"\{n\}", f"({NUMBER})").replace(r"\ ", r"\s+")
+    found = re.search(regex, text)
+    assert found, f"the text does not say {pattern!r}"
+    return [number(n) for n in found.groups()]
+
+
 def stdout(cell) -> str:
     return "".join(o.text for o in cell.outputs if o.output_type == "stream" and o.name == "stdout")
 
