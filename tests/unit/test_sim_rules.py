@@ -7,7 +7,7 @@ import pytest
 
 from uvm_lab.backends.sim import PLATFORMS, SimBackend
 from uvm_lab.backends.sim.model import NO_LOCATION
-from uvm_lab.backends.sim.platform import link_seconds
+from uvm_lab.backends.sim.platform import get_platform, link_seconds
 from uvm_lab.backends.sim.prefetcher import density_region
 from uvm_lab.backends.sim.thrashing import BlockNotes
 from uvm_lab.errors import InvalidArgumentError
@@ -426,6 +426,47 @@ def test_platform_profiles_are_data_and_calibration_is_marked():
         PLATFORMS["x86-pcie5"].with_(warp_speed=9)
     with pytest.raises(InvalidArgumentError, match="positive"):
         PLATFORMS["x86-pcie5"].with_(remote_bw=-1.0)
+
+
+def test_a_profile_travels_as_a_file(tmp_path):
+    """A profile written on one machine (say, fitted to its GPU) is what the simulator runs elsewhere."""
+    import json
+
+    import uvm_lab as ul
+    from uvm_lab.backends.sim.platform import Platform
+
+    slower = PLATFORMS["x86-pcie5"].with_(name="my-host", fault_batch_latency=62e-6, calibrated=True)
+    path = slower.save(tmp_path / "my-host.json")
+    assert Platform.load(path) == slower
+    backend = ul.use_backend("sim", device_memory="1GiB", platform=str(path))
+    assert backend.platform == slower
+    seconds = []
+    for profile in ("x86-pcie5", path):
+        ul.use_backend("sim", device_memory="1GiB", platform=profile)
+        buf = ul.DeviceBuffer(size="64MiB", mr=ul.mr.ManagedMemoryResource())
+        ul.touch(buf, on="host", mode="write")
+        seconds.append(ul.touch(buf, on="gpu").seconds)
+    assert seconds[1] > seconds[0]   # the slower host's batches, as its profile says
+
+    # A profile from before a cost existed takes x86-pcie5's; a field it does not know, or a bad value, is refused.
+    data = json.loads(path.read_text())
+    del data["fault_chunk_latency"]
+    path.write_text(json.dumps(data))
+    assert Platform.load(path).fault_chunk_latency == PLATFORMS["x86-pcie5"].fault_chunk_latency
+    for change, match in (({"warp_speed": 9}, "warp_speed"), ({"remote_bw": -1}, "remote_bw must be a float > 0"),
+                          ({"gpu_pages_in_flight": 2.5}, "gpu_pages_in_flight must be a int > 0"),
+                          ({"calibrated": "yes"}, "calibrated must be a bool")):
+        path.write_text(json.dumps({**data, **change}))
+        with pytest.raises(InvalidArgumentError, match=match):
+            Platform.load(path)
+    for text in ("not json", json.dumps({"name": "x"}), json.dumps([1])):
+        path.write_text(text)
+        with pytest.raises(InvalidArgumentError, match="platform profile"):
+            ul.use_backend("sim", platform=str(path))
+    with pytest.raises(InvalidArgumentError, match="platform profile"):
+        Platform.load(tmp_path / "missing.json")
+    with pytest.raises(InvalidArgumentError, match=r"or a profile's \.json file"):
+        get_platform("my-host")
 
 
 def test_link_model_is_size_dependent():

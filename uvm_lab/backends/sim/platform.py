@@ -35,8 +35,11 @@ Transfers follow a size-dependent link model, the UVMSmart fit ``bw(s) = bw_max 
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, fields, replace
+import os
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -210,6 +213,56 @@ class Platform:
                                            expected="a positive number")
         return replace(self, **changes)
 
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the profile as JSON (every field, by name), for :meth:`load` and for
+        ``use_backend("sim", platform=path)`` on any machine. Returns the path."""
+        out = Path(path)
+        out.write_text(json.dumps({"format": _PROFILE_FORMAT, **asdict(self)}, indent=2) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Platform:
+        """A profile written by :meth:`save`. A field it lacks takes :data:`x86-pcie5 <PLATFORMS>`'s value (a
+        profile written before that cost existed); a field it does not know, or a value of the wrong kind, is
+        refused.
+
+        Raises
+        ------
+        InvalidArgumentError
+            For a file that cannot be read, is not a profile, or holds a bad value.
+        """
+        source = Path(path)
+        try:
+            data = json.loads(source.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as err:
+            raise InvalidArgumentError(f"cannot read a platform profile from {str(source)!r}: {err}", value=str(path),
+                                       expected="a JSON file written by Platform.save") from err
+        if not isinstance(data, dict) or data.pop("format", None) != _PROFILE_FORMAT:
+            raise InvalidArgumentError(f"{str(source)!r} is not a platform profile (format {_PROFILE_FORMAT})",
+                                       value=str(path), expected="a JSON file written by Platform.save")
+        base = PLATFORMS["x86-pcie5"]
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise InvalidArgumentError(f"{str(source)!r} has fields a profile does not: {', '.join(unknown)}",
+                                       value=unknown, expected=", ".join(sorted(known)))
+        for name, value in data.items():
+            kind = type(getattr(base, name))
+            if kind is bool or kind is str:
+                ok = isinstance(value, kind)
+            else:   # a cost or a count: a positive number (an int where the profile's is)
+                ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool) \
+                    and value > 0
+            if not ok:
+                raise InvalidArgumentError(f"{str(source)!r}: {name} must be a {kind.__name__}"
+                                           f"{'' if kind in (bool, str) else ' > 0'}, got {value!r}", value=value,
+                                           expected=kind.__name__)
+        return replace(base, **{k: float(v) if type(getattr(base, k)) is float else v for k, v in data.items()})
+
+
+#: The layout of a saved profile (:meth:`Platform.save`).
+_PROFILE_FORMAT = 1
+
 
 _PCIE5 = Platform(
     name="x86-pcie5",
@@ -267,17 +320,20 @@ PLATFORMS: dict[str, Platform] = {
 }
 
 
-def get_platform(platform: str | Platform) -> Platform:
-    """Look a profile up by name (or pass a :class:`Platform` through).
+def get_platform(platform: str | os.PathLike[str] | Platform) -> Platform:
+    """Look a profile up by name, or read one from a file (a path ending in ``.json``: :meth:`Platform.save`'s), or
+    pass a :class:`Platform` through.
 
     Raises
     ------
     InvalidArgumentError
-        For a name that is not in :data:`PLATFORMS`, naming the valid ones.
+        For a name that is not in :data:`PLATFORMS` (naming the valid ones), or a file that is not a profile.
     """
     if isinstance(platform, Platform):
         return platform
     if isinstance(platform, str) and platform in PLATFORMS:
         return PLATFORMS[platform]
-    valid = ", ".join(sorted(PLATFORMS))
+    if isinstance(platform, os.PathLike) or (isinstance(platform, str) and platform.endswith(".json")):
+        return Platform.load(platform)
+    valid = ", ".join(sorted(PLATFORMS)) + ", or a profile's .json file"
     raise InvalidArgumentError(f"unknown platform {platform!r}; valid: {valid}", value=platform, expected=valid)
