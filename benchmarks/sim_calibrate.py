@@ -2,6 +2,8 @@
 
     python benchmarks/sim_calibrate.py RUN.json [RUN.json ...]               # fit x86-pcie5's costs to the runs
     python benchmarks/sim_calibrate.py RUN.json ... --holdout workload       # and predict each workload unseen
+    python benchmarks/sim_calibrate.py RUN.json ... --profile h100.json      # and write the fitted profile
+    python benchmarks/sim_calibrate.py --measure out/ --profile h100.json    # on a GPU: time, fit, write, check
 
 A simulated pass's time is linear in the profile's latencies and inverse bandwidths, for a given trace (the
 costs move the clock, not what happens; thrashing, which watches the clock, does not arise in these runs).
@@ -21,6 +23,7 @@ import argparse
 import json
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -126,9 +129,40 @@ def fit(base: np.ndarray, X: np.ndarray, real: np.ndarray, costs: np.ndarray, ro
     return out
 
 
+#: The variants ``--measure`` times beside the catalog, to check the fit on what it never saw: other sizes,
+#: strides, rows and tile counts, under the faults policy (a ReadMostly GPU write costs a minute a pass).
+VARIANTS = ("sequential_stream:size=256MiB,sequential_stream:size=2GiB,strided:stride=16KiB,strided:stride=256KiB,"
+            "stencil:row_bytes=256KiB,stencil:row_bytes=4MiB,tiled_matmul:tiles=2,tiled_matmul:tiles=8,"
+            "host_then_device:size=512MiB,random_gather:count=65536")
+
+
+def measure(folder: Path, size: str, repeats: int) -> tuple[list[str], Path]:
+    """Time the catalog (every policy but the two ReadMostly GPU-write cases) and :data:`VARIANTS` on this GPU, as
+    ``sim_vs_gpu.py`` does; the runs' paths."""
+    from sim_vs_gpu import parse_cases, run_gpu_side
+
+    from uvm_lab.units import parse_size
+
+    folder.mkdir(parents=True, exist_ok=True)
+    catalog, variants = folder / "catalog.json", folder / "variants.json"
+    print("timing the catalog on this GPU ...", flush=True)
+    catalog.write_text(json.dumps(run_gpu_side(parse_size(size), {"stencil:read_mostly", "tiled_matmul:read_mostly"},
+                                               None, None, W.POLICIES, repeats), indent=1))
+    print("timing the variants ...", flush=True)
+    variants.write_text(json.dumps(run_gpu_side(parse_size(size), set(), None, parse_cases(VARIANTS), ("faults",),
+                                                repeats), indent=1))
+    return [str(catalog)], variants
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("runs", nargs="+", help="sim_vs_gpu.py --json files (the catalog and variants)")
+    ap.add_argument("runs", nargs="*", help="sim_vs_gpu.py --json files (the catalog and variants)")
+    ap.add_argument("--measure", default=None, metavar="DIR",
+                    help="first time the catalog here (this GPU, CuPy and CUPTI; sim_vs_gpu.py's run, in rounds) and "
+                         "the variants of VARIANTS, keeping both runs in DIR; fit to the catalog only, and report "
+                         "the fitted profile's time on the variants, which the fit never saw")
+    ap.add_argument("--size", default="1GiB", help="--measure's bytes per buffer")
+    ap.add_argument("--repeats", type=int, default=3, help="--measure's timed runs per case")
     ap.add_argument("--platform", default="x86-pcie5")
     ap.add_argument("--holdout", choices=["workload"], default=None)
     ap.add_argument("--link-max", type=float, default=55.3e9,
@@ -136,7 +170,15 @@ def main() -> None:
     ap.add_argument("--memory-max", type=float, default=4.8e12, help="nor GPU memory above this (H200: 4.8 TB/s)")
     ap.add_argument("--json", default=None, help="write the fitted costs and every row here")
     ap.add_argument("--weights", default=None, help="keep the measured weights here (.npz) and reuse them")
+    ap.add_argument("--profile", default=None, metavar="PATH.json",
+                    help="write the fitted profile here, for use_backend('sim', platform=PATH.json) anywhere")
+    ap.add_argument("--name", default=None, help="the written profile's name (default: the GPU's, from the runs)")
     args = ap.parse_args()
+    variants = None
+    if args.measure:
+        args.runs, variants = measure(Path(args.measure), args.size, args.repeats)
+    if not args.runs:
+        ap.error("give sim_vs_gpu.py runs, or --measure DIR to time them here")
     cases, info = load_rows(args.runs)
     platform = get_platform(args.platform)
     device = max(BLOCK_SIZE, int(info["free"]) // BLOCK_SIZE * BLOCK_SIZE)
@@ -186,6 +228,21 @@ def main() -> None:
     for i, (label, policy, p) in enumerate(labels):
         line = f"{label:40} {policy:12} {p:>4} {real[i] * 1e3:9.2f} {base[i] / real[i]:8.2f} {check[i] / real[i]:8.2f}"
         print(line + (f" {held[i] / real[i]:8.2f}" if held is not None else "") + ("" if rows[i] else "  (not fitted)"))
+    if variants is not None:   # the variants the fit never saw: the profile it started from, and the fitted one
+        unseen, _ = load_rows([str(variants)])
+        truth = np.concatenate([c["real"] for c in unseen])
+        timed = truth >= MIN_SECONDS
+        for label, profile in ((args.platform, platform), ("fitted", tuned)):
+            sim = simulate(unseen, profile, device)
+            agree = int((np.abs(sim[timed] / truth[timed] - 1) <= TIME_TOL).sum())
+            print(f"variants the fit never saw, {label}: within {TIME_TOL:.0%} on {agree}/{int(timed.sum())} passes")
+    if args.profile:
+        name = args.name or f"{info['device']}-fitted".lower().replace(" ", "-")
+        runs = ", ".join(Path(r).name for r in args.runs)
+        described = (f"{tuned.description.split(' (')[0]}: fault-path costs fitted to {n_rows} timed passes on "
+                     f"{info['device']} (benchmarks/sim_calibrate.py over {runs})")
+        path = replace(tuned, name=name, description=described, calibrated=True).save(args.profile)
+        print(f"\nprofile {name!r} written to {path}: use_backend('sim', platform={str(path)!r})")
     if args.json:
         Path(args.json).write_text(json.dumps({
             "device": info["device"], "platform": args.platform,

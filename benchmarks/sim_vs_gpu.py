@@ -93,7 +93,8 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
 
     The timed runs go in rounds, every case once a round, so that a drift of the machine spreads over all
     cases instead of landing on some. Cases named in ``skip`` (``"workload:policy"``) are not run; their
-    figures come from ``previous`` (an earlier run's JSON at the same size), marked as such. ``cases``
+    figures come from ``previous`` (an earlier run's JSON at the same size), marked as such, or with no
+    ``previous`` are left out. ``cases``
     replaces the catalog with variants (name and parameters); a ``size`` parameter replaces ``size`` for
     that case.
     """
@@ -115,6 +116,8 @@ def run_gpu_side(size: int, skip: set[str] = frozenset(), previous: dict | None 
     for case in todo:
         name, policy = case["workload"], case["policy"]
         if f"{name}:{policy}" in skip:
+            if previous is None:   # left out, with nothing in its place
+                continue
             if (name, policy) not in earlier:
                 raise SystemExit(f"{name}:{policy} is skipped but --previous does not have it")
             out["cases"].append({**earlier[(name, policy)], "earlier_run": True})

@@ -428,6 +428,14 @@ def test_platform_profiles_are_data_and_calibration_is_marked():
         PLATFORMS["x86-pcie5"].with_(remote_bw=-1.0)
 
 
+def test_the_h100_profile_ships_as_a_file_and_is_the_fit_of_an_h100():
+    h100, h200 = PLATFORMS["x86-pcie5-h100"], PLATFORMS["x86-pcie5"]
+    assert h100.calibrated and "H100" in h100.description
+    # The fault paths' costs are that machine's; the link's, measured directly, are x86-pcie5's.
+    assert h100.fault_batch_latency != h200.fault_batch_latency and h100.cpu_fault_latency != h200.cpu_fault_latency
+    assert h100.prefetch_htod_bw == h200.prefetch_htod_bw and h100.remote_bw == h200.remote_bw
+
+
 def test_a_profile_travels_as_a_file(tmp_path):
     """A profile written on one machine (say, fitted to its GPU) is what the simulator runs elsewhere."""
     import json

@@ -25,6 +25,10 @@ by least squares to 82 timed passes of the workloads and their variants on one H
 Another H200 host with the same driver serviced the same faults 25-40 % more slowly (``sim_vs_gpu_h200.json``):
 the fault path runs on the host's CPU, so a profile is a host's, not a GPU's.
 
+``x86-pcie5-h100`` is the same host link with the fault paths' costs fitted on an H100 80GB HBM3
+(``profiles/x86-pcie5-h100.json``, written by ``benchmarks/sim_calibrate.py --measure``): a profile any GPU machine
+can fit for itself in under five minutes, and any machine can run.
+
 The other profiles scale the link (``x86-pcie4``, ``x86-pcie3``: the UVMSmart PCIe3 fit of a GTX
 1080 Ti) or describe a coherent system (``gh200-ats``: C2C at 375/297 GB/s, the CPU maps GPU memory,
 access counters migrate hot remote data); they are marked as not calibrated against our own runs.
@@ -318,6 +322,12 @@ PLATFORMS: dict[str, Platform] = {
                 pageable_memory_access=True, calibrated=False),
     )
 }
+
+
+# Profiles fitted on other machines, shipped as files (Platform.save): each by its name.
+for _file in sorted((Path(__file__).parent / "profiles").glob("*.json")):
+    _profile = Platform.load(_file)
+    PLATFORMS[_profile.name] = _profile
 
 
 def get_platform(platform: str | os.PathLike[str] | Platform) -> Platform:
