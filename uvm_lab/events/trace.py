@@ -87,7 +87,9 @@ class Trace:
         """One row per event: kind, start/end/duration (ns), address, bytes, value, src, dst, cause, detail,
         alloc_id, stream, and where it came from: ``cell`` (the notebook cell's execution count, or missing) and
         ``source`` (``"In [3], line 5"``, ``"train.py:42"``; ``"In [3]"`` for the driver's events during a cell;
-        ``""`` where unknown)."""
+        ``""`` where unknown). A notebook's cells are named so once ``%load_ext uvm_lab`` ran; before, a line of
+        a cell reads as the file IPython compiled it from (``3870601278.py:7``). Faults' ``bytes`` are the range a
+        fault record names, not bytes moved: sum the migrations' for those."""
         import pandas as pd
 
         ev = self.events

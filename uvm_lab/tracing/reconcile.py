@@ -61,7 +61,10 @@ class Reconciliation:
 
     @property
     def unrecorded(self) -> int:
-        """Every page the host's side disagreed on: moved with no record."""
+        """Every page the host's side disagreed on: moved with no record. More than CUPTI lost where a counter was
+        off (:meth:`uvm_lab.tracing.CuptiCollector.account` counts only what the enabled counters should have
+        carried). A check sees what moved since the last one: after the data came home, the host's page tables no
+        longer show where it went meanwhile."""
         return self.htod + self.dtoh + self.first_touch + self.host_copy_dropped
 
     def __add__(self, other: Reconciliation) -> Reconciliation:
