@@ -33,6 +33,7 @@ set on chosen allocations, by the ``alloc_id`` the trace gives them.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -207,14 +208,22 @@ class _Runner:
         self.replaced = replaced   # the original ranges whose recorded advice set_advice replaces
         self.choices = prefetch    # (address, size, choice): the first range holding an address says; the last all
         self.segments: dict[int, tuple[int, int, int]] = {}   # original address -> (size, new address, kind)
+        self._starts: list[int] = []   # the segments' original addresses, sorted
         self.unallocated = 0
+
+    def _segment(self, address: int) -> tuple[int, tuple[int, int, int]] | None:
+        """The live segment (its original address, and its entry) holding the original ``address``."""
+        i = bisect.bisect_right(self._starts, address) - 1
+        if i < 0:
+            return None
+        start = self._starts[i]
+        entry = self.segments[start]
+        return (start, entry) if address < start + entry[0] else None
 
     def new_address(self, address: int) -> int | None:
         """Where the byte at the original ``address`` is in the replay, or None outside every segment it made."""
-        for start, (size, new, _) in self.segments.items():
-            if start <= address < start + size:
-                return new + address - start
-        return None
+        found = self._segment(address)
+        return None if found is None else found[1][1] + address - found[0]
 
     def run(self, events: np.ndarray) -> None:
         rows = iter(range(len(events)))
@@ -223,6 +232,8 @@ class _Runner:
             kind, flags, size, stream = int(ev["kind"]), int(ev["flags"]), int(ev["bytes"]), int(ev["stream"])
             if kind == EventKind.SEGMENT_ALLOC:
                 new = self.sim.allocate(size, MemoryKind(flags), device=max(0, int(ev["dst"])))
+                if int(ev["address"]) not in self.segments:   # (a trace missing a free maps the address again)
+                    bisect.insort(self._starts, int(ev["address"]))
                 self.segments[int(ev["address"])] = (size, new, flags)
                 self._allocated(ev, managed=flags == MemoryKind.MANAGED)
             elif kind == EventKind.ALLOC:
@@ -230,6 +241,7 @@ class _Runner:
             elif kind == EventKind.SEGMENT_FREE:
                 entry = self.segments.pop(int(ev["address"]), None)
                 if entry is not None:
+                    self._starts.remove(int(ev["address"]))
                     self.sim.free(entry[1])
             elif kind == EventKind.PREFETCH and self.prefetch(int(ev["address"]), size) != "none":
                 if (ptr := self._at(ev)) is not None and (self.prefetch(int(ev["address"]), size) != "needed"
@@ -275,10 +287,8 @@ class _Runner:
         return next(choice for start, n, choice in self.choices if start <= address and end <= start + n)
 
     def _kind_at(self, address: int) -> int | None:
-        for start, (size, _, kind) in self.segments.items():
-            if start <= address < start + size:
-                return kind
-        return None
+        found = self._segment(address)
+        return None if found is None else found[1][2]
 
     def _allocated(self, ev: np.void, *, managed: bool) -> None:
         """After an allocation: advice chosen for it, and the prefetch of ``on_allocate``."""
