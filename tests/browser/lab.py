@@ -120,6 +120,16 @@ def write_notebook(path: Path, cells: list[str]) -> None:
     }))
 
 
+def new_page(browser, width: int, height: int) -> tuple:
+    """A context and a page of ``width`` x ``height``, and the list the page's console errors about uvm_lab go to
+    (each test asserts it empty)."""
+    context = browser.new_context(viewport={"width": width, "height": height}, device_scale_factor=1)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "uvm" in m.text.lower() else None)
+    return context, page, errors
+
+
 def open_notebook(page, url: str, token: str, name: str) -> None:
     """Open ``name`` in JupyterLab and wait for its kernel to be idle."""
     # reset: a fresh workspace, not the layout an earlier test left on the server.

@@ -18,7 +18,7 @@ import pytest
 from uvm_lab.jupyter.palette import PALETTE
 from uvm_lab.page_states import CATEGORY_NAMES
 
-from .lab import ARTIFACTS, WAIT_MS, open_notebook, run_cell, write_notebook
+from .lab import ARTIFACTS, WAIT_MS, new_page, open_notebook, run_cell, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -83,10 +83,7 @@ def _wait_for_map(page, label: str, **attrs: str) -> dict:
 def test_panel_shows_live_residency_and_its_controls_change_the_kernel(lab, browser):
     url, token, root = lab
     write_notebook(root / "uvm.ipynb", [SETUP, STATE, READ_ON_GPU, LOOP])
-    context = browser.new_context(viewport={"width": 1280, "height": 860}, device_scale_factor=1)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "uvm" in m.text.lower() else None)
+    context, page, errors = new_page(browser, 1280, 860)
     try:
         open_notebook(page, url, token, "uvm.ipynb")
 

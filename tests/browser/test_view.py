@@ -17,7 +17,7 @@ import re
 
 import pytest
 
-from .lab import WAIT_MS, open_notebook, run_cell, screenshot, wait_for_kernel, write_notebook
+from .lab import WAIT_MS, new_page, open_notebook, run_cell, screenshot, wait_for_kernel, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -89,10 +89,7 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
     url, token, root = lab
     write_notebook(root / "view.ipynb", [SETUP, VIEW, STATE])
     write_notebook(root / "other.ipynb", [OTHER])
-    context = browser.new_context(viewport={"width": 1600, "height": 1000}, device_scale_factor=1)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "uvm" in m.text.lower() else None)
+    context, page, errors = new_page(browser, 1600, 1000)
     try:
         open_notebook(page, url, token, "view.ipynb")
         run_cell(page, "view.ipynb", 0, "ready")

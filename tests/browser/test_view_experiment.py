@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .lab import WAIT_MS, open_notebook, run_cell, screenshot, write_notebook
+from .lab import WAIT_MS, new_page, open_notebook, run_cell, screenshot, write_notebook
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -37,10 +37,7 @@ def _bars(frame) -> int:
 def test_the_view_draws_each_experiments_chart(lab, browser):
     url, token, root = lab
     write_notebook(root / "experiment.ipynb", [SETUP, VIEW, COMPARE, AGAIN])
-    context = browser.new_context(viewport={"width": 1600, "height": 1100}, device_scale_factor=1)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "uvm" in m.text.lower() else None)
+    context, page, errors = new_page(browser, 1600, 1100)
     try:
         open_notebook(page, url, token, "experiment.ipynb")
         run_cell(page, "experiment.ipynb", 0, "ready")
