@@ -138,8 +138,7 @@ extern "C" __global__ void uvm_lab_touch(unsigned long long address, unsigned lo
 }
 """
 _MODES = {"read": 0, "write": 1, "atomic": 2}
-_ACCESS_TYPES = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
-#: The access type an UNOBSERVED record carries in ``value``, by mode.
+#: The access type of each mode: an UNOBSERVED record carries it in ``value``, an ACCESS record in ``flags``.
 _ACCESS = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
 
 
@@ -683,7 +682,7 @@ class CudaBackend:
             raise BackendError("the host cannot access device memory (cudaMalloc); use managed or pinned host "
                                "memory, or copy it")
         if self.bus.wants_accesses:   # for a recording that replays it (uvm_lab.trace_replay); before its faults
-            self.bus.publish(range_record(ptr, size, processor.id, _ACCESS_TYPES[mode], alloc_id=seg_id,
+            self.bus.publish(range_record(ptr, size, processor.id, _ACCESS[mode], alloc_id=seg_id,
                                           stream=stream, start=self.now_ns()))
         if processor.is_host:
             self.synchronize()   # without concurrent access the host may touch managed memory only when idle

@@ -32,14 +32,7 @@ import numpy as np
 from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError, shown
 from ...events.accesses import range_record, stream_header, stream_runs
 from ...events.bus import EventBus, get_bus, new_alloc_id
-from ...events.schema import (
-    NO_PROCESSOR,
-    AccessType,
-    Advice,
-    EventKind,
-    MemoryKind,
-    MigrationCause,
-)
+from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause
 from ...events.sources import capture
 from ...location import HOST_ID, Location
 from ...units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
