@@ -318,14 +318,15 @@ def _idle_prefetches(records: np.ndarray) -> np.ndarray:
     calls = np.flatnonzero(np.isin(kind, (EventKind.PREFETCH, EventKind.ACCESS, EventKind.ADVICE, EventKind.ALLOC,
                                           EventKind.SEGMENT_ALLOC, EventKind.FREE, EventKind.SEGMENT_FREE))
                            & ~((kind == EventKind.ACCESS) & ((records["flags"] & ACCESS_RUN) != 0)))
-    moved = np.isin(kind, (EventKind.HTOD, EventKind.DTOH))
-    idle = np.zeros(len(records), dtype=bool)
+    # Migrations up to each record, counted once: a call moved something where the count grew over its records.
+    moved = np.concatenate(([0], np.cumsum(np.isin(kind, (EventKind.HTOD, EventKind.DTOH)))))
     touched = np.isin(kind, (EventKind.PREFETCH, EventKind.ACCESS, EventKind.HTOD, EventKind.DTOH,
                              EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT))
-    for i, call in enumerate(calls.tolist()):
-        if kind[call] == EventKind.PREFETCH and touched[:call].any():
-            end = calls[i + 1] if i + 1 < len(calls) else len(records)
-            idle[call] = not moved[call:end].any()
+    first_touch = int(np.argmax(touched)) if touched.any() else len(records)
+    ends = np.append(calls[1:], len(records))
+    idle = np.zeros(len(records), dtype=bool)
+    prefetch = (kind[calls] == EventKind.PREFETCH) & (calls > first_touch)
+    idle[calls[prefetch]] = moved[ends[prefetch]] == moved[calls[prefetch]]
     return idle
 
 
