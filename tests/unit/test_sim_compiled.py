@@ -1,5 +1,6 @@
 """The simulator's compiled core (``_simcore``: ``_access.c``, ``_prefetch.c``, ``_eviction.c``, ``_records.c``,
-``_service.c``) gives what its numpy and Python twins give, and runs give the same traces with it or without it."""
+``_service.c``, ``_run.c``) gives what its numpy and Python twins give (for a plain batch, ``FaultEngine._service``),
+and runs give the same traces with it or without it."""
 
 from __future__ import annotations
 
@@ -13,11 +14,10 @@ from uvm_lab.backends.sim.eviction import GpuMemory
 from uvm_lab.backends.sim.model import NO_LOCATION, EventLog, page_runs
 from uvm_lab.backends.sim.platform import link_seconds
 from uvm_lab.backends.sim.records import run_records
-from uvm_lab.backends.sim.shortcuts import Shortcuts
 from uvm_lab.events.schema import AccessType, Advice, EventKind, MemoryKind
 from uvm_lab.location import Location
 
-from .test_sim_fast_batches import _assert_same, _ping_pong, _run
+from .sim_traces import assert_same, traced
 
 pytestmark = pytest.mark.skipif(not COMPILED,
                                 reason="the simulator's C parts were not compiled (no C compiler at build time)")
@@ -301,24 +301,21 @@ def test_a_bad_eviction_clock_call_raises():
         core.clock_by_victim(np.array([3]), np.ones(3, np.float32), 0.0, 1.0, begin, finish)
 
 
-def _both(script, engine: dict | None = None, **backend) -> None:
+def _both(script, **backend) -> None:
     """``script`` gives the same records, clock, state, stats and thrashing detector's notes with the compiled
-    parts and without them (``engine``: flags of the engine to set on both runs)."""
+    parts and without them."""
     runs, notes = [], []
     for compiled in (True, False):
         def switched(b, compiled=compiled):
             assert hasattr(b._engine, "compiled") and hasattr(b._memory, "compiled")
             b._engine.compiled = compiled
             b._memory.compiled = compiled
-            for flag, value in (engine or {}).items():
-                assert hasattr(b._engine, flag)
-                setattr(b._engine, flag, value)
             out = script(b)
             thr = b._engine.thrashing
             notes.append((thr._touch.items(), len(thr._touch), sorted(thr.blocks)))
             return out
-        runs.append(_run(True, switched, **backend))
-    _assert_same(*runs)
+        runs.append(traced(switched, **backend))
+    assert_same(*runs)
     assert notes[0] == notes[1]
 
 
@@ -332,10 +329,163 @@ def test_workloads_give_the_same_trace_either_way(name, ratio):
               device_memory=device)
 
 
+def _ping_pong(b: SimBackend) -> list:
+    """GPU and host take turns on the same pages (thrashing, throttling, pins), then with advice on parts."""
+    out = []
+    p = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    pages = p + np.arange(8 * MiB // 4096, dtype=np.uint64) * 4096
+    for i in range(20):
+        out.append(b.access_stream(pages[(i * 37) % 1000:][:1500], GPU, "write" if i % 3 else "read"))
+        out.append(b.access_stream(pages[(i * 53) % 900:][:300:3], HOST, "write" if i % 2 else "read"))
+    b.advise(p, 2 * MiB, Advice.SET_PREFERRED_LOCATION, GPU)
+    b.advise(p + 2 * MiB, 2 * MiB, Advice.SET_ACCESSED_BY, GPU)
+    b.advise(p + 4 * MiB, 2 * MiB, Advice.SET_READ_MOSTLY, None)
+    rng = np.random.default_rng(1)
+    for i in range(10):
+        out.append(b.access_stream(pages[::-1][(i * 41) % 1500:][:700], GPU, "write" if i % 2 else "read"))
+        out.append(b.access_stream(rng.choice(pages, 2000), GPU, rng.random(2000) < 0.3))
+        out.append(b.access_stream(rng.choice(pages, 200), HOST, rng.random(200) < 0.5))
+    return out
+
+
 @pytest.mark.parametrize("backend", [{}, {"prefetch_threshold": 90}, {"device_memory": "4MiB"},
                                      {"platform": "gh200-ats"}])
 def test_advice_thrashing_and_host_turns_give_the_same_trace_either_way(backend):
     _both(_ping_pong, **backend)
+
+
+def _pages(ptr: int, size: int, step: int = 4096) -> np.ndarray:
+    return ptr + np.arange(0, size, step, dtype=np.uint64)
+
+
+def _sweeps(b: SimBackend) -> list:
+    """Whole blocks in order, half a block a batch: oversubscribed and fitting, a partial last block, writes, a
+    host round trip, a part already resident, write flags that change along the stream, ReadMostly blocks."""
+    out = []
+    big, odd = b.allocate(40 * MiB, MemoryKind.MANAGED), b.allocate(5 * MiB + 12288, MemoryKind.MANAGED)
+    b.prefetch(big, 40 * MiB, HOST)
+    b.prefetch(odd, 5 * MiB + 12288, HOST)
+    pages = _pages(big, 40 * MiB)
+    for mode in ("read", "read", "write"):
+        out.append(b.access_stream(pages, GPU, mode))
+    out.append(b.access_stream(_pages(odd, 5 * MiB + 12288), GPU, "read"))
+    out.append(b.access_stream(pages[:2048], HOST, "read"))
+    b.prefetch(big + 8 * MiB, 4 * MiB, GPU)
+    out.append(b.access_stream(pages[::-1].copy(), GPU, "read"))
+    writes = np.zeros(len(pages), dtype=bool)
+    writes[3000:7000] = True
+    out.append(b.access_stream([pages], GPU, [writes]))
+    b.advise(big, 4 * MiB, Advice.SET_READ_MOSTLY, None)
+    out.append(b.access_stream(pages, GPU, "read"))
+    return out
+
+
+def _rows(b: SimBackend) -> list:
+    """A stencil's rows over two buffers, half a block each with hits between them: evicting victims used again,
+    first touches, a batch that mixes reads and writes, thrashing state, half blocks split between host and
+    GPU, advice on some blocks, rows out of order."""
+    half = 256
+    out = []
+    src, dst = b.allocate(24 * MiB, MemoryKind.MANAGED), b.allocate(12 * MiB, MemoryKind.MANAGED)
+    fresh = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    b.prefetch(src, 24 * MiB, HOST)
+    b.prefetch(dst, 12 * MiB, HOST)
+    sp, dp, fp = _pages(src, 24 * MiB), _pages(dst, 12 * MiB), _pages(fresh, 8 * MiB)
+
+    def stencil(rows: range, out_pages: np.ndarray, flip: int | None = None):
+        parts, flags = [], []
+        last = len(sp) // half - 1
+        for r in rows:
+            parts.append(sp[max(r - 1, 0) * half:(min(r + 1, last) + 1) * half])
+            flags.append(np.zeros(len(parts[-1]), dtype=bool))
+            o = r % (len(out_pages) // half)
+            parts.append(out_pages[o * half:(o + 1) * half])
+            flags.append(np.ones(half, dtype=bool))
+        w = np.concatenate(flags)
+        if flip is not None:      # one read inside a written half block: that batch mixes reads and writes
+            w[flip] = not w[flip]
+        return b.access_stream([np.concatenate(parts)], GPU, [w])
+
+    out.append(stencil(range(48), dp))
+    out.append(stencil(range(47, -1, -1), dp))
+    out.append(stencil(range(0, 48, 2), fp, flip=2 * half + 2 * (4 * half) + 3 * half + 17))
+    out.append(b.access_stream(np.concatenate((sp[half:2 * half], sp[8 * half:10 * half])), GPU, "read"))
+    out.append(b.access_stream(sp[:4 * half], HOST, "write"))
+    out.append(stencil(range(16), dp))
+    out.append(b.access_stream(dp[:8 * half], HOST, "read"))
+    b.prefetch(src, 24 * MiB, HOST)
+    b.prefetch(src + 6 * MiB + 40960, 100 * 4096, GPU)
+    out.append(stencil(range(48), dp))
+    b.advise(src + 4 * MiB, 2 * MiB, Advice.SET_READ_MOSTLY, None)
+    b.advise(dst, 2 * MiB, Advice.SET_PREFERRED_LOCATION, HOST)
+    b.prefetch(src, 24 * MiB, HOST)
+    out.append(stencil(range(48), dp))
+    out.append(b.access_stream([sp[::-1].copy()], GPU, "read"))
+    return out
+
+
+def _scatters(b: SimBackend) -> list:
+    """Sparse GPU batches: strides, blocks in a shuffled order, hits between batches, first touches, a gather,
+    write flags that change along the stream, advice on some blocks and thrashing state."""
+    out = []
+    rng = np.random.default_rng(7)
+    big, odd = b.allocate(40 * MiB, MemoryKind.MANAGED), b.allocate(5 * MiB + 12288, MemoryKind.MANAGED)
+    fresh = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    b.prefetch(big, 40 * MiB, HOST)
+    b.prefetch(odd, 5 * MiB + 12288, HOST)
+    out.append(b.access_stream(_pages(big, 40 * MiB, 64 << 10), GPU, "read"))
+    b.prefetch(big, 40 * MiB, HOST)
+    out.append(b.access_stream(_pages(big, 40 * MiB, 80 << 10), GPU, "write"))
+    b.prefetch(big, 40 * MiB, HOST)
+    out.append(b.access_stream(big + rng.permutation(20).astype(np.uint64) * (2 * MiB) + 12288, GPU, "read"))
+    b.prefetch(big, 40 * MiB, HOST)
+    sparse = _pages(big, 40 * MiB, 32 << 10)
+    again = np.concatenate([np.concatenate((sparse[i:i + 300], sparse[i:i + 300], sparse[max(0, i - 5000):i]))
+                            for i in range(0, len(sparse), 300)])
+    out.append(b.access_stream(again, GPU, "read"))
+    out.append(b.access_stream(_pages(odd, 5 * MiB + 12288, 16 << 10), GPU, "read"))
+    out.append(b.access_stream(_pages(fresh, 8 * MiB, 48 << 10), GPU, "write"))
+    b.prefetch(big, 40 * MiB, HOST)
+    out.append(b.access_stream(big + rng.integers(0, 40 * MiB // 4096, 6000).astype(np.uint64) * 4096, GPU, "read"))
+    b.prefetch(big, 40 * MiB, HOST)
+    pages = _pages(big, 40 * MiB, 64 << 10)
+    out.append(b.access_stream([pages], GPU, [(np.arange(len(pages)) // 200) % 2 == 1]))
+    b.prefetch(big, 40 * MiB, HOST)
+    b.advise(big + 4 * MiB, 2 * MiB, Advice.SET_READ_MOSTLY, None)
+    b.advise(big + 10 * MiB, 2 * MiB, Advice.SET_ACCESSED_BY, GPU)
+    b.advise(big + 16 * MiB, 2 * MiB, Advice.SET_PREFERRED_LOCATION, HOST)
+    out.append(b.access_stream(pages, GPU, "read"))
+    out.append(b.access_stream(pages, HOST, "write"))
+    out.append(b.access_stream(pages, GPU, "read"))
+    return out
+
+
+def _run_batches(b: SimBackend) -> list:
+    """Batches that are one run in one block: half blocks, a partial block, first touches, mixed flags, fewer
+    accesses in flight than a batch holds."""
+    out = []
+    odd, fresh = b.allocate(5 * MiB + 12288, MemoryKind.MANAGED), b.allocate(8 * MiB, MemoryKind.MANAGED)
+    b.prefetch(odd, 5 * MiB + 12288, HOST)
+    op, fp = _pages(odd, 5 * MiB + 12288), _pages(fresh, 8 * MiB)
+    rows = np.concatenate([op[r * 256:(r + 1) * 256] for r in (0, 2, 1, 4, 3, 5, 8, 9, 10, 6, 7)])
+    writes = np.zeros(len(rows), dtype=bool)
+    writes[300:400] = True
+    writes[::5] = True
+    out.append(b.access_stream([rows], GPU, [writes]))
+    out.append(b.access_stream(fp[:1500], GPU, "write", in_flight=128))
+    out.append(b.access_stream(fp[::-1].copy(), GPU, "read", in_flight=100))
+    out.append(b.access_stream(op, HOST, "read"))
+    out.append(b.access_stream(op[::-1].copy(), GPU, "write"))
+    out.append(b.access_stream(fp, GPU, "read"))
+    return out
+
+
+@pytest.mark.parametrize("backend", [{}, {"thrashing": False}, {"prefetcher": False}, {"prefetch_threshold": 1},
+                                     {"prefetch_threshold": 100}, {"device_memory": "4MiB"},
+                                     {"device_memory": "64MiB"}, {"eviction": "lru"}, {"platform": "gh200-ats"}])
+@pytest.mark.parametrize("script", [_sweeps, _rows, _scatters, _run_batches])
+def test_sweeps_rows_scatters_and_one_run_batches_give_the_same_trace_either_way(script, backend):
+    _both(script, **{"device_memory": "16MiB", **backend})
 
 
 def _gathers(b: SimBackend, read_mostly: bool = False) -> list:
@@ -364,17 +514,16 @@ def _gathers(b: SimBackend, read_mostly: bool = False) -> list:
     return out
 
 
-@pytest.mark.parametrize("runs", [False, True], ids=["batch-by-batch", "in-runs"])
 @pytest.mark.parametrize("read_mostly", [False, True])
 @pytest.mark.parametrize("backend", [{"device_memory": "1GiB"}, {"device_memory": "128MiB"},
                                      {"device_memory": "160MiB"}, {"device_memory": "128MiB", "thrashing": False},
                                      {"device_memory": "128MiB", "prefetcher": False},
                                      {"device_memory": "128MiB", "prefetch_threshold": 90}])
-def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, runs, monkeypatch):
+def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, monkeypatch):
     """Oversubscribed (evicting FIFO's head, duplicates among the victims or not) or not, with the detector off,
     the prefetcher off or stricter; batch by batch from the Python loop, or in runs by the compiled loop."""
     taken = {"batch by batch": 0, "in runs": 0}
-    plain, run = Shortcuts._compiled_plain, Shortcuts._plain_run
+    plain, run = engine.FaultEngine._compiled_plain, engine.FaultEngine._plain_run
 
     def counted(self, *args):
         done = plain(self, *args)
@@ -387,17 +536,13 @@ def test_compiled_plain_batches_give_the_same_trace(backend, read_mostly, runs, 
         taken["in runs"] += stats.batches - before
         return out
 
-    monkeypatch.setattr(Shortcuts, "_compiled_plain", counted)
-    monkeypatch.setattr(Shortcuts, "_plain_run", counted_run)
-    # Scattered batches in untouched blocks and one-run batches have shortcuts of their own: off, so that
-    # every batch comes to the plain path.
-    _both(lambda b: _gathers(b, read_mostly),
-          {"fast_scattered": False, "fast_run_batches": False, "fast_plain_runs": runs}, **backend)
-    # Batches that need more chunks than the GPU has go to the general path; the rest are the compiled one's.
-    assert sum(taken.values()) >= 20, taken
-    # In runs: the plain batches of streams with one write flag (two of three) until one is not plain (the
+    monkeypatch.setattr(engine.FaultEngine, "_compiled_plain", counted)
+    monkeypatch.setattr(engine.FaultEngine, "_plain_run", counted_run)
+    _both(lambda b: _gathers(b, read_mostly), **backend)
+    # Batches that need more chunks than the GPU has go to the general path; the rest are the compiled one's:
+    # in runs, the plain batches of streams with one write flag (two of three) until one is not plain (the
     # Python loop takes that one, and the compiled loop again after a plain one); the others' batch by batch.
-    assert (taken["in runs"] >= 5) == runs, taken
+    assert taken["in runs"] >= 5 and taken["batch by batch"] >= 5, taken
 
 
 def test_batches_that_overflow_the_logs_tail_give_the_same_trace(monkeypatch):
@@ -417,32 +562,26 @@ def test_batches_that_overflow_the_logs_tail_give_the_same_trace(monkeypatch):
 
     monkeypatch.setattr(EventLog, "grow", counted_grow)
     monkeypatch.setattr(EventLog, "put", counted_put)
-    _both(lambda b: _gathers(b, True), {"fast_run_batches": False}, device_memory="128MiB")
+    _both(lambda b: _gathers(b, True), device_memory="128MiB")
     # put() grows the tail too: the batches written straight into it are the rest.
     assert ways["into the tail"] - ways["as bytes"] >= 5 and ways["as bytes"] >= 5, ways
 
 
-@pytest.mark.parametrize("runs", [False, True], ids=["batch-by-batch", "in-runs"])
-def test_a_strided_read_goes_to_the_compiled_batch_not_the_scattered_shortcut(runs, monkeypatch):
-    """The scattered shortcut serves the numpy code: with the compiled core every batch is the plain one's, in
-    one run of the compiled loop or (with that off) batch by batch."""
-    calls = {"_scattered": 0, "_compiled_plain": 0, "_plain_run": 0}
+def test_a_strided_read_goes_through_the_compiled_loop_whole(monkeypatch):
+    """With the compiled core, every batch of a strided read is a plain one, serviced in one run of the compiled
+    loop: none goes to the general path."""
+    calls = {"_service": 0, "_compiled_plain": 0, "_plain_run": 0}
     for name in calls:
-        owner = engine.FaultEngine if name == "_scattered" else Shortcuts
-        original = getattr(owner, name)
+        original = getattr(engine.FaultEngine, name)
 
         def counted(self, *args, _original=original, _name=name, **kwargs):
             done = _original(self, *args, **kwargs)
-            calls[_name] += done[0] > args[1] if _name == "_plain_run" else bool(done)
+            calls[_name] += done[0] > args[1] if _name == "_plain_run" else 1 if _name == "_service" else bool(done)
             return done
 
-        monkeypatch.setattr(owner, name, counted)
-    b = SimBackend(device_memory="128MiB")
-    b._engine.fast_plain_runs = runs
-    W.run_sim(W.make("strided", size="64MiB"), b)
-    batches = 64 * MiB // (64 << 10) // 256
-    assert calls == {"_scattered": 0, "_compiled_plain": 0 if runs else batches, "_plain_run": 1 if runs else 0}
-
+        monkeypatch.setattr(engine.FaultEngine, name, counted)
+    W.run_sim(W.make("strided", size="64MiB"), SimBackend(device_memory="128MiB"))
+    assert calls == {"_service": 0, "_compiled_plain": 0, "_plain_run": 1}
 
 
 def test_a_bad_plain_run_call_raises_and_changes_nothing():

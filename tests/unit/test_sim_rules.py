@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from uvm_lab import workloads as W
 from uvm_lab.backends.sim import PLATFORMS, SimBackend
 from uvm_lab.backends.sim.model import NO_LOCATION
 from uvm_lab.backends.sim.platform import get_platform, link_seconds
@@ -15,6 +16,8 @@ from uvm_lab.events import EventBus, EventKind, MigrationCause, RemoteMapCause
 from uvm_lab.events.schema import Advice, MemoryKind
 from uvm_lab.location import HOST_ID, Location
 from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
+
+from .sim_traces import assert_same, traced
 
 KiB, MiB = 1 << 10, 1 << 20
 GPU, HOST = Location.device(0), Location.host()
@@ -107,6 +110,137 @@ def test_prefetcher_off_moves_only_the_faulted_page():
     b.prefetch(ptr, BLOCK_SIZE, HOST)
     r = b.access_stream(np.array([ptr], dtype=np.uint64), GPU, "read", in_flight=1)
     assert r.bytes_htod == PAGE_SIZE
+
+
+def _dense_region(resident, faulted, npages, thrashing, threshold):
+    """R5 evaluated on every subtree of every block: the definition the prefetcher's walk from the faults must match."""
+    from uvm_lab.backends.sim.prefetcher import PAGES_PER_BLOCK, grow_to_big_pages
+
+    rows = faulted.shape[0]
+    valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
+    faulted = faulted & valid
+    bitmap = (resident | faulted | grow_to_big_pages(faulted, npages, thrashing)) & valid
+    region = np.zeros_like(faulted)
+    s = 1
+    while s <= PAGES_PER_BLOCK:
+        count = bitmap.reshape(rows, -1, s).sum(axis=2)
+        has_fault = faulted.reshape(rows, -1, s).any(axis=2)
+        size = np.clip(npages[:, None] - np.arange(0, PAGES_PER_BLOCK, s)[None, :], 0, s)
+        region |= np.repeat(has_fault & (count * 100 > threshold * size), s, axis=1)
+        s *= 2
+    return region & valid
+
+
+@pytest.mark.parametrize("threshold", [1, 51, 75, 100])
+def test_the_prefetcher_walk_from_the_faults_takes_every_dense_subtree(threshold):
+    rng = np.random.default_rng(threshold)
+    for density in (0.002, 0.02, 0.2, 0.6):
+        rows = 40
+        resident = rng.random((rows, 512)) < density
+        faulted = (rng.random((rows, 512)) < density / 2) & ~resident
+        npages = np.where(rng.random(rows) < 0.3, rng.integers(1, 512, rows), 512)
+        thrashing = rng.random((rows, 512)) < 0.01
+        for th in (None, thrashing):
+            got = density_region(resident, faulted, npages, thrashing=th, threshold=threshold)
+            assert np.array_equal(got, _dense_region(resident, faulted, npages, th, threshold))
+
+
+@pytest.mark.parametrize("threshold", [1, 30, 51, 99, 100])
+def test_dense_subtrees_and_one_block_answers_are_the_density_region(threshold):
+    from uvm_lab.backends.sim.prefetcher import block_prefetch, dense_subtrees
+
+    rng = np.random.default_rng(threshold)
+    for _ in range(60):
+        rows = int(rng.integers(1, 20))
+        npages = np.where(rng.random(rows) < 0.3, rng.integers(1, 512, rows), 512)
+        valid = np.arange(512)[None, :] < npages[:, None]
+        resident = (rng.random((rows, 512)) < rng.choice([0.0, 0.02, 0.3, 0.9])) & valid
+        faulted = (rng.random((rows, 512)) < rng.choice([0.002, 0.02, 0.2])) & valid
+        thrashing = (rng.random((rows, 512)) < 0.02) if rng.random() < 0.3 else None
+        want = density_region(resident, faulted, npages, thrashing=thrashing, threshold=threshold)
+        r, i = np.nonzero(faulted)
+        lo, hi = dense_subtrees(resident, r, i, npages, thrashing=thrashing, threshold=threshold)
+        got = np.zeros_like(want)
+        for row, a, z in zip(r.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            got[row, a:z] = True
+        assert np.array_equal(got, want)
+        if thrashing is None:
+            assert np.array_equal(block_prefetch(resident[0], faulted[0], int(npages[0]), threshold),
+                                  np.flatnonzero(want[0] & ~resident[0] & ~faulted[0]))
+
+
+def _prefetch_reference(engine, pages: np.ndarray, to_here: np.ndarray, processor: int, g: int) -> np.ndarray:
+    """R5 over whole bitmaps with :func:`density_region`: what the engine's sparse walk must return."""
+    from uvm_lab.backends.sim.model import BLOCK_SHIFT, PAGES_PER_BLOCK
+
+    t = engine.table
+    target = pages[to_here]
+    blocks = np.unique(target >> BLOCK_SHIFT)
+    rows = len(blocks)
+    idx = (blocks[:, None] * PAGES_PER_BLOCK + np.arange(PAGES_PER_BLOCK)[None, :]).reshape(-1)
+    npages = t.block_pages[blocks].astype(np.int64)
+    valid = (np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]).reshape(-1)
+    st = t.state[idx]
+    resident = ((st & g) != 0) & valid
+    faulted = np.zeros(rows * PAGES_PER_BLOCK, dtype=bool)
+    faulted[np.searchsorted(blocks, target >> BLOCK_SHIFT) * PAGES_PER_BLOCK + (target & (PAGES_PER_BLOCK - 1))] = True
+    thrash = np.array([engine.thrashing.blocks[b].thrashing[p & 511] if b in engine.thrashing.blocks else False
+                       for b, p in zip((idx >> BLOCK_SHIFT).tolist(), idx.tolist(), strict=True)], dtype=bool) & valid
+    thrash = thrash if thrash.any() else None
+    region = density_region(resident.reshape(rows, -1), faulted.reshape(rows, -1), npages,
+                            thrashing=None if thrash is None else thrash.reshape(rows, -1),
+                            threshold=engine.threshold).reshape(-1)
+    cand = np.flatnonzero(region & ~resident & ~faulted)
+    near, near_st = idx[cand], st[cand]
+    pref = t.preferred[near]
+    eligible = ((pref == NO_LOCATION) | (pref == processor)) & ((t.remote[near] & g) == 0)
+    eligible &= ~(((t.accessed_by[near] & g) != 0) & (near_st != 0))
+    if thrash is not None:
+        eligible &= ~thrash[cand]
+    cand = cand[eligible]
+    empty = np.flatnonzero(~(st.reshape(rows, -1) != 0).any(axis=1))
+    for e in empty.tolist():
+        pref_e = t.preferred[idx.reshape(rows, -1)[e]]
+        if (pref_e == processor).any():
+            add = valid.reshape(rows, -1)[e] & (pref_e == processor) & ~faulted.reshape(rows, -1)[e]
+            cand = np.union1d(cand, e * PAGES_PER_BLOCK + np.flatnonzero(add))
+    return idx[cand]
+
+
+@pytest.mark.parametrize("threshold", [1, 51, 90, 100])
+def test_the_prefetcher_over_the_batch_blocks_matches_whole_bitmaps(threshold):
+    from uvm_lab.backends.sim.thrashing import _Block
+
+    rng = np.random.default_rng(threshold)
+    b = SimBackend(device_memory="64MiB", bus=EventBus(), prefetch_threshold=threshold)
+    ptrs = [b.allocate(size, MemoryKind.MANAGED) for size in (20 * MiB, 3 * MiB + 40960, 6 * MiB)]
+    e, t = b._engine, b._table
+    live = np.flatnonzero(np.repeat(t.block_pages > 0, 512) & (np.arange(len(t.state)) % 512 <
+                                                                np.repeat(t.block_pages, 512)))
+    assert len(ptrs) == 3 and len(live)
+    for trial in range(60):
+        density = rng.choice([0.0, 0.01, 0.1, 0.5, 0.9])
+        t.state[live] = np.where(rng.random(len(live)) < density, rng.choice([1, 2, 3], len(live)), 0)
+        t.state[live[rng.random(len(live)) < 0.3 * (trial % 2)]] = 1          # some blocks host-only
+        for name, values, p in (("preferred", [-1, 0], 0.02), ("accessed_by", [1, 2], 0.02), ("remote", [1, 2], 0.02)):
+            arr = getattr(t, name)
+            arr[live] = np.where(rng.random(len(live)) < p * (trial % 3), rng.choice(values, len(live)),
+                                 -2 if name == "preferred" else 0)
+        e.thrashing.blocks.clear()
+        for blk in rng.choice(np.unique(live >> 9), 3 * (trial % 2)).tolist():
+            e.thrashing.blocks[blk] = _Block(thrashing=rng.random(512) < 0.05)
+        for processor in (0, -1):
+            g = 1 if processor == -1 else 2
+            count = int(rng.choice([1, 5, 256, 600]))
+            pages = np.unique(rng.choice(live, count))
+            if rng.random() < 0.5:     # runs, as sweeps fault
+                start = int(rng.choice(live))
+                pages = live[(live >= start) & (live < start + count)]
+            to_here = rng.random(len(pages)) < 0.9
+            if not to_here.any():
+                continue
+            got = e._prefetch_pages(pages, to_here, processor, g)
+            assert np.array_equal(got, _prefetch_reference(e, pages, to_here, processor, g)), trial
 
 
 # -- R4: fault batching ---------------------------------------------------------------------------------------
@@ -360,6 +494,20 @@ def test_r6_capacity_thrash_gets_no_mitigation():
     assert not len(of(ev, EventKind.THROTTLING)) and not len(of(ev, EventKind.THRASHING))
 
 
+@pytest.mark.parametrize("name", ["random_gather", "stencil", "tiled_matmul", "host_then_device"])
+@pytest.mark.parametrize("policy", W.POLICIES)
+def test_r6_fifo_evictions_at_once_give_the_same_trace_as_one_by_one(name, policy, monkeypatch):
+    """The victims of one claim are evicted in one pass; records, clock and state are those of one at a time."""
+    from uvm_lab.backends.sim.eviction import GpuMemory
+
+    def script(b):
+        return W.run_sim(W.make(name, size="40MiB"), b, policy=policy, prefetch_chunk="4MiB"), b.now_ns()
+
+    at_once = traced(script, device_memory="24MiB")
+    monkeypatch.setattr(GpuMemory, "_evict_many", lambda self, victims, log: [self.evict(b, log) for b in victims])
+    assert_same(at_once, traced(script, device_memory="24MiB"))
+
+
 # -- R7: thrashing between processors -------------------------------------------------------------------------
 def test_r7_ping_pong_is_detected_throttled_then_pinned_with_remote_mapping():
     b, rec = backend()
@@ -402,6 +550,20 @@ def test_r7_off_means_no_detection():
         b.access_stream(a, GPU, "write", in_flight=1)
         b.access_stream(a, HOST, "write")
     assert not len(of(rec.take(), EventKind.THRASHING))
+
+
+def test_r7_the_host_taking_back_a_block_the_gpu_just_took_starts_thrashing_state_there_only():
+    """The host reads back an old GPU block, then one the GPU has just written: only the second is thrashing."""
+    b, _ = backend("16MiB")
+    p = b.allocate(6 * MiB, MemoryKind.MANAGED)
+    other = b.allocate(8 * MiB, MemoryKind.MANAGED)
+    b.prefetch(p, 6 * MiB, HOST)
+    pages = p + np.arange(6 * MiB // PAGE_SIZE, dtype=np.uint64) * PAGE_SIZE
+    b.access_stream(pages[496:512], GPU, "write")
+    b.access_stream(other + np.arange(2048, dtype=np.uint64) * PAGE_SIZE, HOST, "write")   # time passes
+    b.access_stream(pages[512:1024], GPU, "write")
+    b.access_stream(pages, HOST, "read")
+    assert len(b._thrashing.blocks) == 1
 
 
 # -- R9: access counters on ATS -----------------------------------------------------------------------------

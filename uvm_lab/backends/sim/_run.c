@@ -8,9 +8,8 @@
  * Python loop, batch by batch. A random gather and a strided read are such runs from end to end, and the Python
  * loop cost more a batch than the batch itself.
  *
- * It stops at a fault that another path takes or may take, before changing anything for it: one a sweep or a run
- * of half blocks may begin at (Shortcuts._sweep, _half_blocks), a batch that is one run of pages in one block
- * (_service_run), one that is not plain. The Python loop then goes on from there, as it would have.
+ * It stops, before changing anything for it, at a batch that is not plain (or a page outside the table): the
+ * Python loop then goes on from there, as it would have.
  */
 #include "_simcore.h"
 
@@ -20,7 +19,6 @@ enum {  /* hit[]: the costs of accesses that proceed, and the remote time kept a
 enum {  /* tally[]: what StreamStats, the log and the thrashing notes gain */
     T_BATCHES, T_FAULTS, T_EVICTIONS, T_HTOD, T_PREFETCHED, T_REMOTE_BYTES, T_RECORDS, T_NOTED, NTALLY
 };
-enum { HALF = PAGES / 2 };
 
 /* FaultEngine._hits for a GPU with FIFO eviction: local accesses at memory bandwidth, remote reads over the link
  * now, remote writes apart (weighed at the stream's end). */
@@ -103,7 +101,6 @@ static PyObject *run_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int64_t *tally = rv[R_TALLY].buf;
     uint8_t g = (uint8_t)(1 << (c.processor + 1));
     Py_ssize_t first_scan = in_flight > 1024 ? in_flight : 1024, filled0 = c.filled;
-    int halves = in_flight == batch_size && batch_size == HALF;   /* where a sweep's shortcuts look */
     while (pos < n) {
         /* The accesses that proceed, up to the first that cannot (or a page outside the table, which the Python
          * loop then meets and raises on, with what came before it done). */
@@ -123,9 +120,6 @@ static PyObject *run_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         pos = i;
         scan = first_scan;
-        /* A fault: where a sweep's shortcut may begin, the Python loop goes on. */
-        int64_t p0 = pages[pos];
-        if (halves && !(p0 & (HALF - 1)) && pos + HALF <= n && pages[pos + HALF - 1] == p0 + HALF - 1) break;
         /* The batch: the first batch_size distinct faulting pages among the next in_flight accesses, and the access
          * where the next batch begins (cut). */
         Py_ssize_t window = n - pos < in_flight ? n - pos : in_flight, cut = window, k = 0;
@@ -142,8 +136,6 @@ static PyObject *run_plain(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         if (k < 0) break;   /* a page outside the table: the Python loop raises there */
         sim_sort_pages(uniq, k, (int64_t *)seen);   /* through the set's memory, done with */
-        /* One run of pages in one block: _service_run's. */
-        if (k >= 2 && uniq[k - 1] == uniq[0] + k - 1 && block_of(uniq[0]) == block_of(uniq[k - 1])) break;
         plain_done_t d;
         int taken = sim_plain_batch(&c, uniq, k, wpages, &d);
         if (taken < 0) goto free_done;

@@ -1,12 +1,14 @@
-/* A plain fault batch on a GPU, compiled: Shortcuts._service_plain, whole, for FIFO eviction.
+/* A plain fault batch on a GPU, compiled: FaultEngine._service for a plain batch, with FIFO eviction.
  *
  * The batch: distinct faulting pages with no advice, no remote mapping and one copy each, none of it on the
- * faulting GPU; the prefetched neighbours are not ReadMostly; no thrashing state anywhere. Its chunks are claimed (evicting FIFO's head where none is free), its pages and the density
- * prefetcher's copied or populated, its records written and its time added, as the Python code does it:
- * the same records, clock (the same float operations in the same order), state and counters.
+ * faulting GPU; the prefetched neighbours are not ReadMostly; no thrashing state anywhere. Then every rule of
+ * _service but the migration to the faulter is moot (no advice, duplicate, remote mapping or thrashing state):
+ * its chunks are claimed (evicting FIFO's head where none is free), its pages and the density prefetcher's
+ * copied or populated, its records written and its time added as _service does it, giving the same records,
+ * clock (the same float operations in the same order), state and counters.
  *
  * Where anything else holds (a victim with a duplicate, a block the thrashing detector would start to watch,
- * an empty block preferring this GPU), it changes nothing and says so; the Python code then takes the batch.
+ * an empty block preferring this GPU), it changes nothing and says so; FaultEngine._service then takes the batch.
  */
 #include "_simcore.h"
 
@@ -46,7 +48,7 @@ static int in_sorted(const int64_t *a, Py_ssize_t n, int64_t x) {
     return lo < n && a[lo] == x;
 }
 
-/* Runs of consecutive sorted pages, split where a block ends: shortcuts.block_runs. */
+/* Runs of consecutive sorted pages, split where a block ends: engine.block_runs. */
 static Py_ssize_t block_runs(const int64_t *p, Py_ssize_t n) {
     if (n < 2) return n;
     Py_ssize_t runs = 1;
@@ -67,10 +69,10 @@ PyDoc_STRVAR(service_doc,
 "service_plain(state, read_mostly, preferred, accessed_by, remote, chunk, block_pages, block_address,\n"
 "              block_alloc, last_use, pages, wr, costs, htod_seconds, eviction_seconds, codes, counters, clock,\n"
 "              processor, threshold, order, note_processor, note_time, lapse, tail, filled)\n--\n\n"
-"Shortcuts._service_plain for a GPU with FIFO eviction. The page table's arrays as they are; pages (int64,\n"
-"sorted, distinct) and wr (bool) the batch; costs, codes, counters and clock (float64 [1]) as _service.c\n"
-"numbers them; htod_seconds, eviction_seconds: link_seconds of runs of 0-512 pages; threshold < 0 turns\n"
-"the prefetcher off; order: GpuMemory's FIFO (an OrderedDict); note_processor, note_time: the thrashing\n"
+"FaultEngine._service for a plain batch on a GPU with FIFO eviction. The page table's arrays as they are;\n"
+"pages (int64, sorted, distinct) and wr (bool) the batch; costs, codes, counters and clock (float64 [1]) as\n"
+"_service.c numbers them; htod_seconds, eviction_seconds: link_seconds of runs of 0-512 pages; threshold\n"
+"< 0 turns the prefetcher off; order: GpuMemory's FIFO (an OrderedDict); note_processor, note_time: the thrashing\n"
 "detector's last migration into each block (int8, int64, one a block of the table at least; -2: none), or\n"
 "None where it is off; tail: None or an EVENT_DTYPE array whose first filled records are taken. Returns\n"
 "None, having changed nothing, where the batch is not one it takes; else (records, evictions, bytes copied,\n"
@@ -345,7 +347,7 @@ int sim_plain_batch(const plain_t *c, const int64_t *pages, Py_ssize_t n, const 
     t += service * 1e9;
     /* State: every page here is now on this GPU only. */
     for (Py_ssize_t i = 0; i < n; i++) state[pages[i]] = g;
-    /* (The Python code also clears their remote mapping by g, which the prefetcher never picks: nothing to do.) */
+    /* (_service also clears their remote mapping by g, which the prefetcher never picks: nothing to do.) */
     for (Py_ssize_t i = 0; i < nextra; i++) state[extra[i]] = g;
     /* The claims queue at FIFO's tail (GpuMemory.claim), then GpuMemory.migrated_into requeues every block of the
      * batch there, in block order, with one tick: together, the batch's blocks leave the queue and join its

@@ -4,7 +4,8 @@
  * prefetcher), _eviction.c (a run of evictions), _records.c (records of copies and faults), _service.c (a
  * plain fault batch, whole) and _run.c (a stream's run of plain batches and the hits between them), with
  * _simcore.c registering their functions. Each function has a numpy or Python twin that gives the same pages,
- * records and clock, to the bit; the tests hold each to its twin.
+ * records and clock, to the bit (_service.c's and _run.c's: FaultEngine._service and _run_chunk, for plain
+ * batches); the tests hold each to its twin.
  */
 #ifndef UVM_LAB_SIMCORE_H
 #define UVM_LAB_SIMCORE_H

@@ -134,10 +134,6 @@ class SimBackend:
         self._engine = FaultEngine(self._table, self._memory, self.platform, self._thrashing,
                                    prefetch=prefetcher, prefetch_threshold=prefetch_threshold)
         self._lock = threading.RLock()
-        #: Prefetch a range no page of which was ever touched to the host all at once
-        #: (:meth:`_populate_on_host`); the records, clock and state are the same either way, so this exists
-        #: to test that they are.
-        self.fast_populate = True
 
     def __repr__(self) -> str:
         return (f"SimBackend(device_memory={format_bytes(self.device_memory)!r}, "
@@ -273,10 +269,6 @@ class SimBackend:
             t.last_prefetch[lo_all:hi_all] = dst
             self._thrashing.reset(lo_all, hi_all)
             d = bit(dst)
-            if self.fast_populate and location.is_host and not t.state[lo_all:hi_all].any():
-                self._populate_on_host(log, lo_all, hi_all)
-                self._finish(log)
-                return
             for b in range(lo_all >> BLOCK_SHIFT, ((hi_all - 1) >> BLOCK_SHIFT) + 1):
                 lo, hi = max(lo_all, b * PAGES_PER_BLOCK), min(hi_all, (b + 1) * PAGES_PER_BLOCK)
                 log.advance(p.prefetch_block_latency)   # the driver walks every block of the range
@@ -316,25 +308,6 @@ class SimBackend:
                 if location.is_host:
                     mem.release_if_empty(np.array([b]))
             self._finish(log)
-
-    def _populate_on_host(self, log: EventLog, lo_all: int, hi_all: int) -> None:
-        """The block loop of :meth:`prefetch` to the host for pages that no processor ever touched.
-
-        Nothing is copied or duplicated: each block costs its walk and then the population of its pages in the
-        range, which this adds to the clock in the loop's order with one cumulative sum (a sequential sum, so
-        the same float additions), and every page ends on the host alone.
-        """
-        p = self.platform
-        blocks = np.arange(lo_all >> BLOCK_SHIFT, ((hi_all - 1) >> BLOCK_SHIFT) + 1, dtype=np.int64)
-        starts = np.maximum(lo_all, blocks * PAGES_PER_BLOCK)
-        ends = np.minimum(hi_all, (blocks + 1) * PAGES_PER_BLOCK)
-        steps = np.empty(2 * len(blocks) + 1, dtype=np.float64)
-        steps[0] = log.t
-        steps[1::2] = p.prefetch_block_latency * 1e9
-        steps[2::2] = (ends - starts) * PAGE_SIZE / p.host_populate_bw * 1e9
-        log.t = float(np.cumsum(steps)[-1])
-        self._table.state[lo_all:hi_all] = bit(HOST_ID)
-        self._memory.release_if_empty(blocks)
 
     def _copies(self, log: EventLog, pages: np.ndarray, src: int, dst: int, bw: float, stream: int) -> float:
         """Emit user-requested copies of ``pages`` (one per run); returns their seconds."""

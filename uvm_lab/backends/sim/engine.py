@@ -19,9 +19,10 @@ their bytes at the GPU's (or, through a remote mapping, the link's) bandwidth, c
 in flight can issue. The link is full duplex: remote writes overlap remote reads, and a stream pays only for
 the direction that carries more.
 
-Common cases (a streaming kernel's whole blocks, plain batches, a host thread's run of faults) are serviced by
-the exact shortcuts of :mod:`.shortcuts`, and runs of scattered batches in untouched blocks by :mod:`.scattered`,
-with the same records, clock and state as batch by batch.
+Every batch is serviced by :meth:`FaultEngine._service`, the rules as written. Where the C extension was built,
+a plain GPU batch (no advice, duplicate, remote mapping or thrashing state; FIFO eviction) is serviced by its
+twin in ``_service.c``, and a stream's run of such batches with the hits between them by ``_run.c``: the same
+records, clock, state and counters, which the tests hold to ``_service``'s.
 """
 
 from __future__ import annotations
@@ -39,12 +40,13 @@ from .eviction import GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, page_runs
 from .platform import Platform, link_seconds
 from .prefetcher import DEFAULT_THRESHOLD, block_prefetch, dense_subtrees
-from .records import run_records
-from .scattered import ScatteredBatches
-from .shortcuts import _HALF, _LANES, _SCAN, Shortcuts, block_runs, blocks_of
+from .records import link_table, run_records
 from .thrashing import ThrashingDetector
 
 __all__ = ["FaultEngine", "StreamStats"]
+
+_LANES = np.arange(PAGES_PER_BLOCK)
+_SCAN = 1 << 16   # accesses checked at once while looking for the next fault
 
 
 # Outcomes of R3 per faulting page.
@@ -67,6 +69,19 @@ class StreamStats:
     seconds: float = 0.0
 
 
+def blocks_of(pages: np.ndarray) -> np.ndarray:
+    """The distinct blocks of sorted pages."""
+    b = pages >> BLOCK_SHIFT
+    return b[np.concatenate(([True], b[1:] != b[:-1]))] if len(b) > 1 else b
+
+
+def block_runs(pages: np.ndarray) -> int:
+    """Runs of consecutive sorted pages, split where a 2 MiB block ends (the driver copies block by block)."""
+    if len(pages) < 2:
+        return len(pages)
+    return 1 + int(np.count_nonzero((pages[1:] != pages[:-1] + 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)))
+
+
 def _written(remote: np.ndarray, n_remote: int, write: bool | np.ndarray, n: int) -> int:
     """How many of the ``n_remote`` remote accesses (``remote``, a mask over ``n`` accesses) are writes."""
     if not n_remote or write is False:
@@ -86,7 +101,7 @@ def _host_access_cost(write: bool | np.ndarray, read_cost: float, write_cost: fl
     return read_cost + (write_cost - read_cost) * (np.count_nonzero(write) / len(write))
 
 
-class FaultEngine(Shortcuts, ScatteredBatches):
+class FaultEngine:
     """Services access streams on one page table with one device's memory.
 
     Parameters
@@ -108,38 +123,13 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         self.prefetch = prefetch
         self.threshold = prefetch_threshold
         #: Find the accesses that proceed with ``_access.c``, take the prefetcher's region from ``_prefetch.c``,
-        #: write the records of copies and faults with ``_records.c`` and service plain GPU batches with
-        #: ``_service.c`` where they were compiled; the numpy versions give the same answers, records and clock
-        #: (switchable so that the tests can hold the one to the other).
+        #: write the records of copies and faults with ``_records.c``, and service plain GPU batches with
+        #: ``_service.c`` (runs of them with ``_run.c``) where they were compiled. The numpy code and
+        #: :meth:`_service` give the same answers, records and clock; switchable so that the tests can hold the
+        #: one to the other.
         self.compiled = COMPILED
         self._plain_costs_for: Platform | None = None   # the platform _compiled_plain's costs are for
-        #: Service runs of whole blocks that a sweep faults in all at once (:meth:`_sweep`); the records,
-        #: clock and state are the same either way, so this exists to test that they are.
-        self.fast_sweeps = True
-        #: Service batches with no advice, duplicate or thrashing state in them by :meth:`_service_plain`,
-        #: which skips the rules that cannot apply; switchable for the same reason as ``fast_sweeps``.
-        self.fast_batches = True
-        #: Service a host thread's run of faults through blocks moving to it from the front by
-        #: :meth:`_host_run`, all at once; switchable for the same reason as ``fast_sweeps``.
-        self.fast_host_runs = True
-        #: Run a GPU stream's plain batches (:meth:`_compiled_plain`'s) and the hits between them in C, by
-        #: :meth:`_plain_run`, instead of this loop batch by batch; it stands for ``_service_plain``, so it runs
-        #: only with that on, and only with the compiled core and one write flag for the whole stream.
-        self.fast_plain_runs = True
-        #: Service a GPU batch that is one run of pages in one block by :meth:`_service_run`, with slices and
-        #: scalars; switchable for the same reason as ``fast_batches``.
-        self.fast_run_batches = True
-        #: Service a GPU stream's run of half-block batches with hits between them (a stencil's rows) by
-        #: :meth:`_half_blocks`, all at once; it stands for ``_service_run``, so it runs only with that on.
-        self.fast_half_blocks = True
-        #: Service a GPU stream's run of batches whose faults land in untouched blocks, no block in two of them
-        #: (a strided read, a gather's first touches), by :meth:`_scattered`, all at once; it stands for
-        #: ``_service_plain``, so it runs only with that on, and only without the compiled core, whose plain
-        #: batch services the same runs batch by batch faster (a 4 GiB strided read: 31 ms against 40).
-        self.fast_scattered = True
         self._remote_read_s = self._remote_written_s = 0.0
-        self._kept_for: tuple | None = None
-        self._kept: dict[str, dict] = {}
 
     # -- the stream ------------------------------------------------------------------------------------------
     def run(self, parts: Iterable[tuple[np.ndarray, bool | np.ndarray]], processor: int, log: EventLog,
@@ -220,10 +210,9 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         scalar_wr = not isinstance(wr, np.ndarray)
         counters = self.platform.access_counter_migration and processor != HOST_ID
         mem = self.memory
-        # The compiled loop of plain batches, tried again after one the Python loop services as plain. It takes
+        # The compiled loop of plain batches, tried again after each plain batch this loop services. It takes
         # one write flag for all the accesses (write flags all alike give the same results as that flag).
-        plain_runs = self.compiled and self.fast_plain_runs and self.fast_batches and not counters \
-            and processor == mem.device and n > 0
+        plain_runs = self.compiled and not counters and processor == mem.device and n > 0
         if plain_runs and not scalar_wr:
             plain_runs = bool(wr.all()) or not wr.any()
         write = bool(wr if scalar_wr else plain_runs and wr[0])
@@ -231,7 +220,7 @@ class FaultEngine(Shortcuts, ScatteredBatches):
         pos = 0
         scan = max(in_flight, 1024)      # short after a fault, doubling while everything hits
         while pos < n:
-            if try_plain and mem.policy == "fifo" and not mem.overlap and not self.thrashing.blocks:
+            if try_plain and self._plain_applies(processor):
                 before = pos
                 pos, scan, again = self._plain_run(pages, pos, write, processor, log, stats, in_flight=in_flight,
                                                    scan=scan, local=local, remote=remote,
@@ -258,37 +247,6 @@ class FaultEngine(Shortcuts, ScatteredBatches):
                 scan = min(2 * scan, _SCAN)
                 continue
             scan = max(in_flight, 1024)
-            if self.fast_sweeps and processor == HOST_ID and in_flight == 1:
-                done = self._upgrades(pages, pos, wr, log, stats, local=local, remote=remote, kind=kind,
-                                      stream=stream)
-                if done:
-                    pos += done
-                    continue
-            if self.fast_host_runs and processor == HOST_ID and in_flight == 1:
-                done = self._host_run(pages, pos, log, stats, local=local, remote=remote, stream=stream)
-                if done:
-                    pos += done
-                    continue
-            if self.fast_sweeps and in_flight == batch_size == _HALF and processor != HOST_ID:
-                done = self._sweep(pages, pos, wr, processor, log, stats, local=local, remote=remote, kind=kind,
-                                   stream=stream)
-                if done:
-                    pos += done
-                    continue
-            if self.fast_half_blocks and self.fast_run_batches and in_flight == batch_size == _HALF \
-                    and processor != HOST_ID:
-                done = self._half_blocks(pages, pos, wr, processor, log, stats, local=local, remote=remote,
-                                         kind=kind, stream=stream)
-                if done:
-                    pos += done
-                    continue
-            if self.fast_scattered and not self.compiled and self.fast_batches and in_flight == batch_size \
-                    and processor != HOST_ID:
-                done = self._scattered(pages, pos, wr, processor, log, stats, local=local, remote=remote, kind=kind,
-                                       stream=stream)
-                if done:
-                    pos += done
-                    continue
             # The batch: distinct faulting pages among the next ``in_flight`` accesses.
             win = pages[pos:pos + in_flight]
             ww = wr if scalar_wr else wr[pos:pos + in_flight]
@@ -312,11 +270,9 @@ class FaultEngine(Shortcuts, ScatteredBatches):
             n_written = _written(r2[:cut], n_remote, ww, cut)
             # Faulted accesses proceed after the replay, some of them through a new remote mapping (which a
             # plain batch never makes: its pages end up at the faulting processor).
-            lean = self.fast_run_batches and self._service_run(uniq, wpages, processor, log, stats, kind, stream)
-            if not lean and self.fast_batches:
-                lean = self._service_plain(uniq, wpages, processor, log, stats, kind, stream)
-                try_plain = try_plain or (lean and plain_runs)
-            if not lean:
+            if self._compiled_plain(uniq, wpages, processor, log, stats, kind, stream):
+                try_plain = plain_runs
+            else:
                 self._service(uniq, wpages, processor, log, stats, kind, stream)
                 sel = bad[bad < cut]
                 if len(sel):
@@ -568,6 +524,96 @@ class FaultEngine(Shortcuts, ScatteredBatches):
                 log.add_many(EventKind.THRASHING, flags=0, src=processor, dst=processor,
                              address=t.addresses(starts), nbytes=lengths.astype(np.uint64) * PAGE_SIZE,
                              alloc_id=t.block_alloc[starts >> BLOCK_SHIFT])
+
+    # -- plain batches, compiled ---------------------------------------------------------------------------------
+    def _plain_applies(self, processor: int) -> bool:
+        """Whether the C plain batch may take ``processor``'s batches now: it is for this memory's GPU with FIFO
+        eviction, outside a prefetch, and keeps no thrashing state of its own (so there must be none)."""
+        mem = self.memory
+        return processor == mem.device and mem.policy == "fifo" and not mem.overlap and not self.thrashing.blocks
+
+    def _compiled_plain(self, pages: np.ndarray, wr: np.ndarray, processor: int, log: EventLog, stats: StreamStats,
+                        kind: AccessType, stream: int) -> bool:
+        """:meth:`_service` for a plain GPU batch, in C (``_service.c``), or False (having changed nothing) where
+        the C code is not built or the batch is not one it takes."""
+        if not self.compiled or not self._plain_applies(processor):
+            return False
+        args = self._plain_arguments(processor, log, kind, stream)
+        args[10], args[11] = np.ascontiguousarray(pages, dtype=np.int64), np.ascontiguousarray(wr, dtype=bool).view(
+            np.uint8)
+        out = core.service_plain(*args)
+        if out is None:
+            return False
+        records, evictions, copied, prefetched, noted = out
+        self._plain_taken(args, log, noted, records)
+        stats.batches += 1
+        stats.faults += len(pages)
+        stats.evictions += evictions
+        stats.bytes_htod += copied
+        stats.bytes_prefetched += prefetched
+        return True
+
+    def _plain_run(self, pages: np.ndarray, pos: int, write: bool, processor: int, log: EventLog, stats: StreamStats,
+                   *, in_flight: int, scan: int, local: float, remote: float, bytes_per_access: int, kind: AccessType,
+                   stream: int) -> tuple[int, int, bool]:
+        """``_run_chunk``'s loop from ``pos`` on in C (``_run.c``), for as long as every batch is one that
+        :meth:`_compiled_plain` takes: the same records, clock, state and counters. Returns where the loop goes
+        on, its scan window, and whether it stopped only because a batch's records did not fit the log's tail
+        (they are in the log; the run can go on)."""
+        args = self._plain_arguments(processor, log, kind, stream)
+        args[10], args[11] = pages, write
+        hit = np.array([local, remote, self._remote_read_s, self._remote_written_s])
+        tally = np.zeros(8, dtype=np.int64)
+        pos, scan, records = core.run_plain(*args, self.table.writable, pos, in_flight, self.platform.fault_batch_size,
+                                            scan, _SCAN, hit, bytes_per_access, tally)
+        batches, faults, evictions, copied, prefetched, remote_bytes, written, noted = tally.tolist()
+        self._plain_taken(args, log, noted, written)
+        if records is not None:
+            log.put(records)
+        self._remote_read_s, self._remote_written_s = float(hit[2]), float(hit[3])
+        stats.batches += batches
+        stats.faults += faults
+        stats.evictions += evictions
+        stats.bytes_htod += copied
+        stats.bytes_prefetched += prefetched
+        stats.bytes_remote += remote_bytes
+        return pos, scan, records is not None
+
+    def _plain_arguments(self, processor: int, log: EventLog, kind: AccessType, stream: int) -> list:
+        """``service_plain``'s arguments (``run_plain``'s first ones), the batch's pages and writes left to fill in."""
+        t, p, mem, thr = self.table, self.platform, self.memory, self.thrashing
+        if self._plain_costs_for is not p:
+            self._plain_costs_for = p
+            self._plain_costs = np.array([p.fault_batch_latency, p.fault_block_latency, p.fault_latency,
+                                          p.fault_write_latency, p.gpu_populate_bw, p.fault_page_latency,
+                                          p.fault_unmap_latency, p.fault_unmap_run_latency, p.fault_chunk_latency,
+                                          p.fault_eviction_latency * 1e9])
+            self._plain_links = (link_table(p.fault_htod_bw, p.link_k), link_table(p.eviction_bw, p.link_k))
+        codes = np.array([EventKind.HTOD, EventKind.DTOH, EventKind.GPU_PAGE_FAULT, MigrationCause.COHERENCE,
+                          MigrationCause.PREFETCH, MigrationCause.EVICTION, AccessType.READ, kind, stream],
+                         dtype=np.int64)
+        counters = np.array([mem.capacity, mem.used, mem.pinned, mem._tick, mem.evicted_blocks], dtype=np.int64)
+        notes = thr._touch
+        if thr.enabled:
+            notes.reserve(t.nblocks)
+        tail, filled = log.tail()
+        return [t.state, t.read_mostly.view(np.uint8), t.preferred, t.accessed_by, t.remote, t.chunk.view(np.uint8),
+                t.block_pages, t.block_address, t.block_alloc, t.last_use, None, None, self._plain_costs,
+                *self._plain_links, codes, counters, np.array([log.t]), processor,
+                self.threshold if self.prefetch else -1, mem._order, notes.processor if thr.enabled else None,
+                notes.time if thr.enabled else None, thr.c.lapse, tail, filled]
+
+    def _plain_taken(self, args: list, log: EventLog, noted: int, records: int | bytes | bytearray) -> None:
+        """Take back what ``service_plain`` or ``run_plain`` changed outside the page table: the log (records
+        written into its tail, or given as bytes), its clock, the memory's counters and the thrashing notes."""
+        mem, counters, clock = self.memory, args[16], args[17]
+        self.thrashing._touch.noted(noted)
+        if isinstance(records, int):
+            log.grow(records)
+        elif records:   # too many for the tail's room: copied into a new tail, where the next batches go on
+            log.put(records)
+        log.t = float(clock[0])
+        mem.used, mem._tick, mem.evicted_blocks = int(counters[1]), int(counters[3]), int(counters[4])
 
     def _destinations(self, pages: np.ndarray, st: np.ndarray, pref: np.ndarray, nowhere: np.ndarray, wr: np.ndarray,
                       processor: int, g: int, pin: np.ndarray | None) -> np.ndarray:
