@@ -18,11 +18,6 @@ The C hot paths:
 - ``uvm_lab/mr/_pool.c``: the pool's free list and allocate/deallocate. Without it the pool runs every call
   in Python, with the same free list written in Python (``uvm_lab.mr.bestfit.PyBestFit``): about 4x slower a
   pair (``benchmarks/README.md``).
-- ``uvm_lab/backends/sim/_simcore``, from ``_access.c``, ``_prefetch.c``, ``_eviction.c``, ``_records.c``,
-  ``_service.c`` and ``_run.c``: which accesses proceed, the simulator's density prefetcher, a run of evictions,
-  the records of copies and faults, a plain fault batch, whole, and a stream's run of them. Without it
-  the numpy and Python code beside it gives the same pages, records and times, more slowly.
-  ``-ffp-contract=off``: no fused multiply-add, so a float sum is the one Python makes.
 
 And one plain shared library, not a Python module, compiled by a C++ compiler:
 
@@ -49,13 +44,10 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-SIM = Path("uvm_lab") / "backends" / "sim"
-_SIMCORE = ("_access", "_prefetch", "_eviction", "_records", "_service", "_run", "_simcore")
 #: Each extension module, and the C files it is built from.
 EXTENSIONS = {
     Path("uvm_lab") / "events" / "_sources": (Path("uvm_lab") / "events" / "_sources.c",),
     Path("uvm_lab") / "mr" / "_pool": (Path("uvm_lab") / "mr" / "_pool.c",),
-    SIM / "_simcore": tuple(SIM / f"{name}.c" for name in _SIMCORE),
 }
 
 #: Each plain shared library (loaded with ctypes, not imported: in a folder that is not a package, so that
@@ -98,7 +90,7 @@ def compile_extension(root: str | os.PathLike[str], module: Path) -> Path:
         compiler, flags = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++", ["-std=c++17"]
     else:
         suffix, sources = sysconfig.get_config_var("EXT_SUFFIX"), EXTENSIONS[module]
-        compiler, flags = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc", ["-ffp-contract=off"]
+        compiler, flags = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc", []
     target = (root / module).with_name(module.name + suffix)
     include = sysconfig.get_paths()["include"]
     subprocess.run([*shlex.split(compiler), "-O2", *flags, "-shared", "-fPIC", "-I", include,

@@ -5,19 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from uvm_lab import workloads as W
 from uvm_lab.backends.sim import PLATFORMS, SimBackend
 from uvm_lab.backends.sim.model import NO_LOCATION
 from uvm_lab.backends.sim.platform import get_platform, link_seconds
 from uvm_lab.backends.sim.prefetcher import density_region
-from uvm_lab.backends.sim.thrashing import BlockNotes
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EventBus, EventKind, MigrationCause, RemoteMapCause
 from uvm_lab.events.schema import Advice, MemoryKind
 from uvm_lab.location import HOST_ID, Location
 from uvm_lab.units import BLOCK_SIZE, PAGE_SIZE
-
-from .sim_traces import assert_same, traced
 
 KiB, MiB = 1 << 10, 1 << 20
 GPU, HOST = Location.device(0), Location.host()
@@ -114,12 +110,16 @@ def test_prefetcher_off_moves_only_the_faulted_page():
 
 def _dense_region(resident, faulted, npages, thrashing, threshold):
     """R5 evaluated on every subtree of every block: the definition the prefetcher's walk from the faults must match."""
-    from uvm_lab.backends.sim.prefetcher import PAGES_PER_BLOCK, grow_to_big_pages
+    from uvm_lab.backends.sim.prefetcher import PAGES_PER_BLOCK
 
     rows = faulted.shape[0]
     valid = np.arange(PAGES_PER_BLOCK)[None, :] < npages[:, None]
     faulted = faulted & valid
-    bitmap = (resident | faulted | grow_to_big_pages(faulted, npages, thrashing)) & valid
+    # Every 64 KiB big page holding a fault, filled, unless one of its pages is thrashing.
+    big = faulted.reshape(rows, -1, 16).any(axis=2)
+    if thrashing is not None:
+        big &= ~thrashing.reshape(rows, -1, 16).any(axis=2)
+    bitmap = (resident | faulted | np.repeat(big, 16, axis=1)) & valid
     region = np.zeros_like(faulted)
     s = 1
     while s <= PAGES_PER_BLOCK:
@@ -143,30 +143,6 @@ def test_the_prefetcher_walk_from_the_faults_takes_every_dense_subtree(threshold
         for th in (None, thrashing):
             got = density_region(resident, faulted, npages, thrashing=th, threshold=threshold)
             assert np.array_equal(got, _dense_region(resident, faulted, npages, th, threshold))
-
-
-@pytest.mark.parametrize("threshold", [1, 30, 51, 99, 100])
-def test_dense_subtrees_and_one_block_answers_are_the_density_region(threshold):
-    from uvm_lab.backends.sim.prefetcher import block_prefetch, dense_subtrees
-
-    rng = np.random.default_rng(threshold)
-    for _ in range(60):
-        rows = int(rng.integers(1, 20))
-        npages = np.where(rng.random(rows) < 0.3, rng.integers(1, 512, rows), 512)
-        valid = np.arange(512)[None, :] < npages[:, None]
-        resident = (rng.random((rows, 512)) < rng.choice([0.0, 0.02, 0.3, 0.9])) & valid
-        faulted = (rng.random((rows, 512)) < rng.choice([0.002, 0.02, 0.2])) & valid
-        thrashing = (rng.random((rows, 512)) < 0.02) if rng.random() < 0.3 else None
-        want = density_region(resident, faulted, npages, thrashing=thrashing, threshold=threshold)
-        r, i = np.nonzero(faulted)
-        lo, hi = dense_subtrees(resident, r, i, npages, thrashing=thrashing, threshold=threshold)
-        got = np.zeros_like(want)
-        for row, a, z in zip(r.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            got[row, a:z] = True
-        assert np.array_equal(got, want)
-        if thrashing is None:
-            assert np.array_equal(block_prefetch(resident[0], faulted[0], int(npages[0]), threshold),
-                                  np.flatnonzero(want[0] & ~resident[0] & ~faulted[0]))
 
 
 def _prefetch_reference(engine, pages: np.ndarray, to_here: np.ndarray, processor: int, g: int) -> np.ndarray:
@@ -209,8 +185,6 @@ def _prefetch_reference(engine, pages: np.ndarray, to_here: np.ndarray, processo
 
 @pytest.mark.parametrize("threshold", [1, 51, 90, 100])
 def test_the_prefetcher_over_the_batch_blocks_matches_whole_bitmaps(threshold):
-    from uvm_lab.backends.sim.thrashing import _Block
-
     rng = np.random.default_rng(threshold)
     b = SimBackend(device_memory="64MiB", bus=EventBus(), prefetch_threshold=threshold)
     ptrs = [b.allocate(size, MemoryKind.MANAGED) for size in (20 * MiB, 3 * MiB + 40960, 6 * MiB)]
@@ -226,9 +200,9 @@ def test_the_prefetcher_over_the_batch_blocks_matches_whole_bitmaps(threshold):
             arr = getattr(t, name)
             arr[live] = np.where(rng.random(len(live)) < p * (trial % 3), rng.choice(values, len(live)),
                                  -2 if name == "preferred" else 0)
-        e.thrashing.blocks.clear()
+        e.thrashing.clear()
         for blk in rng.choice(np.unique(live >> 9), 3 * (trial % 2)).tolist():
-            e.thrashing.blocks[blk] = _Block(thrashing=rng.random(512) < 0.05)
+            e.thrashing.set_thrashing(blk, rng.random(512) < 0.05)
         for processor in (0, -1):
             g = 1 if processor == -1 else 2
             count = int(rng.choice([1, 5, 256, 600]))
@@ -239,7 +213,7 @@ def test_the_prefetcher_over_the_batch_blocks_matches_whole_bitmaps(threshold):
             to_here = rng.random(len(pages)) < 0.9
             if not to_here.any():
                 continue
-            got = e._prefetch_pages(pages, to_here, processor, g)
+            got = e.prefetch_pages(pages, to_here, processor)
             assert np.array_equal(got, _prefetch_reference(e, pages, to_here, processor, g)), trial
 
 
@@ -494,20 +468,6 @@ def test_r6_capacity_thrash_gets_no_mitigation():
     assert not len(of(ev, EventKind.THROTTLING)) and not len(of(ev, EventKind.THRASHING))
 
 
-@pytest.mark.parametrize("name", ["random_gather", "stencil", "tiled_matmul", "host_then_device"])
-@pytest.mark.parametrize("policy", W.POLICIES)
-def test_r6_fifo_evictions_at_once_give_the_same_trace_as_one_by_one(name, policy, monkeypatch):
-    """The victims of one claim are evicted in one pass; records, clock and state are those of one at a time."""
-    from uvm_lab.backends.sim.eviction import GpuMemory
-
-    def script(b):
-        return W.run_sim(W.make(name, size="40MiB"), b, policy=policy, prefetch_chunk="4MiB"), b.now_ns()
-
-    at_once = traced(script, device_memory="24MiB")
-    monkeypatch.setattr(GpuMemory, "_evict_many", lambda self, victims, log: [self.evict(b, log) for b in victims])
-    assert_same(at_once, traced(script, device_memory="24MiB"))
-
-
 # -- R7: thrashing between processors -------------------------------------------------------------------------
 def test_r7_ping_pong_is_detected_throttled_then_pinned_with_remote_mapping():
     b, rec = backend()
@@ -719,21 +679,3 @@ def test_a_host_stream_of_reads_and_writes_costs_each_at_its_own_rate():
     assert mixed.faults == 0
     assert mixed.seconds == pytest.approx(n_write * p.host_write_latency
                                           + (len(pages) - n_write) * p.host_access_latency)
-
-
-def test_block_notes_behave_as_a_mapping_of_blocks():
-    notes = BlockNotes()
-    assert not notes and len(notes) == 0 and notes.get(3) is None and notes.get(10**6, "no") == "no"
-    notes[5] = (0, 100)
-    notes[2] = (-1, 50)
-    notes[5] = (1, 200)                       # a block's note is replaced, not added
-    assert notes and len(notes) == 2
-    assert notes.get(5) == (1, 200) and notes.items() == [(2, (-1, 50)), (5, (1, 200))]
-    notes.update([(7, (0, 1)), (8, (0, 2))])
-    notes.forget(6, 2)                        # blocks 6 and 7
-    assert notes.items() == [(2, (-1, 50)), (5, (1, 200)), (8, (0, 2))] and len(notes) == 3
-    assert notes.pop(5) == (1, 200) and notes.pop(5, "gone") == "gone" and len(notes) == 2
-    notes.reserve(4096)
-    notes.processor[4000], notes.time[4000] = 0, 9   # as compiled code writes them, then says so
-    notes.noted(1)
-    assert notes.get(4000) == (0, 9) and len(notes) == 3

@@ -32,15 +32,15 @@ import numpy as np
 from ...errors import BackendError, DoubleFreeError, InvalidArgumentError, OutOfMemoryError, shown
 from ...events.accesses import range_record, stream_header, stream_runs
 from ...events.bus import EventBus, get_bus, new_alloc_id
-from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind, MigrationCause
+from ...events.schema import NO_PROCESSOR, AccessType, Advice, EventKind, MemoryKind
 from ...events.sources import capture
 from ...location import HOST_ID, Location
 from ...units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
 from ..base import AccessMode, AccessResult, Capabilities, RangeAdvice
 from .engine import FaultEngine, StreamStats
 from .eviction import EVICTION_POLICIES, GpuMemory
-from .model import BLOCK_SHIFT, NO_LOCATION, PAGES_PER_BLOCK, EventLog, PageTable, Segment, bit, page_runs
-from .platform import Platform, get_platform, link_seconds
+from .model import BLOCK_SHIFT, NO_LOCATION, EventLog, PageTable, Segment, bit
+from .platform import Platform, get_platform
 from .thrashing import ThrashingDetector
 
 __all__ = ["SimBackend"]
@@ -129,8 +129,8 @@ class SimBackend:
         self._segments: dict[int, Segment] = {}
         self._starts: list[int] = []
         self._table = PageTable()
-        self._memory = GpuMemory(self._table, memory // BLOCK_SIZE, self.platform, eviction)
-        self._thrashing = ThrashingDetector(enabled=thrashing)
+        self._memory = GpuMemory(self._table, memory // BLOCK_SIZE, eviction)
+        self._thrashing = ThrashingDetector(self._table, enabled=thrashing)
         self._engine = FaultEngine(self._table, self._memory, self.platform, self._thrashing,
                                    prefetch=prefetcher, prefetch_threshold=prefetch_threshold)
         self._lock = threading.RLock()
@@ -189,7 +189,7 @@ class SimBackend:
                     f"in this process's memory, and {-(-size // PAGE_SIZE):,} pages do not fit",
                     size=size, free=free, limit=total) from err
             if kind is MemoryKind.DEVICE:
-                mem.make_room(need, protect=set(), log=log)
+                self._engine.make_room(need, log)
                 mem.pinned += need
             self._segments[seg.address] = seg
             bisect.insort(self._starts, seg.address)
@@ -216,7 +216,7 @@ class SimBackend:
             if seg.kind is MemoryKind.DEVICE:
                 self._memory.pinned -= seg.nblocks
             first = seg.base >> BLOCK_SHIFT
-            self._memory.drop_many(np.flatnonzero(seg.gpu_blocks) + first)
+            self._memory.release(first, seg.nblocks)
             self._thrashing.forget(first, seg.nblocks)
             self._table.release(seg.base, seg.npages)
             del self._segments[ptr]
@@ -261,65 +261,21 @@ class SimBackend:
             first, last = seg.page_range(ptr, size)
             if last <= first:
                 return
-            t, mem, p = self._table, self._memory, self.platform
+            t = self._table
             log = EventLog(self._now)
             dst = location.id
             log.add(EventKind.PREFETCH, dst=dst, address=ptr, nbytes=size, alloc_id=seg.id, stream=stream)
             lo_all, hi_all = seg.base + first, seg.base + last
             t.last_prefetch[lo_all:hi_all] = dst
-            self._thrashing.reset(lo_all, hi_all)
-            d = bit(dst)
-            for b in range(lo_all >> BLOCK_SHIFT, ((hi_all - 1) >> BLOCK_SHIFT) + 1):
-                lo, hi = max(lo_all, b * PAGES_PER_BLOCK), min(hi_all, (b + 1) * PAGES_PER_BLOCK)
-                log.advance(p.prefetch_block_latency)   # the driver walks every block of the range
-                st = t.state[lo:hi]
-                need = (st & d) == 0
-                if not need.any():
-                    continue
-                populate = need & (st == 0)
-                copy = need & (st != 0)
-                dup = copy & t.read_mostly[lo:hi]
-                pages = np.arange(lo, hi, dtype=np.int64)
-                if location.is_host:
-                    source = FaultEngine._gpu_of(st[copy])
-                    self._copies(log, pages[copy], source, HOST_ID, p.prefetch_dtoh_bw, stream)
-                    log.advance(populate.sum() * PAGE_SIZE / p.host_populate_bw)
-                else:
-                    mem.overlap, before = True, mem.overlapped_seconds
-                    try:
-                        got = mem.claim(np.array([b]), {b}, log)[0]
-                    finally:
-                        mem.overlap = False
-                    if not got:
-                        self._finish(log)
-                        free, total = self.mem_info(dst)
-                        raise OutOfMemoryError(
-                            f"prefetch to {location} stopped at {format_bytes((lo - lo_all) * PAGE_SIZE)} of "
-                            f"{format_bytes(size)}: device memory is held by allocations that cannot be evicted",
-                            size=size, free=free, limit=total)
-                    evicting = mem.overlapped_seconds - before
-                    copying = self._copies(log, pages[copy], HOST_ID, dst, p.prefetch_htod_bw, stream)
-                    log.advance(max(0.0, evicting - copying) + populate.sum() * PAGE_SIZE / p.gpu_populate_bw)
-                    t.remote[pages[copy & ~dup]] &= np.uint8(~d & 0xFF)
-                    mem.migrated_into(np.array([b]))
-                st[populate | (copy & ~dup)] = d   # moved (or first touched) there
-                st[dup] |= d                       # ReadMostly: a copy beside the others
-                t.writable[pages[dup]] = 0         # read-only everywhere
-                if location.is_host:
-                    mem.release_if_empty(np.array([b]))
+            stopped = self._engine.migrate(lo_all, hi_all, dst, stream, log)
+            if stopped < hi_all:
+                self._finish(log)
+                free, total = self.mem_info(dst)
+                raise OutOfMemoryError(
+                    f"prefetch to {location} stopped at {format_bytes((stopped - lo_all) * PAGE_SIZE)} of "
+                    f"{format_bytes(size)}: device memory is held by allocations that cannot be evicted",
+                    size=size, free=free, limit=total)
             self._finish(log)
-
-    def _copies(self, log: EventLog, pages: np.ndarray, src: int, dst: int, bw: float, stream: int) -> float:
-        """Emit user-requested copies of ``pages`` (one per run); returns their seconds."""
-        if not len(pages):
-            return 0.0
-        starts, lengths = page_runs(pages)
-        nbytes = lengths.astype(np.uint64) * PAGE_SIZE
-        seconds = link_seconds(nbytes, bw, self.platform.link_k)
-        log.add_many(EventKind.DTOH if dst == HOST_ID else EventKind.HTOD, flags=MigrationCause.USER, src=src,
-                     dst=dst, address=self._table.addresses(starts), nbytes=nbytes,
-                     alloc_id=self._table.block_alloc[starts >> BLOCK_SHIFT], stream=stream, seconds=seconds)
-        return float(np.sum(seconds))
 
     def advise(self, ptr: int, size: int, advice: Advice, location: Location | None) -> None:
         advice = Advice(advice)
@@ -348,7 +304,7 @@ class SimBackend:
                 t.writable[sl] = 0
             elif advice is Advice.UNSET_READ_MOSTLY:
                 t.read_mostly[sl] = False
-                self._collapse_duplicates(sl, log)
+                self._engine.collapse_duplicates(sl.start, sl.stop, self._devices, log)
             elif advice is Advice.SET_PREFERRED_LOCATION:
                 assert location is not None
                 t.preferred[sl] = location.id
@@ -631,27 +587,6 @@ class SimBackend:
             self.access(dst, size, gpu, "write", stream=stream)
             data = sseg.data[src - sseg.address : src - sseg.address + size].copy()   # the ranges may overlap
             dseg.data[dst - dseg.address : dst - dseg.address + size] = data
-
-    def _collapse_duplicates(self, sl: slice, log: EventLog) -> None:
-        """UnsetReadMostly: keep the preferred location's copy if it has one, else the host's."""
-        t, mem = self._table, self._memory
-        st = t.state[sl]
-        pref = t.preferred[sl]
-        dup = (st & (st - 1)) != 0                 # more than one bit set
-        if not dup.any():
-            return
-        pages = np.arange(sl.start, sl.stop, dtype=np.int64)
-        pref_bit = np.where(pref == HOST_ID, 1, np.where(pref >= 0, np.left_shift(1, pref.astype(np.int32) + 1), 0))
-        keep = np.where((st & pref_bit) != 0, pref, HOST_ID)
-        for device in range(self._devices):
-            g = bit(device)
-            drop = dup & ((st & g) != 0) & (keep != device)
-            mem.invalidate(pages[drop], log, src=device)
-            st[drop] &= np.uint8(~g & 0xFF)
-        drop_host = dup & ((st & 1) != 0) & (keep != HOST_ID)
-        mem.invalidate(pages[drop_host], log, src=HOST_ID)
-        st[drop_host] &= np.uint8(0xFE)
-        mem.release_if_empty(np.unique(pages[dup] >> BLOCK_SHIFT))
 
     def _finish(self, log: EventLog, accesses: list[np.ndarray] | None = None) -> None:
         """Publish what ``log`` holds, after ``accesses`` (the ACCESS records of what it did, for a recording)."""

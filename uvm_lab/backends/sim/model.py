@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numba.typed import List
 
 from ...events.schema import EVENT_DTYPE, MemoryKind
 from ...location import HOST_ID
 from ...units import BLOCK_SIZE, PAGE_SIZE
 
-__all__ = ["NO_LOCATION", "PAGES_PER_BLOCK", "EventLog", "PageTable", "Segment", "bit", "page_runs", "runs"]
+__all__ = ["NO_LOCATION", "PAGES_PER_BLOCK", "EventLog", "PageTable", "Segment", "bit"]
 
 PAGES_PER_BLOCK = BLOCK_SIZE // PAGE_SIZE
 BLOCK_SHIFT = PAGES_PER_BLOCK.bit_length() - 1
@@ -33,41 +35,6 @@ NO_LOCATION = -2
 def bit(processor: int) -> int:
     """The residency bit of a processor: 1 for the host, 2 for device 0, 4 for device 1 ..."""
     return 1 if processor == HOST_ID else 1 << (processor + 1)
-
-
-def runs(mask: np.ndarray) -> Iterator[tuple[int, int]]:
-    """``(start, length)`` of each run of True in a boolean array."""
-    if not mask.any():
-        return
-    padded = np.concatenate(([False], mask, [False]))
-    edges = np.flatnonzero(padded[1:] != padded[:-1])
-    for start, stop in zip(edges[::2], edges[1::2], strict=True):
-        yield int(start), int(stop - start)
-
-
-def page_runs(pages: np.ndarray, *, distinct: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Runs of consecutive page numbers in a sorted array, cut at block boundaries: ``(first, length)``.
-
-    With ``distinct`` (no page twice), an array spanning as many pages as it holds, in one block, is one run.
-    """
-    n = len(pages)
-    if not n:
-        return pages[:0], pages[:0]
-    if distinct:
-        first, last = int(pages[0]), int(pages[-1])
-        if last - first == n - 1 and first >> BLOCK_SHIFT == last >> BLOCK_SHIFT:
-            return pages[:1], np.array([n], dtype=np.int64)
-    cut = np.flatnonzero((np.diff(pages) != 1) | ((pages[1:] & (PAGES_PER_BLOCK - 1)) == 0)) + 1
-    starts = np.concatenate(([0], cut))
-    ends = np.concatenate((cut, [len(pages)]))
-    return pages[starts], ends - starts
-
-
-def _column(value: object, n: int) -> list:
-    """``n`` plain Python values: the elements of an array, or a scalar repeated."""
-    if isinstance(value, np.ndarray):
-        return value.tolist() if value.ndim else [value.item()] * n
-    return [value] * n
 
 
 class PageTable:
@@ -179,6 +146,11 @@ class PageTable:
         self.counters[bl] = 0
         self.block_pages[bl] = 0
 
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        """The arrays in the order :mod:`.core` takes them (fetched afresh: growing the table replaces them)."""
+        return (self.state, self.read_mostly, self.preferred, self.accessed_by, self.remote, self.writable, self.chunk,
+                self.last_use, self.counters, self.block_address, self.block_alloc, self.block_pages)
+
     def addresses(self, pages: np.ndarray) -> np.ndarray:
         """The address of each global page."""
         return self.block_address[pages >> BLOCK_SHIFT] + ((pages & (PAGES_PER_BLOCK - 1)) * PAGE_SIZE).astype(
@@ -259,17 +231,10 @@ def _joined(chunks: list[np.ndarray]) -> np.ndarray:
 class EventLog:
     """Records produced by one backend operation, stamped on the simulated clock, published when it ends."""
 
-    #: Records a tail holds (see :meth:`tail`): a piece's worth, so that a full tail is published as it is.
-    #: 3.9 MiB, under the 4 MiB from which numpy asks for huge pages: with them a 4 GiB strided read's best run
-    #: was 15% faster, but its median 1.5-1.8x slower in three rounds of five.
-    TAIL = 1 << 16
-
     def __init__(self, start_ns: int) -> None:
         self.t = float(start_ns)
         self.rows: list[tuple[int, ...]] = []
         self.chunks: list[np.ndarray] = []
-        self._tail: np.ndarray | None = None   # where compiled code writes records (see tail)
-        self._filled = 0                        # records in it, the last chunk while there are any
 
     def add(self, kind: int, *, flags: int = 0, src: int = 0, dst: int = 0, address: int = 0, nbytes: int = 0,
             value: int | None = None, alloc_id: int = 0, stream: int = 0, seconds: float = 0.0) -> None:
@@ -279,78 +244,17 @@ class EventLog:
         self.rows.append((kind, flags, src, dst, int(start), int(self.t), address, nbytes,
                           nbytes if value is None else value, alloc_id, stream, 0))
 
-    def add_many(self, kind: int, *, flags: int | np.ndarray, src: int | np.ndarray, dst: int | np.ndarray,
-                 address: np.ndarray, nbytes: np.ndarray, value: np.ndarray | None = None,
-                 alloc_id: np.ndarray | int = 0, stream: int = 0, seconds: np.ndarray | float = 0.0,
-                 advance: bool = True) -> None:
-        """Append one record per element, back to back on the clock (``seconds`` each).
-
-        With ``advance=False`` the records all start now and the clock stays: work that overlaps what
-        follows (evictions on the prefetch path run beside the refill, the link being full duplex).
-        """
-        n = len(address)
-        if not n:
-            return
-        if n <= 4:   # a handful of records: tuples are cheaper than a structured array
-            secs = _column(seconds, n)
-            cols = [_column(v, n) for v in (flags, src, dst, address, nbytes, nbytes if value is None else value,
-                                            alloc_id)]
-            t0 = self.t
-            for i in range(n):
-                start = self.t if advance else t0
-                end = start + secs[i] * 1e9
-                self.rows.append((kind, cols[0][i], cols[1][i], cols[2][i], int(start), int(end), cols[3][i],
-                                  cols[4][i], cols[5][i], cols[6][i], stream, 0))
-                if advance:
-                    self.t = end
-            return
+    def open(self) -> tuple[Any, np.ndarray, np.ndarray]:
+        """Where :mod:`.core` writes records and moves the clock: a growing record array (in a one-item typed
+        list), the count written into it, and the clock. :meth:`close` takes them back."""
         self._flush_rows()
-        out = np.empty(n, dtype=EVENT_DTYPE)
-        durations = np.broadcast_to(np.asarray(seconds, dtype=np.float64) * 1e9, (n,))
-        if advance:
-            ends = self.t + np.cumsum(durations)
-            starts = np.concatenate(([self.t], ends[:-1]))
-        else:
-            starts = np.full(n, self.t)
-            ends = starts + durations
-        out["kind"], out["flags"], out["src"], out["dst"] = kind, flags, src, dst
-        out["start"], out["end"] = starts.astype(np.uint64), ends.astype(np.uint64)
-        out["address"], out["bytes"] = address, nbytes
-        out["value"] = nbytes if value is None else value
-        out["alloc_id"], out["stream"], out["source"] = alloc_id, stream, 0
-        if advance:
-            self.t = float(ends[-1])
-        self.chunks.append(out)
+        return List([np.empty(1024, dtype=EVENT_DTYPE)]), np.zeros(1, dtype=np.int64), np.array([self.t])
 
-    def tail(self, room: int = 1) -> tuple[np.ndarray, int]:
-        """An array that compiled code may write the next records into, and how many it holds already: the one
-        the last chunk is the head of while ``room`` more fit (or one nothing was written into yet), else a new
-        one. :meth:`grow` takes what was written."""
-        self._flush_rows()
-        t = self._tail
-        if t is None or self._filled + room > len(t) or \
-                (self._filled and self.chunks[-1].base is not t):   # records came after it
-            self._tail, self._filled = np.empty(max(self.TAIL, room), dtype=EVENT_DTYPE), 0
-        return self._tail, self._filled
-
-    def grow(self, count: int) -> None:
-        """Take ``count`` records written into the tail after those it held."""
-        if not count:
-            return
-        if self._filled:
-            self.chunks[-1] = self._tail[:self._filled + count]
-        else:
-            self.chunks.append(self._tail[:count])
-        self._filled += count
-
-    def put(self, records: bytes | bytearray) -> None:
-        """Append records given as EVENT_DTYPE bytes, copied into the tail (a new one where they do not fit),
-        so that the records after them go on into the same array."""
-        n = len(records) // EVENT_DTYPE.itemsize
-        tail, filled = self.tail(n)
-        size = EVENT_DTYPE.itemsize
-        tail.view(np.uint8)[filled * size:(filled + n) * size] = np.frombuffer(records, dtype=np.uint8)
-        self.grow(n)
+    def close(self, records: Any, count: np.ndarray, clock: np.ndarray) -> None:
+        """Take what :mod:`.core` wrote into what :meth:`open` gave."""
+        if count[0]:
+            self.chunks.append(records[0][:int(count[0])])
+        self.t = float(clock[0])
 
     def advance(self, seconds: float) -> None:
         self.t += seconds * 1e9

@@ -1,0 +1,1361 @@
+"""The fault path, compiled: every driver rule and every cost term of the simulator, each in one function.
+
+This module is the simulator. It is written in the subset of Python that numba compiles, over numpy arrays only,
+and numba compiles it on first use (kept in numba's cache after that). With ``NUMBA_DISABLE_JIT=1`` the same
+source runs as plain Python: slow, but the one specification, readable line by line.
+
+The rules (research R1-R11, ``shared/research/uvm-semantics.md``), and the one function for each:
+
+- R1 granularities, R2 first touch: :func:`destination` (a page resident nowhere), :func:`claim` (a 2 MiB chunk
+  a block).
+- R3 where a faulting page goes: :func:`destination`.
+- R4 batching: :func:`run_stream` (the first ``batch_size`` distinct faulting pages of the next ``in_flight``
+  accesses, one replay) and :func:`batch_cost` (what a batch costs).
+- R5 the density prefetcher: :func:`region` (one block's tree) and :func:`eligible` (what policy lets it move).
+- R6 eviction: :func:`claim`, :func:`victim` (FIFO by last migration, or the LRU and tree what-ifs) and
+  :func:`evict`.
+- R7 thrashing: :func:`note_migrations` (detection), :func:`hints` (throttling and pins), :func:`reset_pages`.
+- R8 explicit migration: :func:`migrate`.
+- R9 access counters: :func:`count_remote`.
+- R11 records: :func:`emit` (one record), :func:`emit_runs` (one a run of pages), :func:`link_time` (a copy's
+  time on the size-dependent link).
+
+State is arrays, grouped in tuples that the Python classes hold (``model.PageTable``, ``eviction.GpuMemory``,
+``thrashing.ThrashingDetector``): nothing here keeps state of its own. Records go into a growing EVENT_DTYPE
+array held in a one-item typed list, with their count in ``out[0]``; the clock, in ns, is ``clock[0]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, typeof, types
+
+from ...events.schema import EVENT_DTYPE, AccessType, EventKind, MigrationCause, RemoteMapCause
+
+__all__ = ["COSTS", "MEMORY_COUNTERS", "STATS", "THRASHING_COUNTERS", "claim", "evict_blocks", "migrate",
+           "release_blocks", "reset_pages", "run_stream"]
+
+_jit = njit(cache=True, nogil=True)
+
+# The types of the page table's arrays and of the record buffer, for the signatures of the functions that write
+# records: called with literal arguments from many places, numba would otherwise compile one of each per place.
+_TABLE = types.Tuple((types.uint8[::1], types.boolean[::1], types.int8[::1], types.uint8[::1], types.uint8[::1],
+                      types.uint8[::1], types.boolean[::1], types.int64[::1], types.int32[::1], types.uint64[::1],
+                      types.uint64[::1], types.int16[::1]))
+_RECORDS = types.ListType(typeof(np.empty(1, EVENT_DTYPE)))
+
+PAGES = 512          # 4 KiB pages of a 2 MiB VA block (R1)
+SHIFT = 9
+BIG = 16             # pages of a 64 KiB big page (R5)
+PAGE_SIZE = 4096
+HOST = -1
+NO_LOCATION = -2
+
+# Record kinds and causes, as the schema numbers them (numba reads globals as constants).
+K_HTOD, K_DTOH = int(EventKind.HTOD), int(EventKind.DTOH)
+K_CPU_FAULT, K_GPU_FAULT = int(EventKind.CPU_PAGE_FAULT), int(EventKind.GPU_PAGE_FAULT)
+K_THRASHING, K_THROTTLING = int(EventKind.THRASHING), int(EventKind.THROTTLING)
+K_REMOTE_MAP, K_INVALIDATE = int(EventKind.REMOTE_MAP), int(EventKind.INVALIDATE)
+C_USER, C_COHERENCE = int(MigrationCause.USER), int(MigrationCause.COHERENCE)
+C_PREFETCH, C_EVICTION = int(MigrationCause.PREFETCH), int(MigrationCause.EVICTION)
+C_COUNTERS = int(MigrationCause.ACCESS_COUNTERS)
+R_THRASHING, R_POLICY = int(RemoteMapCause.THRASHING), int(RemoteMapCause.POLICY)
+R_OUT_OF_MEMORY = int(RemoteMapCause.OUT_OF_MEMORY)
+A_READ, A_UNKNOWN = int(AccessType.READ), int(AccessType.UNKNOWN)
+
+# R3's outcomes for a faulting page.
+MIGRATE, DUP, POPULATE, REMOTE, POP_REMOTE, COLLAPSE, NONE = range(7)
+
+#: The platform's costs, in the order of ``cost`` (seconds, bytes a second; see ``platform.Platform``).
+COSTS = ("link_k", "fault_htod_bw", "fault_dtoh_bw", "eviction_bw", "prefetch_htod_bw", "prefetch_dtoh_bw",
+         "gpu_populate_bw", "host_populate_bw", "fault_batch_latency", "fault_block_latency", "fault_latency",
+         "fault_write_latency", "fault_page_latency", "fault_unmap_latency", "fault_unmap_run_latency",
+         "fault_chunk_latency", "fault_eviction_latency", "cpu_fault_latency", "read_mostly_write_latency",
+         "read_mostly_host_write_latency", "read_mostly_protect_latency", "read_mostly_protect_run_latency",
+         "prefetch_block_latency", "cpu_maps_gpu_memory", "access_counter_migration", "access_counter_threshold",
+         "fault_batch_size")
+(LINK_K, FAULT_HTOD_BW, FAULT_DTOH_BW, EVICTION_BW, PREFETCH_HTOD_BW, PREFETCH_DTOH_BW, GPU_POPULATE_BW,
+ HOST_POPULATE_BW, BATCH_LAT, BLOCK_LAT, FAULT_LAT, WRITE_LAT, PAGE_LAT, UNMAP_LAT, UNMAP_RUN_LAT, CHUNK_LAT,
+ EVICTION_LAT, CPU_FAULT_LAT, RM_WRITE_LAT, RM_HOST_WRITE_LAT, RM_PROTECT_LAT, RM_PROTECT_RUN_LAT, WALK_LAT,
+ CPU_MAPS_GPU, COUNTER_MIGRATION, COUNTER_THRESHOLD, BATCH_SIZE) = range(len(COSTS))
+
+#: ``GpuMemory``'s counters, in the order of its ``counters`` array.
+MEMORY_COUNTERS = ("capacity", "used", "pinned", "tick", "evicted", "head", "tail", "policy", "device", "overlap")
+(M_CAPACITY, M_USED, M_PINNED, M_TICK, M_EVICTED, M_HEAD, M_TAIL, M_POLICY, M_DEVICE, M_OVERLAP) = \
+    range(len(MEMORY_COUNTERS))
+FIFO, LRU, TREE = 0, 1, 2
+TREE_LEVELS = 5
+
+#: ``ThrashingDetector``'s counters and constants, in the order of its ``counters`` array.
+THRASHING_COUNTERS = ("enabled", "slots_used", "lapse", "threshold", "pin_threshold", "nap", "pin", "epoch",
+                      "max_resets")
+(T_ENABLED, T_USED, T_LAPSE, T_THRESHOLD, T_PIN_THRESHOLD, T_NAP, T_PIN, T_EPOCH, T_MAX_RESETS) = \
+    range(len(THRASHING_COUNTERS))
+
+#: A stream's tallies, in the order of ``stats`` (``engine.StreamStats``'s fields).
+STATS = ("accesses", "faults", "batches", "bytes_htod", "bytes_dtoh", "bytes_remote", "bytes_prefetched",
+         "evictions", "throttles")
+(S_ACCESSES, S_FAULTS, S_BATCHES, S_HTOD, S_DTOH, S_REMOTE, S_PREFETCHED, S_EVICTIONS, S_THROTTLES) = \
+    range(len(STATS))
+
+# What run_stream returns besides the position: done, or stopped for Python to give the thrashing detector room.
+DONE, NEED_SLOTS = 0, 1
+
+# The page table's arrays, in the order of the tuple ``PageTable.arrays()`` gives.
+(T_STATE, T_READ_MOSTLY, T_PREFERRED, T_ACCESSED_BY, T_REMOTE, T_WRITABLE, T_CHUNK, T_LAST_USE, T_COUNTERS,
+ T_BLOCK_ADDRESS, T_BLOCK_ALLOC, T_BLOCK_PAGES) = range(12)
+
+
+@_jit
+def bit(processor):
+    """A processor's residency bit: 1 the host, 2 device 0, 4 device 1 ..."""
+    return 1 if processor == HOST else 1 << (processor + 1)
+
+
+@_jit
+def lowest_gpu(bits):
+    """The lowest device whose bit is in ``bits`` (device 0 if none is)."""
+    gpus = bits >> 1
+    d = 0
+    while gpus and not gpus & 1:
+        gpus >>= 1
+        d += 1
+    return d
+
+
+# -- records (R11) -------------------------------------------------------------------------------------------------
+@_jit
+def link_time(nbytes, bw_max, k):
+    """Seconds for one copy of ``nbytes`` over a link of asymptote ``bw_max``: bw(s) = bw_max (2/pi) atan(k s)."""
+    if nbytes <= 0:
+        return 0.0
+    s = float(nbytes)
+    return s / (bw_max * (2 / math.pi) * math.atan(k * s / 1024.0))
+
+
+@njit(types.void(_RECORDS, types.int64[::1], types.float64[::1], types.int64, types.int64, types.int64, types.int64,
+                  types.uint64, types.int64, types.int64, types.uint64, types.int64, types.float64, types.boolean),
+      cache=True, nogil=True)
+def emit(rb, out, clock, kind, flags, src, dst, address, nbytes, value, alloc_id, stream, seconds, advance):
+    """Append one record lasting ``seconds`` from now; the clock moves past it where ``advance``."""
+    buf = rb[0]
+    n = out[0]
+    if n >= len(buf):
+        bigger = np.empty(2 * len(buf), buf.dtype)
+        bigger[:n] = buf[:n]
+        rb[0] = bigger
+        buf = bigger
+    start = clock[0]
+    end = start + seconds * 1e9
+    r = buf[n]
+    r.kind = kind
+    r.flags = flags
+    r.src = src
+    r.dst = dst
+    r.start = np.uint64(start)
+    r.end = np.uint64(end)
+    r.address = address
+    r.bytes = nbytes
+    r.value = value
+    r.alloc_id = alloc_id
+    r.stream = stream
+    r.source = 0
+    out[0] = n + 1
+    if advance:
+        clock[0] = end
+
+
+@_jit
+def page_address(tbl, page):
+    return tbl[T_BLOCK_ADDRESS][page >> SHIFT] + np.uint64((page & (PAGES - 1)) * PAGE_SIZE)
+
+
+@njit(types.float64(_TABLE, _RECORDS, types.int64[::1], types.float64[::1], types.int64[::1], types.int64,
+                     types.int64, types.int64, types.int64, types.int64, types.int64, types.float64, types.float64,
+                     types.float64, types.int64[::1], types.int64, types.boolean), cache=True, nogil=True)
+def emit_runs(tbl, rb, out, clock, pages, n, kind, flags, src, dst, stream, bw, link_k, each, faulted, nfaulted,
+              advance):
+    """One record a run of consecutive ``pages[:n]`` (sorted), cut where a block ends. A copy (``bw`` > 0) lasts
+    its link time, anything else ``each`` seconds; a fault record's value is how many of ``faulted[:nfaulted]``
+    (sorted) it holds, or all its pages where ``nfaulted`` < 0. Returns the records' seconds."""
+    total = 0.0
+    i = 0
+    f = 0
+    while i < n:
+        j = i + 1
+        while j < n and pages[j] == pages[j - 1] + 1 and pages[j] & (PAGES - 1):
+            j += 1
+        nbytes = (j - i) * PAGE_SIZE
+        value = nbytes
+        if kind in (K_CPU_FAULT, K_GPU_FAULT):
+            if nfaulted < 0:
+                value = j - i
+            else:
+                value = 0
+                while f < nfaulted and faulted[f] < pages[i]:
+                    f += 1
+                while f < nfaulted and faulted[f] <= pages[j - 1]:
+                    f += 1
+                    value += 1
+        seconds = link_time(nbytes, bw, link_k) if bw > 0 else each
+        total += seconds
+        emit(rb, out, clock, kind, flags, src, dst, page_address(tbl, pages[i]), nbytes, value,
+             tbl[T_BLOCK_ALLOC][pages[i] >> SHIFT], stream, seconds, advance)
+        i = j
+    return total
+
+
+@_jit
+def block_runs(pages, n):
+    """Runs of consecutive sorted pages, cut where a block ends: the ranges a copy unmaps (one TLB shootdown
+    each)."""
+    if n == 0:
+        return 0
+    runs = 1
+    for i in range(1, n):
+        if pages[i] != pages[i - 1] + 1 or not pages[i] & (PAGES - 1):
+            runs += 1
+    return runs
+
+
+# -- R6: GPU memory, 2 MiB root chunks, eviction --------------------------------------------------------------------
+@_jit
+def unlink(mem, b):
+    nxt, prv, cnt = mem[0], mem[1], mem[3]
+    p, q = prv[b], nxt[b]
+    if p >= 0:
+        nxt[p] = q
+    else:
+        cnt[M_HEAD] = q
+    if q >= 0:
+        prv[q] = p
+    else:
+        cnt[M_TAIL] = p
+    nxt[b] = prv[b] = -2   # not queued
+
+
+@_jit
+def enqueue(mem, b, stamp):
+    """Put block ``b`` at the tail of the queue (FIFO by last migration, R6), stamped."""
+    nxt, prv, stamps, cnt = mem[0], mem[1], mem[2], mem[3]
+    if nxt[b] != -2:
+        unlink(mem, b)
+    tail = cnt[M_TAIL]
+    prv[b] = tail
+    nxt[b] = -1
+    if tail >= 0:
+        nxt[tail] = b
+    else:
+        cnt[M_HEAD] = b
+    cnt[M_TAIL] = b
+    stamps[b] = stamp
+
+
+@_jit
+def drop(tbl, mem, b):
+    """Give block ``b``'s chunk back (its pages left the GPU, or its segment was freed)."""
+    if tbl[T_CHUNK][b]:
+        tbl[T_CHUNK][b] = False
+        mem[3][M_USED] -= 1
+        if mem[0][b] != -2:
+            unlink(mem, b)
+
+
+@_jit
+def victim(tbl, mem, protect, mark):
+    """The chunk to evict: the head of the queue that the batch does not need (R6's FIFO). Under LRU a chunk
+    touched since it was queued goes round again first; -1 if only protected chunks are left."""
+    nxt, stamps, cnt = mem[0], mem[2], mem[3]
+    last_use = tbl[T_LAST_USE]
+    rounds = 0
+    while True:
+        b = cnt[M_HEAD]
+        found = -1
+        while b >= 0:
+            following = nxt[b]
+            if protect[b] != mark:
+                if cnt[M_POLICY] != FIFO and last_use[b] > stamps[b]:
+                    enqueue(mem, b, last_use[b])   # touched since queued: another round (lazy requeue)
+                    found = -2
+                    break
+                return b
+            b = following
+        if found == -1:
+            return -1
+        rounds += 1
+        if rounds > 4 * max(cnt[M_USED], 1):   # every chunk keeps being touched: the oldest stamp
+            best, b = -1, cnt[M_HEAD]
+            while b >= 0:
+                if protect[b] != mark and (best < 0 or stamps[b] < stamps[best]):
+                    best = b
+                b = nxt[b]
+            return best
+
+
+@_jit
+def evict(tbl, mem, b, rb, out, clock, cost, overlap):
+    """R6: copy the pages only chunk ``b`` holds back to the host (cause EVICTION), drop its copies of duplicated
+    pages, give the chunk back. On the prefetch path (``overlap``) the copies run beside the refill: they start
+    now and the clock stays; returns their seconds."""
+    state, cnt = tbl[T_STATE], mem[3]
+    device = cnt[M_DEVICE]
+    g = bit(device)
+    lo = b * PAGES
+    n = tbl[T_BLOCK_PAGES][b]
+    only = np.empty(n, np.int64)
+    copies = np.empty(n, np.int64)
+    n_only = n_copies = 0
+    for i in range(lo, lo + n):
+        if state[i] == g:
+            only[n_only] = i
+            n_only += 1
+        elif state[i] & g:
+            copies[n_copies] = i
+            n_copies += 1
+    seconds = emit_runs(tbl, rb, out, clock, only, n_only, K_DTOH, C_EVICTION, device, HOST, 0, cost[EVICTION_BW],
+                        cost[LINK_K], 0.0, only, -1, not overlap)
+    if not overlap:   # a fault waits for the chunk to be unmapped and given up
+        clock[0] += cost[EVICTION_LAT] * 1e9
+    emit_runs(tbl, rb, out, clock, copies, n_copies, K_INVALIDATE, 0, device, device, 0, 0.0, 0.0, 0.0, copies, -1,
+              False)
+    for k in range(n_only):
+        state[only[k]] = 1
+    for k in range(n_copies):
+        state[copies[k]] &= ~g
+    drop(tbl, mem, b)
+    cnt[M_EVICTED] += 1
+    return seconds
+
+
+@_jit
+def pre_evict(tbl, mem, b, protect, mark, rb, out, clock, cost, overlap):
+    """The "tree" what-if: after evicting ``b``, its buddies under each aligned group of 2 .. 32 chunks of the same
+    allocation go too once no more than half the group is still on the GPU."""
+    chunk, alloc = tbl[T_CHUNK], tbl[T_BLOCK_ALLOC]
+    seconds = 0.0
+    for level in range(1, TREE_LEVELS + 1):
+        lo = b >> level << level
+        hi = min(lo + (1 << level), len(chunk))
+        group = held = 0
+        for c in range(lo, hi):
+            if alloc[c] == alloc[b]:
+                group += 1
+                held += chunk[c]
+        if held * 2 > group:   # the mirror of the prefetcher's "more than half": keep it
+            break
+        for c in range(lo, hi):
+            if alloc[c] == alloc[b] and chunk[c] and protect[c] != mark:
+                seconds += evict(tbl, mem, c, rb, out, clock, cost, overlap)
+    return seconds
+
+
+@_jit
+def make_room(tbl, mem, nblocks, protect, mark, rb, out, clock, cost, overlap):
+    """Evict until ``nblocks`` chunks are free (R6: only when an allocation fails). Returns whether they are (not
+    when only protected or pinned chunks are left) and the seconds of overlapped evictions."""
+    cnt = mem[3]
+    seconds = 0.0
+    while cnt[M_CAPACITY] - cnt[M_USED] - cnt[M_PINNED] < nblocks:
+        v = victim(tbl, mem, protect, mark)
+        if v < 0:
+            return False, seconds
+        seconds += evict(tbl, mem, v, rb, out, clock, cost, overlap)
+        if cnt[M_POLICY] == TREE:
+            seconds += pre_evict(tbl, mem, v, protect, mark, rb, out, clock, cost, overlap)
+    return True, seconds
+
+
+@_jit
+def claim(tbl, mem, blocks, nblocks, got, protect, mark, rb, out, clock, cost, overlap):
+    """R1/R6: give each of ``blocks[:nblocks]`` a 2 MiB chunk, evicting as needed; ``got`` says which have one.
+    Blocks marked ``mark`` in ``protect`` (those being serviced) are never victims. Returns how many chunks were
+    new and the seconds of overlapped evictions."""
+    chunk, cnt = tbl[T_CHUNK], mem[3]
+    fresh = 0
+    seconds = 0.0
+    for k in range(nblocks):
+        b = blocks[k]
+        got[k] = chunk[b]
+        if chunk[b]:
+            continue
+        ok, evicting = make_room(tbl, mem, 1, protect, mark, rb, out, clock, cost, overlap)
+        seconds += evicting
+        if not ok:
+            continue
+        chunk[b] = True
+        cnt[M_USED] += 1
+        cnt[M_TICK] += 1
+        enqueue(mem, b, cnt[M_TICK])
+        tbl[T_LAST_USE][b] = cnt[M_TICK]
+        got[k] = True
+        fresh += 1
+    return fresh, seconds
+
+
+@_jit
+def migrated_into(mem, blocks, nblocks):
+    """Data migrated into these blocks' chunks: the driver requeues them at the tail (FIFO by migration)."""
+    cnt = mem[3]
+    cnt[M_TICK] += 1
+    for k in range(nblocks):
+        if mem[0][blocks[k]] != -2:
+            enqueue(mem, blocks[k], cnt[M_TICK])
+
+
+@_jit
+def release_if_empty(tbl, mem, b):
+    """A block whose pages all left the GPU gives its chunk back."""
+    if not tbl[T_CHUNK][b]:
+        return
+    g = bit(mem[3][M_DEVICE])
+    state = tbl[T_STATE]
+    for i in range(b * PAGES, b * PAGES + PAGES):
+        if state[i] & g:
+            return
+    drop(tbl, mem, b)
+
+
+@_jit
+def release_blocks(tbl, mem, first, n):
+    """A segment's blocks ``first .. first + n - 1`` were freed: their chunks go back."""
+    for b in range(first, first + n):
+        drop(tbl, mem, b)
+
+
+@_jit
+def evict_blocks(tbl, mem, blocks, rb, out, clock, cost):
+    """Evict each of ``blocks`` that holds a chunk, as a full GPU would (for tests and what-ifs)."""
+    for b in blocks:
+        if tbl[T_CHUNK][b]:
+            evict(tbl, mem, b, rb, out, clock, cost, False)
+
+
+# -- R7: thrashing ------------------------------------------------------------------------------------------------
+# thr: (counters, slot_of_block, note_processor, note_time, resets, count, last_t, last_proc, thrashing, throttles,
+#       pin_loc, pin_until, dnt, period_end, last_thrash)
+@_jit
+def slot_for(thr, b, now):
+    """Block ``b``'s thrashing state (a slot), made fresh where it has none or its epoch passed without thrashing
+    (at most ``max_resets`` times)."""
+    cnt, slot_of, resets = thr[0], thr[1], thr[4]
+    s = slot_of[b]
+    if s >= 0:
+        if now - thr[14][s] > cnt[T_EPOCH] and resets[b] < cnt[T_MAX_RESETS]:
+            resets[b] += 1
+            clear_slot(thr, s, now)
+        return s
+    s = cnt[T_USED]
+    cnt[T_USED] += 1
+    slot_of[b] = s
+    clear_slot(thr, s, now)
+    return s
+
+
+@_jit
+def clear_slot(thr, s, now):
+    thr[5][s, :] = 0
+    thr[6][s, :] = -(1 << 62)
+    thr[7][s, :] = NO_LOCATION
+    thr[8][s, :] = False
+    thr[9][s, :] = 0
+    thr[10][s, :] = NO_LOCATION
+    thr[11][s, :] = 0
+    thr[12][s] = NO_LOCATION
+    thr[13][s] = 0
+    thr[14][s] = now
+
+
+@_jit
+def note_migrations(thr, pages, n, dest, now, found):
+    """R7 detection: fault- and prefetch-caused migrations of sorted ``pages[:n]`` to ``dest``. A block has state
+    once two processors migrated into it within ``lapse``; then a page migrating ``threshold`` times, each within
+    ``lapse`` of the last, is thrashing. Writes the pages that turned hot to ``found``; returns how many."""
+    cnt = thr[0]
+    if not cnt[T_ENABLED]:
+        return 0
+    slot_of, note_p, note_t = thr[1], thr[2], thr[3]
+    count, last_t, last_p, hot = thr[5], thr[6], thr[7], thr[8]
+    lapse = cnt[T_LAPSE]
+    k = 0
+    i = 0
+    while i < n:
+        b = pages[i] >> SHIFT
+        j = i
+        while j < n and pages[j] >> SHIFT == b:
+            j += 1
+        s = slot_of[b]
+        if s < 0:
+            if note_p[b] != NO_LOCATION and note_p[b] != dest and now - note_t[b] <= lapse:
+                s = slot_for(thr, b, now)
+            note_p[b] = dest
+            note_t[b] = now
+        else:
+            s = slot_for(thr, b, now)
+        if s >= 0:
+            for q in range(i, j):
+                lane = pages[q] & (PAGES - 1)
+                if now - last_t[s, lane] <= lapse and last_p[s, lane] != dest:
+                    count[s, lane] = min(count[s, lane] + 1, 255)
+                else:
+                    count[s, lane] = 1
+                last_t[s, lane] = now
+                last_p[s, lane] = dest
+                if count[s, lane] >= cnt[T_THRESHOLD] and not hot[s, lane]:
+                    hot[s, lane] = True
+                    thr[14][s] = now
+                    found[k] = pages[q]
+                    k += 1
+        i = j
+    return k
+
+
+@_jit
+def hints(thr, pages, n, processor, now, preferred, reach_all, throttle, pin):
+    """R7 mitigation, for faults by ``processor`` on ``pages[:n]``: ``throttle`` (the fault waits a nap) and
+    ``pin`` (the pinned location, or NO_LOCATION). A thrashing page's faults from any processor but the period's
+    do-not-throttle one are throttled; after ``pin_threshold`` throttles the page is pinned instead: to its preferred
+    location where every processor can reach it (``reach_all``), else to the host."""
+    cnt, slot_of = thr[0], thr[1]
+    hot, throttles, pin_loc, pin_until, dnt, period_end = thr[8], thr[9], thr[10], thr[11], thr[12], thr[13]
+    any_pin = False
+    i = 0
+    while i < n:
+        b = pages[i] >> SHIFT
+        j = i
+        while j < n and pages[j] >> SHIFT == b:
+            j += 1
+        s = slot_of[b]
+        if s < 0:
+            i = j
+            continue
+        any_hot = False
+        for q in range(i, j):
+            lane = pages[q] & (PAGES - 1)
+            if pin_loc[s, lane] != NO_LOCATION and pin_until[s, lane] > now:
+                pin[q] = pin_loc[s, lane]
+                any_pin = True
+            elif hot[s, lane]:
+                any_hot = True
+        if any_hot and now >= period_end[s]:   # a new period: the other processor may go unthrottled
+            dnt[s] = processor if dnt[s] != processor else NO_LOCATION
+            period_end[s] = now + cnt[T_NAP]
+        if any_hot and processor != dnt[s]:
+            for q in range(i, j):
+                lane = pages[q] & (PAGES - 1)
+                if pin[q] != NO_LOCATION or not hot[s, lane]:
+                    continue
+                if throttles[s, lane] >= cnt[T_PIN_THRESHOLD]:
+                    loc = preferred[pages[q]] if reach_all[q] and preferred[pages[q]] != NO_LOCATION else HOST
+                    pin_loc[s, lane] = loc
+                    pin_until[s, lane] = now + cnt[T_PIN]
+                    throttles[s, lane] = 0
+                    pin[q] = loc
+                    any_pin = True
+                else:
+                    throttle[q] = True
+                    throttles[s, lane] += 1
+        i = j
+    return any_pin
+
+
+@_jit
+def reset_pages(thr, lo, hi):
+    """User migrations (R8) reset the thrashing state of pages ``lo .. hi - 1``."""
+    slot_of = thr[1]
+    if hi <= lo:
+        return
+    for b in range(lo >> SHIFT, ((hi - 1) >> SHIFT) + 1):
+        s = slot_of[b]
+        if s < 0:
+            continue
+        for p in range(max(lo, b * PAGES), min(hi, b * PAGES + PAGES)):
+            lane = p & (PAGES - 1)
+            thr[5][s, lane] = 0
+            thr[8][s, lane] = False
+            thr[9][s, lane] = 0
+            thr[10][s, lane] = NO_LOCATION
+
+
+@_jit
+def forget_blocks(thr, first, n):
+    """A segment was freed: its blocks' thrashing state goes (their slots stay used until the table is reset)."""
+    for b in range(first, first + n):
+        thr[1][b] = -1
+        thr[2][b] = NO_LOCATION
+        thr[4][b] = 0
+
+
+# -- R5: the density prefetcher ------------------------------------------------------------------------------------
+@_jit
+def region(state, g, base, npages, faulted, thrashing, threshold, whole, out):
+    """R5 for the block whose first page is ``base``: the pages the faults (``faulted``, 512 lanes) bring in that
+    are neither resident at ``g`` nor faulted (``whole``: all of the region), as lanes into ``out``; returns how
+    many. The bitmap is the resident
+    pages and the faulted ones, every 64 KiB big page holding a fault filled unless one of its pages is thrashing;
+    each fault takes the largest subtree around it more than ``threshold`` percent set."""
+    bitmap = np.zeros(PAGES + 1, np.int32)   # then its prefix sums
+    for big in range(PAGES // BIG):
+        lo = big * BIG
+        grow = False
+        for i in range(lo, lo + BIG):
+            if faulted[i]:
+                grow = True
+        if grow:
+            for i in range(lo, lo + BIG):
+                if thrashing[i]:
+                    grow = False
+        for i in range(lo, min(lo + BIG, npages)):
+            bitmap[i + 1] = 1 if grow or faulted[i] or state[base + i] & g else 0
+    for i in range(PAGES):
+        bitmap[i + 1] += bitmap[i]
+    edges = np.zeros(PAGES + 1, np.int32)
+    for f in range(npages):
+        if not faulted[f]:
+            continue
+        best_lo = best_hi = 0
+        size = 1
+        while size <= PAGES:
+            lo = f & ~(size - 1)
+            have = min(max(npages - lo, 0), size)
+            if (bitmap[lo + size] - bitmap[lo]) * 100 > threshold * have:
+                best_lo, best_hi = lo, min(lo + size, npages)
+            size *= 2
+        if best_hi > best_lo:
+            edges[best_lo] += 1
+            edges[best_hi] -= 1
+    k = 0
+    inside = 0
+    for i in range(npages):
+        inside += edges[i]
+        if inside > 0 and (whole or (not faulted[i] and not state[base + i] & g)):
+            out[k] = i
+            k += 1
+    return k
+
+
+@_jit
+def eligible(tbl, page, processor, g, hot):
+    """What policy lets the prefetcher move (R5): not a thrashing page, not one leaving its preferred location,
+    not one kept remote by policy."""
+    pref = tbl[T_PREFERRED][page]
+    if pref != NO_LOCATION and pref != processor:
+        return False
+    if tbl[T_REMOTE][page] & g:
+        return False
+    if tbl[T_ACCESSED_BY][page] & g and tbl[T_STATE][page] != 0:
+        return False
+    return not hot
+
+
+@_jit
+def prefetch_pages(tbl, thr, pages, dest, m, processor, threshold, blocks, nb, extra):
+    """R5 for a batch: the pages the density prefetcher adds, block by block of ``blocks[:nb]``, to those of
+    ``pages[:m]`` coming to ``processor`` (``dest``), written sorted to ``extra``; returns how many. A block with
+    nothing resident anywhere, faulting towards its preferred location, is populated whole."""
+    state, preferred = tbl[T_STATE], tbl[T_PREFERRED]
+    g = bit(processor)
+    faulted = np.zeros(PAGES, np.bool_)
+    calm = np.zeros(PAGES, np.bool_)   # the thrashing pages of a block with no thrashing state: none
+    lanes = np.empty(PAGES, np.int64)
+    ne = 0
+    i = 0
+    for k in range(nb):
+        b = blocks[k]
+        base = b * PAGES
+        first_extra = ne
+        any_here = False
+        j = i
+        while j < m and pages[j] >> SHIFT == b:
+            if dest[j] in (MIGRATE, DUP, POPULATE):
+                faulted[pages[j] - base] = True
+                any_here = True
+            j += 1
+        if any_here:
+            s = thr[1][b] if thr[0][T_USED] else -1
+            hot = thr[8][s] if s >= 0 else calm
+            npages = tbl[T_BLOCK_PAGES][b]
+            got = region(state, g, base, npages, faulted, hot, threshold, False, lanes)
+            empty = True
+            for lane in range(PAGES):
+                if state[base + lane]:
+                    empty = False
+                    break
+            for q in range(got):
+                page = base + lanes[q]
+                if eligible(tbl, page, processor, g, hot[lanes[q]]):
+                    faulted[lanes[q]] = True   # taken: the whole-block pass below skips it
+                    extra[ne] = page
+                    ne += 1
+            if empty:
+                for lane in range(npages):
+                    if not faulted[lane] and preferred[base + lane] == processor:
+                        extra[ne] = base + lane
+                        ne += 1
+                extra[first_extra:ne].sort()
+        for q in range(i, j):
+            faulted[pages[q] - base] = False
+        for q in range(first_extra, ne):
+            faulted[extra[q] - base] = False
+        i = j
+    return ne
+
+
+# -- R3: where a faulting page goes ------------------------------------------------------------------------------
+@_jit
+def destination(tbl, page, write, processor, g, pin, cpu_maps_gpu):
+    """R3's ordered rules for one faulting page, first match wins."""
+    st = tbl[T_STATE][page]
+    pref = tbl[T_PREFERRED][page]
+    host = processor == HOST
+    has = st & g
+    nowhere = st == 0
+    duplicated = st & (st - 1)
+    pinned = pin != NO_LOCATION
+    # (a) ReadMostly, or already duplicated and not pinned: a read copies, a write collapses to the writer.
+    if (tbl[T_READ_MOSTLY][page] or (duplicated and not pinned)) and not nowhere:
+        if not write:
+            return DUP
+        return COLLAPSE if has else MIGRATE
+    # (b) the faulting processor is the preferred location.
+    if pref == processor:
+        return POPULATE if nowhere else COLLAPSE if has else MIGRATE
+    # (c) a thrashing pin: use the pinned location.
+    if pinned:
+        if pin == processor:
+            return POPULATE if nowhere else MIGRATE
+        return POP_REMOTE if nowhere else REMOTE
+    # Can the faulting processor map memory at the preferred location? (x86: the CPU cannot map vidmem.)
+    reach_pref = pref == HOST or (pref >= 0 and cpu_maps_gpu) if host else pref in (processor, HOST)
+    # (d) resident nowhere: the preferred location if the faulter can reach it, else the faulter (R2).
+    if nowhere:
+        return POP_REMOTE if pref != NO_LOCATION and reach_pref else POPULATE
+    # (e) AccessedBy the faulter, which can reach the current location: map remotely.
+    reach_now = (st & 1) != 0 if not host else (st > 1 and cpu_maps_gpu)
+    if tbl[T_ACCESSED_BY][page] & g and reach_now:
+        return REMOTE
+    # (f) a preferred location the faulter can reach: the data goes (or stays) there, mapped remotely.
+    if pref != NO_LOCATION and reach_pref:
+        return REMOTE
+    # (g) otherwise: migrate to the faulting processor (a write to its own duplicate collapses).
+    return COLLAPSE if has else MIGRATE
+
+
+@_jit
+def receiving(blocks, nb, pages, dest, m, extra, ne, collapsing, out):
+    """The blocks of ``blocks[:nb]`` that receive pages here: a faulted page migrating, duplicated or populated
+    (``collapsing``: or collapsed) here, or a prefetched one (``pages``, ``extra`` sorted); into ``out``."""
+    k = i = q = 0
+    for j in range(nb):
+        b = blocks[j]
+        hit = False
+        while i < m and pages[i] >> SHIFT == b:
+            hit |= dest[i] in (MIGRATE, DUP, POPULATE) or (collapsing and dest[i] == COLLAPSE)
+            i += 1
+        while q < ne and extra[q] >> SHIFT < b:
+            q += 1
+        if hit or (q < ne and extra[q] >> SHIFT == b):
+            out[k] = b
+            k += 1
+    return k
+
+
+# -- one fault batch -----------------------------------------------------------------------------------------------
+@_jit
+def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshold, protect, mark, rb, out, clock,
+            stats):
+    """Service one batch: distinct sorted ``pages[:m]``, ``wr`` their writes, faulted by ``processor``."""
+    state, read_mostly, preferred, writable = tbl[T_STATE], tbl[T_READ_MOSTLY], tbl[T_PREFERRED], tbl[T_WRITABLE]
+    remote_map = tbl[T_REMOTE]
+    host = processor == HOST
+    g = bit(processor)
+    device = mem[3][M_DEVICE]
+    cpu_maps_gpu = cost[CPU_MAPS_GPU] != 0
+    now = clock[0]
+    stats[S_BATCHES] += 1
+    stats[S_FAULTS] += m
+    any_write = False
+    for i in range(m):
+        any_write |= wr[i]
+    st0 = np.empty(m, np.uint8)
+    for i in range(m):
+        st0[i] = state[pages[i]]
+    # -- R7: throttling and pins
+    pin = np.full(m, NO_LOCATION, np.int8)
+    has_pin = False
+    if thr[0][T_USED]:
+        throttle = np.zeros(m, np.bool_)
+        reach_all = np.empty(m, np.bool_)
+        for i in range(m):
+            pref = preferred[pages[i]]
+            reach_all[i] = pref == HOST or (pref >= 0 and cpu_maps_gpu)
+        has_pin = hints(thr, pages, m, processor, np.int64(now), preferred, reach_all, throttle, pin)
+        nap = thr[0][T_NAP]
+        throttled = np.empty(m, np.int64)
+        k = 0
+        for i in range(m):
+            if throttle[i]:
+                throttled[k] = pages[i]
+                k += 1
+        if k:
+            emit_runs(tbl, rb, out, clock, throttled, k, K_THROTTLING, 0, processor, processor, 0, 0.0, 0.0,
+                      nap / 1e9, throttled, -1, False)
+            clock[0] += nap   # the faults are dropped and replayed after the nap
+            stats[S_THROTTLES] += k
+    # -- R3: the destination of each faulting page
+    dest = np.empty(m, np.int8)
+    for i in range(m):
+        dest[i] = destination(tbl, pages[i], wr[i], processor, g, pin[i], cpu_maps_gpu)
+    # -- R5: the density prefetcher grows what comes here
+    blocks = np.empty(m, np.int64)
+    nb = 0
+    for i in range(m):
+        b = pages[i] >> SHIFT
+        if nb == 0 or blocks[nb - 1] != b:
+            blocks[nb] = b
+            nb += 1
+    extra = np.empty(nb * PAGES, np.int64)
+    ne = prefetch_pages(tbl, thr, pages, dest, m, processor, threshold, blocks, nb, extra) if threshold > 0 else 0
+    ex_st = np.empty(ne, np.uint8)
+    for q in range(ne):
+        ex_st[q] = state[extra[q]]
+    # -- R1/R6: chunks for the blocks that receive pages on a GPU
+    lost_any = False
+    new_chunks = 0
+    if not host:
+        need = np.empty(nb, np.int64)
+        nn = receiving(blocks, nb, pages, dest, m, extra, ne, True, need)
+        if nn:
+            for k in range(nn):
+                protect[need[k]] = mark
+            got = np.empty(nn, np.bool_)
+            before = mem[3][M_EVICTED]
+            new_chunks, _ = claim(tbl, mem, need, nn, got, protect, mark, rb, out, clock, cost, False)
+            stats[S_EVICTIONS] += mem[3][M_EVICTED] - before
+            for k in range(nn):
+                if got[k]:
+                    continue
+                # No GPU memory can be freed (it is all cudaMalloc): map the host copy remotely instead.
+                lost_any = True
+                for i in range(m):
+                    if pages[i] >> SHIFT == need[k] and dest[i] in (MIGRATE, DUP, POPULATE, COLLAPSE):
+                        dest[i] = NONE if st0[i] == 0 else REMOTE
+                kept = 0
+                for q in range(ne):
+                    if extra[q] >> SHIFT != need[k]:
+                        extra[kept] = extra[q]
+                        ex_st[kept] = ex_st[q]
+                        kept += 1
+                ne = kept
+    # -- the changes, and their records
+    src_bw = cost[FAULT_DTOH_BW] if host else cost[FAULT_HTOD_BW]
+    moved = np.empty(m, np.int64)
+    nm = 0
+    source_bits = 0
+    for i in range(m):
+        if dest[i] == MIGRATE or dest[i] == DUP:
+            moved[nm] = pages[i]
+            nm += 1
+            source_bits |= st0[i]
+    # Prefetched neighbours take the batch's access type: a write batch moves ReadMostly pages instead of
+    # duplicating them (otherwise every following write would fault again on a read-only copy).
+    ex_moved = np.empty(ne, np.int64)
+    ex_dup = np.zeros(ne, np.bool_)
+    ex_pop = np.empty(ne, np.int64)
+    rm_moved = np.empty(ne + m, np.int64)   # ReadMostly pages moved, not copied: the source's copy goes
+    nxm = npop = nrm = 0
+    for q in range(ne):
+        if ex_st[q] != 0:
+            ex_moved[nxm] = extra[q]
+            nxm += 1
+            source_bits |= ex_st[q]
+            if read_mostly[extra[q]]:
+                if any_write:
+                    rm_moved[nrm] = extra[q]
+                    nrm += 1
+                else:
+                    ex_dup[q] = True
+        else:
+            ex_pop[npop] = extra[q]
+            npop += 1
+    source = HOST if not host else lowest_gpu(source_bits)
+    sb = bit(source)
+    # The source's mapping changes for a migration (unmapped) and for a duplicate its holder may write (write
+    # revoked); a duplicate of a read-only page leaves it alone.
+    dups = np.empty(m + ne, np.int64)
+    nd = 0
+    for i in range(m):
+        if dest[i] == DUP:
+            dups[nd] = pages[i]
+            nd += 1
+    for q in range(ne):
+        if ex_dup[q]:
+            dups[nd] = extra[q]
+            nd += 1
+    dups[:nd].sort()
+    protected = 0
+    for q in range(nd):
+        if writable[dups[q]] & sb:
+            protected += 1
+    unmapped = nm + nxm - nd + protected
+    moved_s = emit_runs(tbl, rb, out, clock, moved, nm, K_DTOH if host else K_HTOD, C_COHERENCE, source, processor,
+                        stream, src_bw, cost[LINK_K], 0.0, moved, -1, True)
+    moved_s += emit_runs(tbl, rb, out, clock, ex_moved, nxm, K_DTOH if host else K_HTOD, C_PREFETCH, source,
+                         processor, stream, src_bw, cost[LINK_K], 0.0, ex_moved, -1, True)
+    copied = (nm + nxm) * PAGE_SIZE
+    stats[S_DTOH if host else S_HTOD] += copied
+    stats[S_PREFETCHED] += nxm * PAGE_SIZE
+    if host and any_write:   # a host write moves a ReadMostly page: its fault record cannot say "write"
+        for i in range(m):
+            if dest[i] == MIGRATE and wr[i] and read_mostly[pages[i]]:
+                rm_moved[nrm] = pages[i]
+                nrm += 1
+        rm_moved[:nrm].sort()
+    if nrm:
+        emit_runs(tbl, rb, out, clock, rm_moved, nrm, K_INVALIDATE, 0, source, source, 0, 0.0, 0.0, 0.0, rm_moved,
+                  -1, False)
+    collapse = np.empty(m, np.int64)
+    nc = 0
+    for i in range(m):
+        if dest[i] == COLLAPSE:
+            collapse[nc] = pages[i]
+            nc += 1
+    if nc:   # a write to a read-duplicated page: the other copies go, the host's first, then each device's
+        for q in (HOST, device):
+            qb = bit(q)
+            if qb == g:
+                continue
+            drop_pages = np.empty(nc, np.int64)
+            k = 0
+            for i in range(nc):
+                if state[collapse[i]] & qb:
+                    drop_pages[k] = collapse[i]
+                    k += 1
+            emit_runs(tbl, rb, out, clock, drop_pages, k, K_INVALIDATE, 0, q, q, 0, 0.0, 0.0, 0.0, drop_pages, -1,
+                      False)
+    remote_pages = np.empty(m, np.int64)
+    nr = 0
+    for i in range(m):
+        if dest[i] == REMOTE or dest[i] == POP_REMOTE:
+            remote_pages[nr] = pages[i]
+            nr += 1
+    if nr:
+        cause = R_OUT_OF_MEMORY if lost_any else R_THRASHING if has_pin else R_POLICY
+        emit_runs(tbl, rb, out, clock, remote_pages, nr, K_REMOTE_MAP, cause, HOST if not host else device,
+                  processor, 0, 0.0, 0.0, 0.0, remote_pages, -1, False)
+    # Fault records: one a run of faulted or first-touched pages, reads and writes apart; first-touched
+    # neighbours ride with the writes if there are any.
+    reads = np.empty(m + npop, np.int64)
+    writes = np.empty(m + npop, np.int64)
+    n_reads = n_writes = n_populated = 0
+    for i in range(m):
+        d = dest[i]
+        if d in (POPULATE, POP_REMOTE):
+            n_populated += 1
+        if d == NONE:
+            continue
+        if wr[i]:
+            writes[n_writes] = pages[i]
+            n_writes += 1
+        else:
+            reads[n_reads] = pages[i]
+            n_reads += 1
+    n_populated += npop
+    if npop:
+        if n_writes:
+            writes[n_writes:n_writes + npop] = ex_pop[:npop]
+            n_writes += npop
+            writes[:n_writes].sort()
+        else:
+            reads[n_reads:n_reads + npop] = ex_pop[:npop]
+            n_reads += npop
+            reads[:n_reads].sort()
+    fault_kind = K_CPU_FAULT if host else K_GPU_FAULT
+    nfaulted = m if npop else -1
+    emit_runs(tbl, rb, out, clock, reads, n_reads, fault_kind, A_UNKNOWN if host else A_READ, processor, processor,
+              stream, 0.0, 0.0, 0.0, pages, nfaulted, False)
+    emit_runs(tbl, rb, out, clock, writes, n_writes, fault_kind, A_UNKNOWN if host else kind, processor, processor,
+              stream, 0.0, 0.0, 0.0, pages, nfaulted, False)
+    # -- what the batch costs (R4)
+    if host:
+        # A host write to a ReadMostly page it alone holds only upgrades the read-only mapping: nothing moves.
+        upgrade = ne == 0
+        for i in range(m):
+            upgrade &= dest[i] == COLLAPSE and st0[i] == g
+        seconds = cost[RM_HOST_WRITE_LAT] * m if upgrade else cost[CPU_FAULT_LAT]
+    else:
+        n_written = 0
+        for i in range(m):
+            n_written += wr[i]
+        seconds = cost[BATCH_LAT] + cost[BLOCK_LAT] * nb + m * cost[FAULT_LAT] + n_written * cost[WRITE_LAT]
+    populate_bw = cost[HOST_POPULATE_BW] if host else cost[GPU_POPULATE_BW]
+    # Per range of source pages unmapped (or write-protected): a TLB shootdown, whatever its size.
+    migrated = np.empty(nm + nxm, np.int64)
+    migrated[:nm] = moved[:nm]
+    migrated[nm:] = ex_moved[:nxm]
+    migrated.sort()
+    unmapped_pages = np.empty(nm + nxm, np.int64)
+    rw_dups = np.empty(nd, np.int64)
+    nu = nrw = 0
+    d = 0
+    for q in range(nm + nxm):   # migrated pages but read-only duplicates; the host's read-write ones apart
+        page = migrated[q]
+        while d < nd and dups[d] < page:
+            d += 1
+        is_dup = d < nd and dups[d] == page
+        if is_dup and not writable[page] & sb:
+            continue
+        if is_dup and protected and source == HOST:
+            rw_dups[nrw] = page
+            nrw += 1
+        else:
+            unmapped_pages[nu] = page
+            nu += 1
+    range_cost = block_runs(unmapped_pages, nu) * cost[UNMAP_RUN_LAT] + block_runs(rw_dups, nrw) * \
+        cost[RM_PROTECT_RUN_LAT]
+    seconds += n_populated * PAGE_SIZE / populate_bw + copied // PAGE_SIZE * cost[PAGE_LAT] \
+        + unmapped * cost[UNMAP_LAT] + range_cost + new_chunks * cost[CHUNK_LAT]
+    if protected and source == HOST:   # the host's write access, taken back page by page
+        seconds += protected * cost[RM_PROTECT_LAT]
+    if not host and any_write:
+        # R3 (a): a GPU write taking a ReadMostly page to the writer costs per page.
+        rm_written = nrm
+        for i in range(m):
+            if read_mostly[pages[i]] and wr[i] and (dest[i] == MIGRATE or dest[i] == COLLAPSE):
+                rm_written += 1
+        seconds += rm_written * cost[RM_WRITE_LAT]
+    clock[0] += seconds * 1e9
+    # -- the page table
+    for i in range(m):
+        page, dd = pages[i], dest[i]
+        if dd in (MIGRATE, POPULATE, COLLAPSE):
+            state[page] = g
+            if any_write and read_mostly[page] and wr[i]:
+                writable[page] = g
+        elif dd == DUP:
+            state[page] |= g
+            writable[page] = 0
+        elif dd == POP_REMOTE:
+            pref = preferred[page] if pin[i] == NO_LOCATION else pin[i]
+            state[page] = bit(pref) if pref >= 0 else 1
+        if dd in (REMOTE, POP_REMOTE):
+            remote_map[page] |= g
+        elif dd in (MIGRATE, DUP, POPULATE):
+            remote_map[page] &= ~g
+    for q in range(ne):
+        page = extra[q]
+        if ex_dup[q]:
+            state[page] |= g
+            writable[page] = 0
+        else:
+            state[page] = g
+            if any_write and read_mostly[page]:
+                writable[page] = g
+        remote_map[page] &= ~g
+    if not host:
+        arrived = np.empty(nb, np.int64)
+        migrated_into(mem, arrived, receiving(blocks, nb, pages, dest, m, extra, ne, False, arrived))
+    else:
+        for k in range(nb):
+            release_if_empty(tbl, mem, blocks[k])
+    # R7: migrations caused by faults and the prefetcher feed the detector.
+    if thr[0][T_ENABLED] and nm + nxm:
+        found = np.empty(nm + nxm, np.int64)
+        k = note_migrations(thr, migrated, nm + nxm, processor, np.int64(clock[0]), found)
+        if k:
+            found[:k].sort()
+            emit_runs(tbl, rb, out, clock, found, k, K_THRASHING, 0, processor, processor, 0, 0.0, 0.0, 0.0,
+                      found, -1, False)
+
+
+# -- R9: access counters -----------------------------------------------------------------------------------------
+@_jit
+def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, clock, stats, stream):
+    """One remote access by a GPU: its 2 MiB region's counter; past the threshold the region migrates (serviced as
+    a prefetch-type access: a preferred location elsewhere keeps the data there)."""
+    b = page >> SHIFT
+    counters = tbl[T_COUNTERS]
+    counters[b] += 1
+    if counters[b] < cost[COUNTER_THRESHOLD]:
+        return
+    counters[b] = 0
+    state, g = tbl[T_STATE], bit(processor)
+    lo = b * PAGES
+    n = tbl[T_BLOCK_PAGES][b]
+    move = np.empty(n, np.int64)
+    k = 0
+    for i in range(lo, lo + n):
+        if not state[i] & g and state[i] != 0 and tbl[T_PREFERRED][i] != HOST:
+            move[k] = i
+            k += 1
+    if not k:
+        return
+    protect[b] = mark
+    one = np.full(1, b, np.int64)
+    got = np.empty(1, np.bool_)
+    claim(tbl, mem, one, 1, got, protect, mark, rb, out, clock, cost, False)
+    if not got[0]:
+        return
+    emit_runs(tbl, rb, out, clock, move, k, K_HTOD, C_COUNTERS, HOST, processor, stream, cost[FAULT_HTOD_BW],
+              cost[LINK_K], 0.0, move, -1, True)
+    stats[S_HTOD] += k * PAGE_SIZE
+    for q in range(k):
+        p = move[q]
+        if tbl[T_READ_MOSTLY][p]:
+            state[p] |= g
+            tbl[T_WRITABLE][p] = 0
+        else:
+            state[p] = g
+        tbl[T_REMOTE][p] &= ~g
+    migrated_into(mem, one, 1)
+
+
+# -- R4: a stream of accesses --------------------------------------------------------------------------------------
+@_jit
+def proceeds(tbl, page, write, g, reach):
+    """How an access by the processor with bit ``g`` proceeds: 1 on a local copy (one it may write, for a write),
+    2 through a mapping of a copy it can reach (``reach``: 1 the host's copy, 2 a GPU's, 0 none), 0 it faults.
+    A write to a read-only mapping faults: a duplicate's, or a ReadMostly page's that its holder has not written
+    since the advice or the last duplication."""
+    st = tbl[T_STATE][page]
+    if st & g and not (write and (st != g or (tbl[T_READ_MOSTLY][page] and not tbl[T_WRITABLE][page] & g))):
+        return 1
+    reachable = (st & 1) != 0 if reach == 1 else st > 1 if reach == 2 else False
+    if (tbl[T_ACCESSED_BY][page] | tbl[T_REMOTE][page]) & g and reachable and not st & g:
+        return 2
+    return 0
+
+
+@_jit
+def new_blocks(thr, pages, n):
+    """How many blocks of sorted ``pages[:n]`` have no thrashing state: the slots a batch may need."""
+    count, last = 0, -1
+    for i in range(n):
+        b = pages[i] >> SHIFT
+        if b != last and thr[1][b] < 0:
+            count += 1
+        last = b
+    return count
+
+
+@_jit
+def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, local_read, local_write, remote,
+               bytes_per_access, kind, stream, threshold, protect, marks, rb, out, clock, stats, remote_s):
+    """Run the accesses ``pages[pos:]`` by ``processor`` (``writes``: one flag each, or one for all), in order.
+
+    An access that proceeds costs its bytes: ``local_read``/``local_write`` seconds on a local copy, ``remote``
+    through a mapping (remote writes go the other way over the full-duplex link: their time is kept apart in
+    ``remote_s[1]``, the reads' in ``remote_s[0]``, for the caller to weigh at the stream's end). At a fault the
+    batch is the first ``batch_size`` distinct faulting pages among the next ``in_flight`` accesses, serviced
+    together with one replay (R4); then the faulted accesses proceed. Returns ``(DONE, n)``, or ``(NEED_SLOTS,
+    pos)`` where the thrashing detector must be given more slots before the batch at ``pos`` can be serviced.
+    """
+    n = len(pages)
+    one_flag = len(writes) == 1
+    host = processor == HOST
+    g = bit(processor)
+    reach = 2 if host and cost[CPU_MAPS_GPU] != 0 else 0 if host else 1
+    batch_size = 1 if host else int(cost[BATCH_SIZE])
+    counters = not host and cost[COUNTER_MIGRATION] != 0
+    lru = mem[3][M_POLICY] != FIFO
+    slots = thr[5].shape[0]
+    window = np.empty(in_flight, np.int8)
+    uniq = np.empty(batch_size, np.int64)
+    wpages = np.empty(batch_size, np.bool_)
+    cap = 4
+    while cap < 4 * batch_size:
+        cap *= 2
+    seen = np.full(cap, -1, np.int64)   # an open-addressing set of the batch's pages (index into uniq)
+    while pos < n:
+        # The accesses that proceed, up to the first that cannot.
+        n_local_read = n_local_write = n_remote_read = n_remote_write = 0
+        i = pos
+        while i < n:
+            w = writes[0] if one_flag else writes[i]
+            how = proceeds(tbl, pages[i], w, g, reach)
+            if how == 0:
+                break
+            if how == 1:
+                if w:
+                    n_local_write += 1
+                else:
+                    n_local_read += 1
+            else:
+                if w:
+                    n_remote_write += 1
+                else:
+                    n_remote_read += 1
+                if counters:
+                    count_remote(tbl, mem, thr, cost, pages[i], processor, protect, marks[0] + 1, rb, out, clock,
+                                 stats, stream)
+                    marks[0] += 1
+            if lru and not host:
+                tbl[T_LAST_USE][pages[i] >> SHIFT] = mem[3][M_TICK] + 1
+            i += 1
+        if i > pos:
+            hits(clock, stats, remote_s, n_local_read, n_local_write, n_remote_read, n_remote_write, local_read,
+                 local_write, remote, bytes_per_access)
+            if lru and not host:
+                mem[3][M_TICK] += 1
+        pos = i
+        if pos >= n:
+            break
+        # The batch: the first batch_size distinct faulting pages among the next in_flight accesses.
+        end = min(n, pos + in_flight)
+        seen[:] = -1
+        k = 0
+        cut = end
+        for j in range(pos, end):
+            w = writes[0] if one_flag else writes[j]
+            how = proceeds(tbl, pages[j], w, g, reach)
+            window[j - pos] = how
+            if how:
+                continue
+            h = (pages[j] * 0x9E3779B1) & (len(seen) - 1)
+            while seen[h] >= 0 and uniq[seen[h]] != pages[j]:
+                h = (h + 1) & (len(seen) - 1)
+            if seen[h] >= 0:
+                wpages[seen[h]] |= w
+                continue
+            if k == batch_size:
+                cut = j
+                break
+            seen[h] = k
+            uniq[k] = pages[j]
+            wpages[k] = w
+            k += 1
+        order = np.argsort(uniq[:k])
+        batch = uniq[:k][order]
+        wbatch = wpages[:k][order]
+        if thr[0][T_ENABLED] and thr[0][T_USED] + new_blocks(thr, batch, k) > slots:
+            return NEED_SLOTS, pos
+        marks[0] += 1
+        service(tbl, mem, thr, cost, batch, wbatch, k, processor, kind, stream, threshold, protect, marks[0], rb, out,
+                clock, stats)
+        # The faulted accesses proceed after the replay, some through a new remote mapping.
+        n_local_read = n_local_write = n_remote_read = n_remote_write = 0
+        for j in range(pos, cut):
+            w = writes[0] if one_flag else writes[j]
+            how = window[j - pos]
+            if how == 0:
+                how = 2 if proceeds(tbl, pages[j], False, g, reach) == 2 else 1
+            if how == 2:
+                if w:
+                    n_remote_write += 1
+                else:
+                    n_remote_read += 1
+            elif w:
+                n_local_write += 1
+            else:
+                n_local_read += 1
+            if lru and not host:
+                tbl[T_LAST_USE][pages[j] >> SHIFT] = mem[3][M_TICK] + 1
+        if lru and not host:
+            mem[3][M_TICK] += 1
+        hits(clock, stats, remote_s, n_local_read, n_local_write, n_remote_read, n_remote_write, local_read,
+             local_write, remote, bytes_per_access)
+        pos = cut
+    return DONE, n
+
+
+@_jit
+def hits(clock, stats, remote_s, local_reads, local_writes, remote_reads, remote_writes, local_read, local_write,
+         remote, bytes_per_access):
+    """Accesses that proceed: local ones at memory speed, remote reads over the link now; remote writes go the
+    other way over the link and are weighed at the stream's end."""
+    clock[0] += (local_reads * local_read + local_writes * local_write + remote_reads * remote) * 1e9
+    remote_s[0] += remote_reads * remote
+    remote_s[1] += remote_writes * remote
+    stats[S_REMOTE] += (remote_reads + remote_writes) * bytes_per_access
+
+
+# -- R8: explicit migration (cudaMemPrefetchAsync) --------------------------------------------------------------------
+@_jit
+def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb, out, clock):
+    """R8: move pages ``lo_all .. hi_all - 1`` to ``dst`` block by block, populating untouched pages, evicting as
+    needed (the evictions overlap the refill), skipping pages already there; ReadMostly pages get read-only
+    copies. Resets their thrashing state. Returns the first page not moved, ``hi_all`` when every page was (a
+    GPU full of memory that cannot be evicted stops it)."""
+    state, read_mostly, writable, remote_map = tbl[T_STATE], tbl[T_READ_MOSTLY], tbl[T_WRITABLE], tbl[T_REMOTE]
+    reset_pages(thr, lo_all, hi_all)
+    d = bit(dst)
+    to_host = dst == HOST
+    one = np.empty(1, np.int64)
+    got = np.empty(1, np.bool_)
+    for b in range(lo_all >> SHIFT, ((hi_all - 1) >> SHIFT) + 1):
+        lo, hi = max(lo_all, b * PAGES), min(hi_all, (b + 1) * PAGES)
+        clock[0] += cost[WALK_LAT] * 1e9   # the driver walks every block of the range
+        copy = np.empty(hi - lo, np.int64)
+        n_copy = n_populate = 0
+        source_bits = 0
+        for p in range(lo, hi):
+            st = state[p]
+            if st & d:
+                continue
+            if st == 0:
+                n_populate += 1
+            else:
+                copy[n_copy] = p
+                n_copy += 1
+                source_bits |= st
+        if n_copy == 0 and n_populate == 0:
+            continue
+        if to_host:
+            src = lowest_gpu(source_bits)
+            emit_runs(tbl, rb, out, clock, copy, n_copy, K_DTOH, C_USER, src, HOST, stream, cost[PREFETCH_DTOH_BW],
+                      cost[LINK_K], 0.0, copy, -1, True)
+            clock[0] += n_populate * PAGE_SIZE / cost[HOST_POPULATE_BW] * 1e9
+        else:
+            marks[0] += 1
+            protect[b] = marks[0]
+            one[0] = b
+            _, evicting = claim(tbl, mem, one, 1, got, protect, marks[0], rb, out, clock, cost, True)
+            if not got[0]:
+                return lo
+            copying = emit_runs(tbl, rb, out, clock, copy, n_copy, K_HTOD, C_USER, HOST, dst, stream,
+                                cost[PREFETCH_HTOD_BW], cost[LINK_K], 0.0, copy, -1, True)
+            clock[0] += (max(0.0, evicting - copying) + n_populate * PAGE_SIZE / cost[GPU_POPULATE_BW]) * 1e9
+            for q in range(n_copy):
+                if not read_mostly[copy[q]]:
+                    remote_map[copy[q]] &= ~d
+            migrated_into(mem, one, 1)
+        for p in range(lo, hi):
+            st = state[p]
+            if st & d:
+                continue
+            if st != 0 and read_mostly[p]:
+                state[p] = st | d   # ReadMostly: a copy beside the others, read-only everywhere
+                writable[p] = 0
+            else:
+                state[p] = d        # moved (or first touched) there
+        if to_host:
+            release_if_empty(tbl, mem, b)
+    return hi_all
+
+
+@_jit
+def collapse_duplicates(tbl, mem, lo, hi, devices, rb, out, clock):
+    """UnsetReadMostly on pages ``lo .. hi - 1``: a duplicated page keeps the preferred location's copy if it has
+    one, else the host's; the other copies go, each device's and then the host's (recorded as invalidations)."""
+    state, preferred = tbl[T_STATE], tbl[T_PREFERRED]
+    dropped = np.empty(hi - lo, np.int64)
+    for q in range(devices + 1):
+        processor = q if q < devices else HOST   # the devices first, then the host
+        g = bit(processor)
+        k = 0
+        for p in range(lo, hi):
+            st = state[p]
+            if not st & (st - 1) or not st & g:
+                continue
+            pref = preferred[p]
+            keep = pref if pref != NO_LOCATION and st & bit(pref) else HOST
+            if keep != processor:
+                dropped[k] = p
+                k += 1
+        emit_runs(tbl, rb, out, clock, dropped, k, K_INVALIDATE, 0, processor, processor, 0, 0.0, 0.0, 0.0, dropped,
+                  -1, False)
+        for i in range(k):
+            state[dropped[i]] &= ~g
+    for b in range(lo >> SHIFT, ((hi - 1) >> SHIFT) + 1 if hi > lo else lo >> SHIFT):
+        release_if_empty(tbl, mem, b)
