@@ -30,7 +30,7 @@ try:
     from numba.cuda import IpcHandle as _IpcHandle
     from numba.cuda import MemoryPointer as _MemoryPointer
 except ImportError:   # no Numba: a manager that says so when made
-    _numba_cuda = _IpcHandle = _MemoryPointer = None
+    _numba_cuda = _IpcHandle = _MemoryPointer = None  # type: ignore[assignment,misc]
 
     class _Base:  # type: ignore[no-redef]
         def __init__(self, *args: Any, **kwargs: Any) -> None:

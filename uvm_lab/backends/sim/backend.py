@@ -490,7 +490,8 @@ class SimBackend:
                 raise InvalidArgumentError(f"addresses must be integers, got an array of {a.dtype}", value=a.dtype,
                                            expected="an integer array of byte addresses")
             a = a.astype(np.uint64, copy=False).reshape(-1)
-            w: bool | np.ndarray = writes if flags is None else _write_flags(next(flags, None), len(a), index)
+            w: bool | np.ndarray = writes if isinstance(writes, bool) \
+                else _write_flags(None if flags is None else next(flags, None), len(a), index)
             for lo in range(0, len(a), _STREAM_CHUNK):
                 part = a[lo:lo + _STREAM_CHUNK]
                 out = np.empty(len(part), dtype=np.int64)
@@ -649,7 +650,7 @@ def _read_host(address: int, size: int) -> np.ndarray:
     try:
         done = 0
         while done < size:
-            got = os.preadv(fd, [memoryview(out)[done:]], int(address) + done)
+            got = os.preadv(fd, [memoryview(out.data)[done:]], int(address) + done)
             if got <= 0:
                 raise OSError(errno.EIO, "short read")
             done += got

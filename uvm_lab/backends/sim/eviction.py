@@ -61,10 +61,10 @@ class GpuMemory:
         self.counters[[_C["capacity"], _C["policy"], _C["device"]]] = (capacity_blocks,
                                                                         EVICTION_POLICIES.index(policy), device)
         self.counters[[_C["head"], _C["tail"]]] = -1
-        self._queue = (np.zeros(0, dtype=np.int64),) * 3
+        self._queue: tuple[np.ndarray, ...] = (np.zeros(0, dtype=np.int64),) * 3
 
     @property
-    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def arrays(self) -> tuple[np.ndarray, ...]:
         """The queue (next and previous block, the stamp it was queued with: one each a block of the table) and the
         counters, as :mod:`.core` takes them; grown with the table."""
         nblocks = self.table.nblocks

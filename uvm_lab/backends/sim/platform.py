@@ -261,7 +261,8 @@ class Platform:
                 raise InvalidArgumentError(f"{str(source)!r}: {name} must be a {kind.__name__}"
                                            f"{'' if kind in (bool, str) else ' > 0'}, got {value!r}", value=value,
                                            expected=kind.__name__)
-        return replace(base, **{k: float(v) if type(getattr(base, k)) is float else v for k, v in data.items()})
+        values: dict[str, Any] = {k: float(v) if type(getattr(base, k)) is float else v for k, v in data.items()}
+        return replace(base, **values)
 
 
 #: The layout of a saved profile (:meth:`Platform.save`).
