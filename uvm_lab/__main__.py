@@ -24,7 +24,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if hasattr(os, "geteuid") and os.geteuid() == 0 and "--allow-root" not in args:
         args.append("--allow-root")   # containers and CI machines often run as root; JupyterLab refuses without it
+    prepare_simulator()
     return run_until_stopped([sys.executable, "-m", "jupyterlab", folder, *args])
+
+
+def prepare_simulator() -> None:
+    """Compile the simulated device's core before JupyterLab starts, so that a notebook's first cell does not wait
+    for it; saying so where it takes a while (the first time, about half a minute)."""
+    import threading
+
+    from .backends.sim import prepare
+
+    done = threading.Thread(target=prepare, daemon=True)
+    done.start()
+    done.join(1.0)
+    if done.is_alive():
+        print("uvm_lab: compiling the simulated device's core (once; numba keeps it) ...", file=sys.stderr, flush=True)
+        done.join()
 
 
 # What stops the workbench. JupyterLab stops cleanly on SIGTERM; on SIGINT it would ask first.

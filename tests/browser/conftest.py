@@ -27,7 +27,11 @@ def pytest_collection_modifyitems(items):
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory):
     """A JupyterLab server that loads this checkout's built extension; yields (url, token, root), the url
-    with the base URL."""
+    with the base URL. The simulator's core is compiled first, as ``python -m uvm_lab`` does, so that no test's
+    first cell waits for it."""
+    from uvm_lab.backends.sim import prepare
+
+    prepare()
     try:
         with jupyter_lab(tmp_path_factory.mktemp("lab")) as running:
             yield running

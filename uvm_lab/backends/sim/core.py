@@ -34,10 +34,14 @@ from numba import njit, typeof, types
 
 from ...events.schema import EVENT_DTYPE, AccessType, EventKind, MigrationCause, RemoteMapCause
 
-__all__ = ["COSTS", "MEMORY_COUNTERS", "STATS", "THRASHING_COUNTERS", "claim", "evict_blocks", "migrate",
+__all__ = ["COSTS", "MEMORY_COUNTERS", "STATS", "THRASHING_COUNTERS", "claim", "migrate",
            "release_blocks", "reset_pages", "run_stream"]
 
 _jit = njit(cache=True, nogil=True)
+# Numba compiles a function once for each set of argument types it is called with, and a constant (1, True, or a
+# counter that starts at 0) is a type of its own: these stand for such values, typed as any value of their kind.
+ZERO, ONE = np.zeros(1, np.int64)[0], np.ones(1, np.int64)[0]
+YES, NO = np.ones(1, np.bool_)[0], np.zeros(1, np.bool_)[0]
 
 # The types of the page table's arrays and of the record buffer, for the signatures of the functions that write
 # records: called with literal arguments from many places, numba would otherwise compile one of each per place.
@@ -135,21 +139,25 @@ def link_time(nbytes, bw_max, k):
     return s / (bw_max * (2 / math.pi) * math.atan(k * s / 1024.0))
 
 
-@njit(types.void(_RECORDS, types.int64[::1], types.float64[::1], types.int64, types.int64, types.int64, types.int64,
-                  types.uint64, types.int64, types.int64, types.uint64, types.int64, types.float64, types.boolean),
-      cache=True, nogil=True)
-def emit(rb, out, clock, kind, flags, src, dst, address, nbytes, value, alloc_id, stream, seconds, advance):
-    """Append one record lasting ``seconds`` from now; the clock moves past it where ``advance``."""
+@_jit
+def room(rb, out, n):
+    """The record buffer, grown (doubling) where ``n`` more records would not fit."""
     buf = rb[0]
-    n = out[0]
-    if n >= len(buf):
-        bigger = np.empty(2 * len(buf), buf.dtype)
-        bigger[:n] = buf[:n]
+    if out[0] + n > len(buf):
+        bigger = np.empty(max(2 * len(buf), out[0] + n), buf.dtype)
+        bigger[:out[0]] = buf[:out[0]]
         rb[0] = bigger
         buf = bigger
+    return buf
+
+
+@_jit
+def put(buf, out, clock, kind, flags, src, dst, address, nbytes, value, alloc_id, stream, seconds, advance):
+    """Write one record lasting ``seconds`` from now into ``buf`` (which has room); the clock moves past it where
+    ``advance``."""
     start = clock[0]
     end = start + seconds * 1e9
-    r = buf[n]
+    r = buf[out[0]]
     r.kind = kind
     r.flags = flags
     r.src = src
@@ -162,9 +170,18 @@ def emit(rb, out, clock, kind, flags, src, dst, address, nbytes, value, alloc_id
     r.alloc_id = alloc_id
     r.stream = stream
     r.source = 0
-    out[0] = n + 1
+    out[0] += 1
     if advance:
         clock[0] = end
+
+
+@njit(types.void(_RECORDS, types.int64[::1], types.float64[::1], types.int64, types.int64, types.int64, types.int64,
+                 types.uint64, types.int64, types.int64, types.uint64, types.int64, types.float64, types.boolean),
+      cache=True, nogil=True)
+def emit(rb, out, clock, kind, flags, src, dst, address, nbytes, value, alloc_id, stream, seconds, advance):
+    """Append one record lasting ``seconds`` from now; the clock moves past it where ``advance``."""
+    put(room(rb, out, ONE), out, clock, kind, flags, src, dst, address, nbytes, value, alloc_id, stream, seconds,
+        advance)
 
 
 @_jit
@@ -180,6 +197,9 @@ def emit_runs(tbl, rb, out, clock, pages, n, kind, flags, src, dst, stream, bw, 
     """One record a run of consecutive ``pages[:n]`` (sorted), cut where a block ends. A copy (``bw`` > 0) lasts
     its link time, anything else ``each`` seconds; a fault record's value is how many of ``faulted[:nfaulted]``
     (sorted) it holds, or all its pages where ``nfaulted`` < 0. Returns the records' seconds."""
+    if n == 0:
+        return 0.0
+    buf = room(rb, out, n)   # at most a record a page
     total = 0.0
     i = 0
     f = 0
@@ -201,10 +221,29 @@ def emit_runs(tbl, rb, out, clock, pages, n, kind, flags, src, dst, stream, bw, 
                     value += 1
         seconds = link_time(nbytes, bw, link_k) if bw > 0 else each
         total += seconds
-        emit(rb, out, clock, kind, flags, src, dst, page_address(tbl, pages[i]), nbytes, value,
-             tbl[T_BLOCK_ALLOC][pages[i] >> SHIFT], stream, seconds, advance)
+        put(buf, out, clock, kind, flags, src, dst, page_address(tbl, pages[i]), nbytes, value,
+            tbl[T_BLOCK_ALLOC][pages[i] >> SHIFT], stream, seconds, advance)
         i = j
     return total
+
+
+@_jit
+def merged(a, na, b, nb):
+    """The union of sorted, disjoint ``a[:na]`` and ``b[:nb]``, sorted."""
+    out = np.empty(na + nb, np.int64)
+    i = j = k = 0
+    while i < na and j < nb:
+        if a[i] < b[j]:
+            out[k] = a[i]
+            i += 1
+        else:
+            out[k] = b[j]
+            j += 1
+        k += 1
+    out[k:k + na - i] = a[i:na]
+    k += na - i
+    out[k:k + nb - j] = b[j:nb]
+    return out
 
 
 @_jit
@@ -380,7 +419,7 @@ def claim(tbl, mem, blocks, nblocks, got, protect, mark, rb, out, clock, cost, o
         got[k] = chunk[b]
         if chunk[b]:
             continue
-        ok, evicting = make_room(tbl, mem, 1, protect, mark, rb, out, clock, cost, overlap)
+        ok, evicting = make_room(tbl, mem, ONE, protect, mark, rb, out, clock, cost, overlap)
         seconds += evicting
         if not ok:
             continue
@@ -422,14 +461,6 @@ def release_blocks(tbl, mem, first, n):
     """A segment's blocks ``first .. first + n - 1`` were freed: their chunks go back."""
     for b in range(first, first + n):
         drop(tbl, mem, b)
-
-
-@_jit
-def evict_blocks(tbl, mem, blocks, rb, out, clock, cost):
-    """Evict each of ``blocks`` that holds a chunk, as a full GPU would (for tests and what-ifs)."""
-    for b in blocks:
-        if tbl[T_CHUNK][b]:
-            evict(tbl, mem, b, rb, out, clock, cost, False)
 
 
 # -- R7: thrashing ------------------------------------------------------------------------------------------------
@@ -614,17 +645,16 @@ def region(state, g, base, npages, faulted, thrashing, threshold, whole, out):
     for f in range(npages):
         if not faulted[f]:
             continue
-        best_lo = best_hi = 0
-        size = 1
-        while size <= PAGES:
+        size = PAGES   # the largest dense subtree wins: from the root down, the first one dense enough
+        while size:
             lo = f & ~(size - 1)
             have = min(max(npages - lo, 0), size)
             if (bitmap[lo + size] - bitmap[lo]) * 100 > threshold * have:
-                best_lo, best_hi = lo, min(lo + size, npages)
-            size *= 2
-        if best_hi > best_lo:
-            edges[best_lo] += 1
-            edges[best_hi] -= 1
+                if min(lo + size, npages) > lo:
+                    edges[lo] += 1
+                    edges[min(lo + size, npages)] -= 1
+                break
+            size >>= 1
     k = 0
     inside = 0
     for i in range(npages):
@@ -676,7 +706,7 @@ def prefetch_pages(tbl, thr, pages, dest, m, processor, threshold, blocks, nb, e
             s = thr[1][b] if thr[0][T_USED] else -1
             hot = thr[8][s] if s >= 0 else calm
             npages = tbl[T_BLOCK_PAGES][b]
-            got = region(state, g, base, npages, faulted, hot, threshold, False, lanes)
+            got = region(state, g, base, npages, faulted, hot, threshold, NO, lanes)
             empty = True
             for lane in range(PAGES):
                 if state[base + lane]:
@@ -764,8 +794,10 @@ def receiving(blocks, nb, pages, dest, m, extra, ne, collapsing, out):
 # -- one fault batch -----------------------------------------------------------------------------------------------
 @_jit
 def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshold, protect, mark, rb, out, clock,
-            stats):
-    """Service one batch: distinct sorted ``pages[:m]``, ``wr`` their writes, faulted by ``processor``."""
+            stats, extra):
+    """Service one batch: distinct sorted ``pages[:m]``, ``wr`` their writes, faulted by ``processor``. ``extra``
+    is room for the prefetched pages, a block's worth for each page (kept by the caller: a batch of scattered
+    faults would otherwise ask for a fresh megabyte)."""
     state, read_mostly, preferred, writable = tbl[T_STATE], tbl[T_READ_MOSTLY], tbl[T_PREFERRED], tbl[T_WRITABLE]
     remote_map = tbl[T_REMOTE]
     host = processor == HOST
@@ -793,7 +825,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         has_pin = hints(thr, pages, m, processor, np.int64(now), preferred, reach_all, throttle, pin)
         nap = thr[0][T_NAP]
         throttled = np.empty(m, np.int64)
-        k = 0
+        k = ZERO
         for i in range(m):
             if throttle[i]:
                 throttled[k] = pages[i]
@@ -809,14 +841,13 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         dest[i] = destination(tbl, pages[i], wr[i], processor, g, pin[i], cpu_maps_gpu)
     # -- R5: the density prefetcher grows what comes here
     blocks = np.empty(m, np.int64)
-    nb = 0
+    nb = ZERO
     for i in range(m):
         b = pages[i] >> SHIFT
         if nb == 0 or blocks[nb - 1] != b:
             blocks[nb] = b
             nb += 1
-    extra = np.empty(nb * PAGES, np.int64)
-    ne = prefetch_pages(tbl, thr, pages, dest, m, processor, threshold, blocks, nb, extra) if threshold > 0 else 0
+    ne = prefetch_pages(tbl, thr, pages, dest, m, processor, threshold, blocks, nb, extra) if threshold > 0 else ZERO
     ex_st = np.empty(ne, np.uint8)
     for q in range(ne):
         ex_st[q] = state[extra[q]]
@@ -825,13 +856,13 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     new_chunks = 0
     if not host:
         need = np.empty(nb, np.int64)
-        nn = receiving(blocks, nb, pages, dest, m, extra, ne, True, need)
+        nn = receiving(blocks, nb, pages, dest, m, extra, ne, YES, need)
         if nn:
             for k in range(nn):
                 protect[need[k]] = mark
             got = np.empty(nn, np.bool_)
             before = mem[3][M_EVICTED]
-            new_chunks, _ = claim(tbl, mem, need, nn, got, protect, mark, rb, out, clock, cost, False)
+            new_chunks, _ = claim(tbl, mem, need, nn, got, protect, mark, rb, out, clock, cost, NO)
             stats[S_EVICTIONS] += mem[3][M_EVICTED] - before
             for k in range(nn):
                 if got[k]:
@@ -851,7 +882,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     # -- the changes, and their records
     src_bw = cost[FAULT_DTOH_BW] if host else cost[FAULT_HTOD_BW]
     moved = np.empty(m, np.int64)
-    nm = 0
+    nm = ZERO
     source_bits = 0
     for i in range(m):
         if dest[i] == MIGRATE or dest[i] == DUP:
@@ -864,7 +895,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     ex_dup = np.zeros(ne, np.bool_)
     ex_pop = np.empty(ne, np.int64)
     rm_moved = np.empty(ne + m, np.int64)   # ReadMostly pages moved, not copied: the source's copy goes
-    nxm = npop = nrm = 0
+    nxm = npop = nrm = ZERO
     for q in range(ne):
         if ex_st[q] != 0:
             ex_moved[nxm] = extra[q]
@@ -884,7 +915,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     # The source's mapping changes for a migration (unmapped) and for a duplicate its holder may write (write
     # revoked); a duplicate of a read-only page leaves it alone.
     dups = np.empty(m + ne, np.int64)
-    nd = 0
+    nd = ZERO
     for i in range(m):
         if dest[i] == DUP:
             dups[nd] = pages[i]
@@ -916,7 +947,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         emit_runs(tbl, rb, out, clock, rm_moved, nrm, K_INVALIDATE, 0, source, source, 0, 0.0, 0.0, 0.0, rm_moved,
                   -1, False)
     collapse = np.empty(m, np.int64)
-    nc = 0
+    nc = ZERO
     for i in range(m):
         if dest[i] == COLLAPSE:
             collapse[nc] = pages[i]
@@ -927,7 +958,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
             if qb == g:
                 continue
             drop_pages = np.empty(nc, np.int64)
-            k = 0
+            k = ZERO
             for i in range(nc):
                 if state[collapse[i]] & qb:
                     drop_pages[k] = collapse[i]
@@ -935,7 +966,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
             emit_runs(tbl, rb, out, clock, drop_pages, k, K_INVALIDATE, 0, q, q, 0, 0.0, 0.0, 0.0, drop_pages, -1,
                       False)
     remote_pages = np.empty(m, np.int64)
-    nr = 0
+    nr = ZERO
     for i in range(m):
         if dest[i] == REMOTE or dest[i] == POP_REMOTE:
             remote_pages[nr] = pages[i]
@@ -948,7 +979,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     # neighbours ride with the writes if there are any.
     reads = np.empty(m + npop, np.int64)
     writes = np.empty(m + npop, np.int64)
-    n_reads = n_writes = n_populated = 0
+    n_reads = n_writes = n_populated = ZERO
     for i in range(m):
         d = dest[i]
         if d in (POPULATE, POP_REMOTE):
@@ -964,13 +995,11 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     n_populated += npop
     if npop:
         if n_writes:
-            writes[n_writes:n_writes + npop] = ex_pop[:npop]
+            writes = merged(writes, n_writes, ex_pop, npop)
             n_writes += npop
-            writes[:n_writes].sort()
         else:
-            reads[n_reads:n_reads + npop] = ex_pop[:npop]
+            reads = merged(reads, n_reads, ex_pop, npop)
             n_reads += npop
-            reads[:n_reads].sort()
     fault_kind = K_CPU_FAULT if host else K_GPU_FAULT
     nfaulted = m if npop else -1
     emit_runs(tbl, rb, out, clock, reads, n_reads, fault_kind, A_UNKNOWN if host else A_READ, processor, processor,
@@ -991,10 +1020,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         seconds = cost[BATCH_LAT] + cost[BLOCK_LAT] * nb + m * cost[FAULT_LAT] + n_written * cost[WRITE_LAT]
     populate_bw = cost[HOST_POPULATE_BW] if host else cost[GPU_POPULATE_BW]
     # Per range of source pages unmapped (or write-protected): a TLB shootdown, whatever its size.
-    migrated = np.empty(nm + nxm, np.int64)
-    migrated[:nm] = moved[:nm]
-    migrated[nm:] = ex_moved[:nxm]
-    migrated.sort()
+    migrated = merged(moved, nm, ex_moved, nxm)
     unmapped_pages = np.empty(nm + nxm, np.int64)
     rw_dups = np.empty(nd, np.int64)
     nu = nrw = 0
@@ -1055,7 +1081,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         remote_map[page] &= ~g
     if not host:
         arrived = np.empty(nb, np.int64)
-        migrated_into(mem, arrived, receiving(blocks, nb, pages, dest, m, extra, ne, False, arrived))
+        migrated_into(mem, arrived, receiving(blocks, nb, pages, dest, m, extra, ne, NO, arrived))
     else:
         for k in range(nb):
             release_if_empty(tbl, mem, blocks[k])
@@ -1063,8 +1089,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     if thr[0][T_ENABLED] and nm + nxm:
         found = np.empty(nm + nxm, np.int64)
         k = note_migrations(thr, migrated, nm + nxm, processor, np.int64(clock[0]), found)
-        if k:
-            found[:k].sort()
+        if k:   # in the order of migrated: sorted
             emit_runs(tbl, rb, out, clock, found, k, K_THRASHING, 0, processor, processor, 0, 0.0, 0.0, 0.0,
                       found, -1, False)
 
@@ -1094,7 +1119,7 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
     protect[b] = mark
     one = np.full(1, b, np.int64)
     got = np.empty(1, np.bool_)
-    claim(tbl, mem, one, 1, got, protect, mark, rb, out, clock, cost, False)
+    claim(tbl, mem, one, ONE, got, protect, mark, rb, out, clock, cost, NO)
     if not got[0]:
         return
     emit_runs(tbl, rb, out, clock, move, k, K_HTOD, C_COUNTERS, HOST, processor, stream, cost[FAULT_HTOD_BW],
@@ -1108,7 +1133,7 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
         else:
             state[p] = g
         tbl[T_REMOTE][p] &= ~g
-    migrated_into(mem, one, 1)
+    migrated_into(mem, one, ONE)
 
 
 # -- R4: a stream of accesses --------------------------------------------------------------------------------------
@@ -1167,6 +1192,7 @@ def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, lo
     while cap < 4 * batch_size:
         cap *= 2
     seen = np.full(cap, -1, np.int64)   # an open-addressing set of the batch's pages (index into uniq)
+    extra = np.empty(batch_size * PAGES, np.int64)
     while pos < n:
         # The accesses that proceed, up to the first that cannot.
         n_local_read = n_local_write = n_remote_read = n_remote_write = 0
@@ -1204,7 +1230,7 @@ def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, lo
         # The batch: the first batch_size distinct faulting pages among the next in_flight accesses.
         end = min(n, pos + in_flight)
         seen[:] = -1
-        k = 0
+        k = ZERO
         cut = end
         for j in range(pos, end):
             w = writes[0] if one_flag else writes[j]
@@ -1225,14 +1251,21 @@ def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, lo
             uniq[k] = pages[j]
             wpages[k] = w
             k += 1
-        order = np.argsort(uniq[:k])
-        batch = uniq[:k][order]
-        wbatch = wpages[:k][order]
+        ordered = True
+        for j in range(1, k):
+            if uniq[j] < uniq[j - 1]:
+                ordered = False
+                break
+        if ordered:   # a sweep's faults come in order
+            batch, wbatch = uniq[:k].copy(), wpages[:k].copy()
+        else:
+            order = np.argsort(uniq[:k])
+            batch, wbatch = uniq[:k][order], wpages[:k][order]
         if thr[0][T_ENABLED] and thr[0][T_USED] + new_blocks(thr, batch, k) > slots:
             return NEED_SLOTS, pos
         marks[0] += 1
         service(tbl, mem, thr, cost, batch, wbatch, k, processor, kind, stream, threshold, protect, marks[0], rb, out,
-                clock, stats)
+                clock, stats, extra)
         # The faulted accesses proceed after the replay, some through a new remote mapping.
         n_local_read = n_local_write = n_remote_read = n_remote_write = 0
         for j in range(pos, cut):
@@ -1310,7 +1343,7 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
             marks[0] += 1
             protect[b] = marks[0]
             one[0] = b
-            _, evicting = claim(tbl, mem, one, 1, got, protect, marks[0], rb, out, clock, cost, True)
+            _, evicting = claim(tbl, mem, one, ONE, got, protect, marks[0], rb, out, clock, cost, YES)
             if not got[0]:
                 return lo
             copying = emit_runs(tbl, rb, out, clock, copy, n_copy, K_HTOD, C_USER, HOST, dst, stream,
@@ -1319,7 +1352,7 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
             for q in range(n_copy):
                 if not read_mostly[copy[q]]:
                     remote_map[copy[q]] &= ~d
-            migrated_into(mem, one, 1)
+            migrated_into(mem, one, ONE)
         for p in range(lo, hi):
             st = state[p]
             if st & d:
@@ -1343,7 +1376,7 @@ def collapse_duplicates(tbl, mem, lo, hi, devices, rb, out, clock):
     for q in range(devices + 1):
         processor = q if q < devices else HOST   # the devices first, then the host
         g = bit(processor)
-        k = 0
+        k = ZERO
         for p in range(lo, hi):
             st = state[p]
             if not st & (st - 1) or not st & g:
