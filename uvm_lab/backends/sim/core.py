@@ -10,13 +10,17 @@ The rules (research R1-R11, ``shared/research/uvm-semantics.md``), and the one f
   a block).
 - R3 where a faulting page goes: :func:`destination`.
 - R4 batching: :func:`run_stream` (the first ``batch_size`` distinct faulting pages of the next ``in_flight``
-  accesses, one replay) and :func:`batch_cost` (what a batch costs).
+  accesses, one replay), :func:`service` (one batch, every rule in the driver's order) and
+  :func:`batch_seconds` (what a batch costs); accesses that proceed cost :func:`hits`.
 - R5 the density prefetcher: :func:`region` (one block's tree) and :func:`eligible` (what policy lets it move).
 - R6 eviction: :func:`claim`, :func:`victim` (FIFO by last migration, or the LRU and tree what-ifs) and
   :func:`evict`.
 - R7 thrashing: :func:`note_migrations` (detection), :func:`hints` (throttling and pins), :func:`reset_pages`.
 - R8 explicit migration: :func:`migrate`.
 - R9 access counters: :func:`count_remote`.
+- R10 HMM and ATS: the platform's ``cpu_maps_gpu_memory`` (``COSTS``), read by :func:`destination` and
+  :func:`proceeds` (which accesses proceed through a mapping); ``pageable_memory_access`` in the backend.
+- UnsetReadMostly's collapse of duplicates: :func:`collapse_duplicates`.
 - R11 records: :func:`emit` (one record), :func:`emit_runs` (one a run of pages), :func:`link_time` (a copy's
   time on the size-dependent link).
 
@@ -773,6 +777,30 @@ def destination(tbl, page, write, processor, g, pin, cpu_maps_gpu):
 
 
 @_jit
+def batch_seconds(cost, host, upgrade, m, nb, n_written, n_populated, copied, unmapped, unmapped_runs, protect_runs,
+                  new_chunks, protected, rm_written):
+    """R4: what servicing a batch of ``m`` faults in ``nb`` blocks costs, from what it did. On a GPU: a round trip,
+    a service time per block and per fault, more per written fault; on the host: one fault's time, or a mapping's
+    upgrade per page (``upgrade``). Then per page populated (zero-filled), per page copied and per page whose
+    source mapping changes, per source range unmapped (a TLB shootdown, ``unmapped_runs``) or write-protected for a
+    duplicate (``protect_runs``), per new chunk; per page of the host's write access taken back for a duplicate
+    (``protected``); per ReadMostly page a GPU write takes to the writer (``rm_written``)."""
+    if host:
+        seconds = cost[RM_HOST_WRITE_LAT] * m if upgrade else cost[CPU_FAULT_LAT]
+    else:
+        seconds = cost[BATCH_LAT] + cost[BLOCK_LAT] * nb + m * cost[FAULT_LAT] + n_written * cost[WRITE_LAT]
+    populate_bw = cost[HOST_POPULATE_BW] if host else cost[GPU_POPULATE_BW]
+    range_cost = unmapped_runs * cost[UNMAP_RUN_LAT] + protect_runs * cost[RM_PROTECT_RUN_LAT]
+    seconds += n_populated * PAGE_SIZE / populate_bw + copied * cost[PAGE_LAT] + unmapped * cost[UNMAP_LAT] \
+        + range_cost + new_chunks * cost[CHUNK_LAT]
+    if protected:
+        seconds += protected * cost[RM_PROTECT_LAT]
+    if not host and rm_written:
+        seconds += rm_written * cost[RM_WRITE_LAT]
+    return seconds
+
+
+@_jit
 def receiving(blocks, nb, pages, dest, m, extra, ne, collapsing, out):
     """The blocks of ``blocks[:nb]`` that receive pages here: a faulted page migrating, duplicated or populated
     (``collapsing``: or collapsed) here, or a prefetched one (``pages``, ``extra`` sorted); into ``out``."""
@@ -1007,19 +1035,13 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     emit_runs(tbl, rb, out, clock, writes, n_writes, fault_kind, A_UNKNOWN if host else kind, processor, processor,
               stream, 0.0, 0.0, 0.0, pages, nfaulted, False)
     # -- what the batch costs (R4)
-    if host:
-        # A host write to a ReadMostly page it alone holds only upgrades the read-only mapping: nothing moves.
-        upgrade = ne == 0
-        for i in range(m):
-            upgrade &= dest[i] == COLLAPSE and st0[i] == g
-        seconds = cost[RM_HOST_WRITE_LAT] * m if upgrade else cost[CPU_FAULT_LAT]
-    else:
-        n_written = 0
-        for i in range(m):
-            n_written += wr[i]
-        seconds = cost[BATCH_LAT] + cost[BLOCK_LAT] * nb + m * cost[FAULT_LAT] + n_written * cost[WRITE_LAT]
-    populate_bw = cost[HOST_POPULATE_BW] if host else cost[GPU_POPULATE_BW]
-    # Per range of source pages unmapped (or write-protected): a TLB shootdown, whatever its size.
+    upgrade = host and ne == 0   # a host write to a ReadMostly page it alone holds: only the mapping changes
+    n_written = rm_written = 0
+    for i in range(m):
+        upgrade &= dest[i] == COLLAPSE and st0[i] == g
+        n_written += wr[i]
+        rm_written += read_mostly[pages[i]] and wr[i] and (dest[i] == MIGRATE or dest[i] == COLLAPSE)
+    # The source ranges a migration unmaps, and apart from them the host's ranges write-protected for duplicates.
     migrated = merged(moved, nm, ex_moved, nxm)
     unmapped_pages = np.empty(nm + nxm, np.int64)
     rw_dups = np.empty(nd, np.int64)
@@ -1038,20 +1060,9 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         else:
             unmapped_pages[nu] = page
             nu += 1
-    range_cost = block_runs(unmapped_pages, nu) * cost[UNMAP_RUN_LAT] + block_runs(rw_dups, nrw) * \
-        cost[RM_PROTECT_RUN_LAT]
-    seconds += n_populated * PAGE_SIZE / populate_bw + copied // PAGE_SIZE * cost[PAGE_LAT] \
-        + unmapped * cost[UNMAP_LAT] + range_cost + new_chunks * cost[CHUNK_LAT]
-    if protected and source == HOST:   # the host's write access, taken back page by page
-        seconds += protected * cost[RM_PROTECT_LAT]
-    if not host and any_write:
-        # R3 (a): a GPU write taking a ReadMostly page to the writer costs per page.
-        rm_written = nrm
-        for i in range(m):
-            if read_mostly[pages[i]] and wr[i] and (dest[i] == MIGRATE or dest[i] == COLLAPSE):
-                rm_written += 1
-        seconds += rm_written * cost[RM_WRITE_LAT]
-    clock[0] += seconds * 1e9
+    clock[0] += batch_seconds(cost, host, upgrade, m, nb, n_written, n_populated, nm + nxm, unmapped,
+                              block_runs(unmapped_pages, nu), block_runs(rw_dups, nrw), new_chunks,
+                              protected if source == HOST else 0, rm_written + nrm if any_write else 0) * 1e9
     # -- the page table
     for i in range(m):
         page, dd = pages[i], dest[i]
