@@ -4,6 +4,7 @@
     python benchmarks/sim_calibrate.py RUN.json ... --holdout workload       # and predict each workload unseen
     python benchmarks/sim_calibrate.py RUN.json ... --profile h100.json      # and write the fitted profile
     python benchmarks/sim_calibrate.py --measure out/ --profile h100.json    # on a GPU: time, fit, write, check
+    python benchmarks/sim_calibrate.py RUN.json ... --check x86-pcie5 h100.json  # each profile on each run, no fit
 
 A simulated pass's time is linear in the profile's latencies and inverse bandwidths, for a given trace (the
 costs move the clock, not what happens; thrashing, which watches the clock, does not arise in these runs).
@@ -154,6 +155,19 @@ def measure(folder: Path, size: str, repeats: int) -> tuple[list[str], Path]:
     return [str(catalog)], variants
 
 
+def check_profiles(runs: list[str], profiles: list[str]) -> None:
+    """Print, for each run and each profile, the timed passes the profile predicts within ``TIME_TOL``."""
+    for run in runs:
+        cases, info = load_rows([run])
+        real = np.concatenate([c["real"] for c in cases])
+        timed = real >= MIN_SECONDS
+        device = max(BLOCK_SIZE, int(info["free"]) // BLOCK_SIZE * BLOCK_SIZE)
+        for name in profiles:
+            sim = simulate(cases, get_platform(name), device)
+            agree = int((np.abs(sim[timed] / real[timed] - 1) <= TIME_TOL).sum())
+            print(f"{Path(run).name:40} {Path(name).name:32} within {TIME_TOL:.0%}: {agree}/{int(timed.sum())}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="*", help="sim_vs_gpu.py --json files (the catalog and variants)")
@@ -173,7 +187,15 @@ def main() -> None:
     ap.add_argument("--profile", default=None, metavar="PATH.json",
                     help="write the fitted profile here, for use_backend('sim', platform=PATH.json) anywhere")
     ap.add_argument("--name", default=None, help="the written profile's name (default: the GPU's, from the runs)")
+    ap.add_argument("--check", nargs="+", default=None, metavar="PROFILE",
+                    help="fit nothing: say how many timed passes of each run each profile (a name or a .json file) "
+                         "predicts within 25%%")
     args = ap.parse_args()
+    if args.check:
+        if not args.runs:
+            ap.error("--check needs sim_vs_gpu.py runs")
+        check_profiles(args.runs, args.check)
+        return
     variants = None
     if args.measure:
         args.runs, variants = measure(Path(args.measure), args.size, args.repeats)

@@ -46,3 +46,23 @@ def test_the_fit_finds_costs_that_reproduce_a_machine_the_profile_does_not_descr
     truth = calibrate.simulate(unseen, host, device)
     assert np.abs(calibrate.simulate(unseen, start, device) / truth - 1).max() > 0.2
     np.testing.assert_allclose(calibrate.simulate(unseen, tuned, device), truth, rtol=0.05)
+
+
+def test_check_counts_the_passes_each_profile_predicts(calibrate, tmp_path, capsys):
+    """--check: a run made by one profile is predicted on every timed pass by that profile, and not by another
+    whose fault path is three times as slow."""
+    start = PLATFORMS["x86-pcie5"]
+    slow = start.with_(fault_batch_latency=3 * start.fault_batch_latency, fault_latency=3 * start.fault_latency,
+                       fault_htod_bw=start.fault_htod_bw / 3)
+    cases = _cases(("strided", {"stride": 64 << 10}, "faults"), ("sequential_stream", {}, "faults"))
+    device = 1 << 30
+    times = calibrate.simulate(cases, start, device)
+    run = {"device": "test", "free": device, "size": 32 * MiB, "cases": [
+        {**case, "time": [{"seconds": float(times[i])}]} for i, case in enumerate(cases)]}
+    path = tmp_path / "run.json"
+    path.write_text(__import__("json").dumps(run))
+    profile = slow.save(tmp_path / "slow.json")
+    calibrate.check_profiles([str(path)], ["x86-pcie5", str(profile)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("within 25%: 2/2")
+    assert lines[1].endswith("within 25%: 0/2")
