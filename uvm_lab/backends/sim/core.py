@@ -503,6 +503,16 @@ def clear_slot(thr, s, now):
 
 
 @_jit
+def block_end(pages, n, i):
+    """Where the pages of ``pages[i]``'s block end among sorted ``pages[:n]``."""
+    b = pages[i] >> SHIFT
+    j = i + 1
+    while j < n and pages[j] >> SHIFT == b:
+        j += 1
+    return j
+
+
+@_jit
 def note_migrations(thr, pages, n, dest, now, found):
     """R7 detection: fault- and prefetch-caused migrations of sorted ``pages[:n]`` to ``dest``. A block has state
     once two processors migrated into it within ``lapse``; then a page migrating ``threshold`` times, each within
@@ -517,9 +527,7 @@ def note_migrations(thr, pages, n, dest, now, found):
     i = 0
     while i < n:
         b = pages[i] >> SHIFT
-        j = i
-        while j < n and pages[j] >> SHIFT == b:
-            j += 1
+        j = block_end(pages, n, i)
         s = slot_of[b]
         if s < 0:
             if note_p[b] != NO_LOCATION and note_p[b] != dest and now - note_t[b] <= lapse:
@@ -558,9 +566,7 @@ def hints(thr, pages, n, processor, now, preferred, reach_all, throttle, pin):
     i = 0
     while i < n:
         b = pages[i] >> SHIFT
-        j = i
-        while j < n and pages[j] >> SHIFT == b:
-            j += 1
+        j = block_end(pages, n, i)
         s = slot_of[b]
         if s < 0:
             i = j

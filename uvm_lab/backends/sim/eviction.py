@@ -95,12 +95,3 @@ class GpuMemory:
     def release(self, first: int, nblocks: int) -> None:
         """A segment's blocks were freed: their chunks go back."""
         core.release_blocks(self.table.arrays(), self.arrays, first, nblocks)
-
-    def queue(self) -> list[int]:
-        """The blocks holding chunks, in eviction order (the head goes first)."""
-        nxt, _, _, counters = self.arrays
-        out, b = [], int(counters[_C["head"]])
-        while b >= 0:
-            out.append(b)
-            b = int(nxt[b])
-        return out
