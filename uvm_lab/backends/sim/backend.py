@@ -43,9 +43,11 @@ from .model import BLOCK_SHIFT, NO_LOCATION, EventLog, PageTable, Segment, bit
 from .platform import Platform, get_platform
 from .thrashing import ThrashingDetector
 
-__all__ = ["SimBackend"]
+__all__ = ["MAX_DEVICES", "SimBackend"]
 
 _BASE_ADDRESS = 0x7F00_0000_0000           # where simulated mappings start (looks like a GPU VA)
+#: The most simulated GPUs: a page's residency is one byte, the host's bit and one bit a device.
+MAX_DEVICES = 7
 _ACCESS_TYPES = {"read": AccessType.READ, "write": AccessType.WRITE, "atomic": AccessType.ATOMIC}
 _STREAM_CHUNK = 1 << 20                    # addresses converted to pages at a time
 _TRANSLATE_SLICE = 1 << 15
@@ -91,6 +93,8 @@ class SimBackend:
         ``uvm_perf_prefetch_threshold`` in percent, 1 to 100 (51).
     thrashing
         Thrashing detection, throttling and pinning (``uvm_perf_thrashing_enable``).
+    devices
+        How many GPUs, each with ``device_memory`` of its own (1 to :data:`MAX_DEVICES`).
 
     Raises
     ------
@@ -103,7 +107,7 @@ class SimBackend:
 
     def __init__(self, device_memory: int | str = "16GiB", platform: str | Platform = "x86-pcie5", *,
                  bus: EventBus | None = None, eviction: str = "fifo", prefetcher: bool = True,
-                 prefetch_threshold: int = 51, thrashing: bool = True) -> None:
+                 prefetch_threshold: int = 51, thrashing: bool = True, devices: int = 1) -> None:
         memory = parse_size(device_memory, name="device_memory", allow_zero=False)
         if memory < BLOCK_SIZE:
             raise InvalidArgumentError(f"device_memory must be at least 2 MiB (one VA block), got {device_memory!r}",
@@ -112,6 +116,9 @@ class SimBackend:
                 or not 1 <= prefetch_threshold <= 100:
             raise InvalidArgumentError(f"prefetch_threshold must be an int percentage 1..100, got "
                                        f"{prefetch_threshold!r}", value=prefetch_threshold, expected="1..100")
+        if isinstance(devices, bool) or not isinstance(devices, int) or not 1 <= devices <= MAX_DEVICES:
+            raise InvalidArgumentError(f"devices must be an int from 1 to {MAX_DEVICES}, got {devices!r}",
+                                       value=devices, expected=f"1..{MAX_DEVICES}")
         for flag, value in (("prefetcher", prefetcher), ("thrashing", thrashing)):
             if not isinstance(value, bool):
                 raise InvalidArgumentError(f"{flag} must be True or False, got {value!r}", value=value,
@@ -123,12 +130,11 @@ class SimBackend:
         self.capabilities = Capabilities(managed_memory=True, concurrent_managed_access=True,
                                          pageable_memory_access=self.platform.pageable_memory_access,
                                          memory_pools=True)
-        # One simulated GPU for now; page states are bitmasks so that more can follow.
-        self._devices = 1
+        self._devices = devices
         self._now = 0
         self._segments: dict[int, Segment] = {}
         self._starts: list[int] = []
-        self._table = PageTable()
+        self._table = PageTable(devices)
         self._memory = GpuMemory(self._table, memory // BLOCK_SIZE, eviction)
         self._thrashing = ThrashingDetector(self._table, enabled=thrashing)
         self._engine = FaultEngine(self._table, self._memory, self.platform, self._thrashing,
@@ -159,9 +165,9 @@ class SimBackend:
 
     def mem_info(self, device: int | None = None) -> tuple[int, int]:
         self._check_device(0 if device is None else device)
-        mem = self._memory
-        total = mem.capacity * BLOCK_SIZE
-        return total - (mem.used + mem.pinned) * BLOCK_SIZE, total
+        d = 0 if device is None else device
+        total = self._memory.capacity(d) * BLOCK_SIZE
+        return total - (self._memory.used(d) + self._memory.pinned(d)) * BLOCK_SIZE, total
 
     # -- mapping -----------------------------------------------------------------------------------------
     def allocate(self, size: int, kind: MemoryKind, *, device: int = 0, stream: int = 0) -> int:
@@ -173,11 +179,11 @@ class SimBackend:
             mem = self._memory
             if kind is MemoryKind.DEVICE:
                 need = -(-size // BLOCK_SIZE)
-                if mem.pinned + need > mem.capacity:
+                if mem.pinned(device) + need > mem.capacity(device):
                     free, total = self.mem_info(device)
                     raise OutOfMemoryError(
                         f"cannot allocate {format_bytes(size)} of device memory on simulated device {device}: "
-                        f"{format_bytes(total - mem.pinned * BLOCK_SIZE)} is not held by "
+                        f"{format_bytes(total - mem.pinned(device) * BLOCK_SIZE)} is not held by "
                         f"other device allocations", size=size, free=free, limit=total)
             try:
                 seg = Segment(id=new_alloc_id(), address=_address_space.reserve(size), size=size, kind=kind,
@@ -189,8 +195,8 @@ class SimBackend:
                     f"in this process's memory, and {-(-size // PAGE_SIZE):,} pages do not fit",
                     size=size, free=free, limit=total) from err
             if kind is MemoryKind.DEVICE:
-                self._engine.make_room(need, log)
-                mem.pinned += need
+                self._engine.make_room(device, need, log)
+                mem.pin(device, need)
             self._segments[seg.address] = seg
             bisect.insort(self._starts, seg.address)
             log.add(EventKind.SEGMENT_ALLOC, flags=kind, dst=seg.device, address=seg.address, nbytes=size,
@@ -214,7 +220,7 @@ class SimBackend:
                                       f"(already freed, or never allocated here)",
                                       ptr=ptr if isinstance(ptr, int) else 0)
             if seg.kind is MemoryKind.DEVICE:
-                self._memory.pinned -= seg.nblocks
+                self._memory.pin(seg.device, -seg.nblocks)
             first = seg.base >> BLOCK_SHIFT
             self._memory.release(first, seg.nblocks)
             self._thrashing.forget(first, seg.nblocks)
@@ -524,8 +530,11 @@ class SimBackend:
         """Counters of the model: chunks held and evicted, thrashing blocks tracked."""
         with self._lock:
             mem = self._memory
-            return {"chunks_used": mem.used, "chunks_pinned": mem.pinned, "chunks_total": mem.capacity,
-                    "chunks_evicted": mem.evicted_blocks, "thrashing_blocks": len(self._thrashing.blocks),
+            devices = range(self._devices)
+            return {"chunks_used": sum(mem.used(d) for d in devices),
+                    "chunks_pinned": sum(mem.pinned(d) for d in devices),
+                    "chunks_total": sum(mem.capacity(d) for d in devices),
+                    "chunks_evicted": mem.evicted_blocks(), "thrashing_blocks": len(self._thrashing.blocks),
                     "eviction": mem.policy}
 
     def lend(self, ptr: int, size: int, device: int) -> None:

@@ -50,8 +50,8 @@ YES, NO = np.ones(1, np.bool_)[0], np.zeros(1, np.bool_)[0]
 # The types of the page table's arrays and of the record buffer, for the signatures of the functions that write
 # records: called with literal arguments from many places, numba would otherwise compile one of each per place.
 _TABLE = types.Tuple((types.uint8[::1], types.boolean[::1], types.int8[::1], types.uint8[::1], types.uint8[::1],
-                      types.uint8[::1], types.boolean[::1], types.int64[::1], types.int32[::1], types.uint64[::1],
-                      types.uint64[::1], types.int16[::1]))
+                      types.uint8[::1], types.boolean[:, ::1], types.int64[:, ::1], types.int32[:, ::1],
+                      types.uint64[::1], types.uint64[::1], types.int16[::1]))
 _RECORDS = types.ListType(typeof(np.empty(1, EVENT_DTYPE)))
 
 PAGES = 512          # 4 KiB pages of a 2 MiB VA block (R1)
@@ -264,9 +264,12 @@ def block_runs(pages, n):
 
 
 # -- R6: GPU memory, 2 MiB root chunks, eviction --------------------------------------------------------------------
+# mem: (next, previous, stamp), each (devices, blocks), and the counters, (devices, MEMORY_COUNTERS): row d is device
+# d's queue (a linked list over the blocks holding its chunks) and counters. The page table's chunk and last-use
+# arrays are (devices, blocks) alike.
 @_jit
-def unlink(mem, b):
-    nxt, prv, cnt = mem[0], mem[1], mem[3]
+def unlink(mem, d, b):
+    nxt, prv, cnt = mem[0][d], mem[1][d], mem[3][d]
     p, q = prv[b], nxt[b]
     if p >= 0:
         nxt[p] = q
@@ -280,11 +283,11 @@ def unlink(mem, b):
 
 
 @_jit
-def enqueue(mem, b, stamp):
-    """Put block ``b`` at the tail of the queue (FIFO by last migration, R6), stamped."""
-    nxt, prv, stamps, cnt = mem[0], mem[1], mem[2], mem[3]
+def enqueue(mem, d, b, stamp):
+    """Put block ``b`` at the tail of device ``d``'s queue (FIFO by last migration, R6), stamped."""
+    nxt, prv, stamps, cnt = mem[0][d], mem[1][d], mem[2][d], mem[3][d]
     if nxt[b] != -2:
-        unlink(mem, b)
+        unlink(mem, d, b)
     tail = cnt[M_TAIL]
     prv[b] = tail
     nxt[b] = -1
@@ -297,21 +300,21 @@ def enqueue(mem, b, stamp):
 
 
 @_jit
-def drop(tbl, mem, b):
-    """Give block ``b``'s chunk back (its pages left the GPU, or its segment was freed)."""
-    if tbl[T_CHUNK][b]:
-        tbl[T_CHUNK][b] = False
-        mem[3][M_USED] -= 1
-        if mem[0][b] != -2:
-            unlink(mem, b)
+def drop(tbl, mem, d, b):
+    """Give device ``d``'s chunk of block ``b`` back (its pages left the GPU, or its segment was freed)."""
+    if tbl[T_CHUNK][d, b]:
+        tbl[T_CHUNK][d, b] = False
+        mem[3][d, M_USED] -= 1
+        if mem[0][d, b] != -2:
+            unlink(mem, d, b)
 
 
 @_jit
-def victim(tbl, mem, protect, mark):
-    """The chunk to evict: the head of the queue that the batch does not need (R6's FIFO). Under LRU a chunk
-    touched since it was queued goes round again first; -1 if only protected chunks are left."""
-    nxt, stamps, cnt = mem[0], mem[2], mem[3]
-    last_use = tbl[T_LAST_USE]
+def victim(tbl, mem, d, protect, mark):
+    """The chunk of device ``d`` to evict: the head of its queue that the batch does not need (R6's FIFO). Under LRU
+    a chunk touched since it was queued goes round again first; -1 if only protected chunks are left."""
+    nxt, stamps, cnt = mem[0][d], mem[2][d], mem[3][d]
+    last_use = tbl[T_LAST_USE][d]
     rounds = 0
     while True:
         b = cnt[M_HEAD]
@@ -320,7 +323,7 @@ def victim(tbl, mem, protect, mark):
             following = nxt[b]
             if protect[b] != mark:
                 if cnt[M_POLICY] != FIFO and last_use[b] > stamps[b]:
-                    enqueue(mem, b, last_use[b])   # touched since queued: another round (lazy requeue)
+                    enqueue(mem, d, b, last_use[b])   # touched since queued: another round (lazy requeue)
                     found = -2
                     break
                 return b
@@ -338,13 +341,12 @@ def victim(tbl, mem, protect, mark):
 
 
 @_jit
-def evict(tbl, mem, b, rb, out, clock, cost, overlap):
-    """R6: copy the pages only chunk ``b`` holds back to the host (cause EVICTION), drop its copies of duplicated
-    pages, give the chunk back. On the prefetch path (``overlap``) the copies run beside the refill: they start
-    now and the clock stays; returns their seconds."""
-    state, cnt = tbl[T_STATE], mem[3]
-    device = cnt[M_DEVICE]
-    g = bit(device)
+def evict(tbl, mem, d, b, rb, out, clock, cost, overlap):
+    """R6: copy the pages only device ``d``'s chunk ``b`` holds back to the host (cause EVICTION), drop its copies
+    of duplicated pages, give the chunk back. On the prefetch path (``overlap``) the copies run beside the refill:
+    they start now and the clock stays; returns their seconds."""
+    state = tbl[T_STATE]
+    g = bit(d)
     lo = b * PAGES
     n = tbl[T_BLOCK_PAGES][b]
     only = np.empty(n, np.int64)
@@ -357,26 +359,25 @@ def evict(tbl, mem, b, rb, out, clock, cost, overlap):
         elif state[i] & g:
             copies[n_copies] = i
             n_copies += 1
-    seconds = emit_runs(tbl, rb, out, clock, only, n_only, K_DTOH, C_EVICTION, device, HOST, 0, cost[EVICTION_BW],
+    seconds = emit_runs(tbl, rb, out, clock, only, n_only, K_DTOH, C_EVICTION, d, HOST, 0, cost[EVICTION_BW],
                         cost[LINK_K], 0.0, only, -1, not overlap)
     if not overlap:   # a fault waits for the chunk to be unmapped and given up
         clock[0] += cost[EVICTION_LAT] * 1e9
-    emit_runs(tbl, rb, out, clock, copies, n_copies, K_INVALIDATE, 0, device, device, 0, 0.0, 0.0, 0.0, copies, -1,
-              False)
+    emit_runs(tbl, rb, out, clock, copies, n_copies, K_INVALIDATE, 0, d, d, 0, 0.0, 0.0, 0.0, copies, -1, False)
     for k in range(n_only):
         state[only[k]] = 1
     for k in range(n_copies):
         state[copies[k]] &= ~g
-    drop(tbl, mem, b)
-    cnt[M_EVICTED] += 1
+    drop(tbl, mem, d, b)
+    mem[3][d, M_EVICTED] += 1
     return seconds
 
 
 @_jit
-def pre_evict(tbl, mem, b, protect, mark, rb, out, clock, cost, overlap):
+def pre_evict(tbl, mem, d, b, protect, mark, rb, out, clock, cost, overlap):
     """The "tree" what-if: after evicting ``b``, its buddies under each aligned group of 2 .. 32 chunks of the same
     allocation go too once no more than half the group is still on the GPU."""
-    chunk, alloc = tbl[T_CHUNK], tbl[T_BLOCK_ALLOC]
+    chunk, alloc = tbl[T_CHUNK][d], tbl[T_BLOCK_ALLOC]
     seconds = 0.0
     for level in range(1, TREE_LEVELS + 1):
         lo = b >> level << level
@@ -390,32 +391,32 @@ def pre_evict(tbl, mem, b, protect, mark, rb, out, clock, cost, overlap):
             break
         for c in range(lo, hi):
             if alloc[c] == alloc[b] and chunk[c] and protect[c] != mark:
-                seconds += evict(tbl, mem, c, rb, out, clock, cost, overlap)
+                seconds += evict(tbl, mem, d, c, rb, out, clock, cost, overlap)
     return seconds
 
 
 @_jit
-def make_room(tbl, mem, nblocks, protect, mark, rb, out, clock, cost, overlap):
-    """Evict until ``nblocks`` chunks are free (R6: only when an allocation fails). Returns whether they are (not
-    when only protected or pinned chunks are left) and the seconds of overlapped evictions."""
-    cnt = mem[3]
+def make_room(tbl, mem, d, nblocks, protect, mark, rb, out, clock, cost, overlap):
+    """Evict until ``nblocks`` chunks of device ``d`` are free (R6: only when an allocation fails). Returns whether
+    they are (not when only protected or pinned chunks are left) and the seconds of overlapped evictions."""
+    cnt = mem[3][d]
     seconds = 0.0
     while cnt[M_CAPACITY] - cnt[M_USED] - cnt[M_PINNED] < nblocks:
-        v = victim(tbl, mem, protect, mark)
+        v = victim(tbl, mem, d, protect, mark)
         if v < 0:
             return False, seconds
-        seconds += evict(tbl, mem, v, rb, out, clock, cost, overlap)
+        seconds += evict(tbl, mem, d, v, rb, out, clock, cost, overlap)
         if cnt[M_POLICY] == TREE:
-            seconds += pre_evict(tbl, mem, v, protect, mark, rb, out, clock, cost, overlap)
+            seconds += pre_evict(tbl, mem, d, v, protect, mark, rb, out, clock, cost, overlap)
     return True, seconds
 
 
 @_jit
-def claim(tbl, mem, blocks, nblocks, got, protect, mark, rb, out, clock, cost, overlap):
-    """R1/R6: give each of ``blocks[:nblocks]`` a 2 MiB chunk, evicting as needed; ``got`` says which have one.
-    Blocks marked ``mark`` in ``protect`` (those being serviced) are never victims. Returns how many chunks were
-    new and the seconds of overlapped evictions."""
-    chunk, cnt = tbl[T_CHUNK], mem[3]
+def claim(tbl, mem, d, blocks, nblocks, got, protect, mark, rb, out, clock, cost, overlap):
+    """R1/R6: give each of ``blocks[:nblocks]`` a 2 MiB chunk of device ``d``, evicting as needed; ``got`` says which
+    have one. Blocks marked ``mark`` in ``protect`` (those being serviced) are never victims. Returns how many chunks
+    were new and the seconds of overlapped evictions."""
+    chunk, cnt = tbl[T_CHUNK][d], mem[3][d]
     fresh = 0
     seconds = 0.0
     for k in range(nblocks):
@@ -423,48 +424,54 @@ def claim(tbl, mem, blocks, nblocks, got, protect, mark, rb, out, clock, cost, o
         got[k] = chunk[b]
         if chunk[b]:
             continue
-        ok, evicting = make_room(tbl, mem, ONE, protect, mark, rb, out, clock, cost, overlap)
+        ok, evicting = make_room(tbl, mem, d, ONE, protect, mark, rb, out, clock, cost, overlap)
         seconds += evicting
         if not ok:
             continue
         chunk[b] = True
         cnt[M_USED] += 1
         cnt[M_TICK] += 1
-        enqueue(mem, b, cnt[M_TICK])
-        tbl[T_LAST_USE][b] = cnt[M_TICK]
+        enqueue(mem, d, b, cnt[M_TICK])
+        tbl[T_LAST_USE][d, b] = cnt[M_TICK]
         got[k] = True
         fresh += 1
     return fresh, seconds
 
 
 @_jit
-def migrated_into(mem, blocks, nblocks):
-    """Data migrated into these blocks' chunks: the driver requeues them at the tail (FIFO by migration)."""
-    cnt = mem[3]
+def migrated_into(mem, d, blocks, nblocks):
+    """Data migrated into these blocks' chunks on device ``d``: the driver requeues them at the tail (FIFO by
+    migration)."""
+    cnt = mem[3][d]
     cnt[M_TICK] += 1
     for k in range(nblocks):
-        if mem[0][blocks[k]] != -2:
-            enqueue(mem, blocks[k], cnt[M_TICK])
+        if mem[0][d, blocks[k]] != -2:
+            enqueue(mem, d, blocks[k], cnt[M_TICK])
 
 
 @_jit
 def release_if_empty(tbl, mem, b):
-    """A block whose pages all left the GPU gives its chunk back."""
-    if not tbl[T_CHUNK][b]:
-        return
-    g = bit(mem[3][M_DEVICE])
+    """Each device's chunk of block ``b`` whose pages all left that device goes back."""
     state = tbl[T_STATE]
-    for i in range(b * PAGES, b * PAGES + PAGES):
-        if state[i] & g:
-            return
-    drop(tbl, mem, b)
+    for d in range(tbl[T_CHUNK].shape[0]):
+        if not tbl[T_CHUNK][d, b]:
+            continue
+        g = bit(d)
+        empty = True
+        for i in range(b * PAGES, b * PAGES + PAGES):
+            if state[i] & g:
+                empty = False
+                break
+        if empty:
+            drop(tbl, mem, d, b)
 
 
 @_jit
 def release_blocks(tbl, mem, first, n):
-    """A segment's blocks ``first .. first + n - 1`` were freed: their chunks go back."""
-    for b in range(first, first + n):
-        drop(tbl, mem, b)
+    """A segment's blocks ``first .. first + n - 1`` were freed: their chunks go back, on every device."""
+    for d in range(tbl[T_CHUNK].shape[0]):
+        for b in range(first, first + n):
+            drop(tbl, mem, d, b)
 
 
 # -- R7: thrashing ------------------------------------------------------------------------------------------------
@@ -836,7 +843,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     remote_map = tbl[T_REMOTE]
     host = processor == HOST
     g = bit(processor)
-    device = mem[3][M_DEVICE]
+    devices = tbl[T_CHUNK].shape[0]
     cpu_maps_gpu = cost[CPU_MAPS_GPU] != 0
     now = clock[0]
     stats[S_BATCHES] += 1
@@ -895,9 +902,9 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
             for k in range(nn):
                 protect[need[k]] = mark
             got = np.empty(nn, np.bool_)
-            before = mem[3][M_EVICTED]
-            new_chunks, _ = claim(tbl, mem, need, nn, got, protect, mark, rb, out, clock, cost, NO)
-            stats[S_EVICTIONS] += mem[3][M_EVICTED] - before
+            before = mem[3][processor, M_EVICTED]
+            new_chunks, _ = claim(tbl, mem, processor, need, nn, got, protect, mark, rb, out, clock, cost, NO)
+            stats[S_EVICTIONS] += mem[3][processor, M_EVICTED] - before
             for k in range(nn):
                 if got[k]:
                     continue
@@ -987,7 +994,8 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
             collapse[nc] = pages[i]
             nc += 1
     if nc:   # a write to a read-duplicated page: the other copies go, the host's first, then each device's
-        for q in (HOST, device):
+        for holder in range(-1, devices):   # the host first, then each device
+            q = HOST if holder < 0 else holder
             qb = bit(q)
             if qb == g:
                 continue
@@ -1007,7 +1015,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
             nr += 1
     if nr:
         cause = R_OUT_OF_MEMORY if lost_any else R_THRASHING if has_pin else R_POLICY
-        emit_runs(tbl, rb, out, clock, remote_pages, nr, K_REMOTE_MAP, cause, HOST if not host else device,
+        emit_runs(tbl, rb, out, clock, remote_pages, nr, K_REMOTE_MAP, cause, HOST if not host else source,
                   processor, 0, 0.0, 0.0, 0.0, remote_pages, -1, False)
     # Fault records: one a run of faulted or first-touched pages, reads and writes apart; first-touched
     # neighbours ride with the writes if there are any.
@@ -1098,7 +1106,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         remote_map[page] &= ~g
     if not host:
         arrived = np.empty(nb, np.int64)
-        migrated_into(mem, arrived, receiving(blocks, nb, pages, dest, m, extra, ne, NO, arrived))
+        migrated_into(mem, processor, arrived, receiving(blocks, nb, pages, dest, m, extra, ne, NO, arrived))
     else:
         for k in range(nb):
             release_if_empty(tbl, mem, blocks[k])
@@ -1117,7 +1125,7 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
     """One remote access by a GPU: its 2 MiB region's counter; past the threshold the region migrates (serviced as
     a prefetch-type access: a preferred location elsewhere keeps the data there)."""
     b = page >> SHIFT
-    counters = tbl[T_COUNTERS]
+    counters = tbl[T_COUNTERS][processor]
     counters[b] += 1
     if counters[b] < cost[COUNTER_THRESHOLD]:
         return
@@ -1136,7 +1144,7 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
     protect[b] = mark
     one = np.full(1, b, np.int64)
     got = np.empty(1, np.bool_)
-    claim(tbl, mem, one, ONE, got, protect, mark, rb, out, clock, cost, NO)
+    claim(tbl, mem, processor, one, ONE, got, protect, mark, rb, out, clock, cost, NO)
     if not got[0]:
         return
     emit_runs(tbl, rb, out, clock, move, k, K_HTOD, C_COUNTERS, HOST, processor, stream, cost[FAULT_HTOD_BW],
@@ -1150,7 +1158,7 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
         else:
             state[p] = g
         tbl[T_REMOTE][p] &= ~g
-    migrated_into(mem, one, ONE)
+    migrated_into(mem, processor, one, ONE)
 
 
 # -- R4: a stream of accesses --------------------------------------------------------------------------------------
@@ -1200,7 +1208,7 @@ def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, lo
     reach = 2 if host and cost[CPU_MAPS_GPU] != 0 else 0 if host else 1
     batch_size = 1 if host else int(cost[BATCH_SIZE])
     counters = not host and cost[COUNTER_MIGRATION] != 0
-    lru = mem[3][M_POLICY] != FIFO
+    lru = mem[3][0, M_POLICY] != FIFO
     slots = thr[5].shape[0]
     window = np.empty(in_flight, np.int8)
     uniq = np.empty(batch_size, np.int64)
@@ -1234,13 +1242,13 @@ def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, lo
                                  stats, stream)
                     marks[0] += 1
             if lru and not host:
-                tbl[T_LAST_USE][pages[i] >> SHIFT] = mem[3][M_TICK] + 1
+                tbl[T_LAST_USE][processor, pages[i] >> SHIFT] = mem[3][processor, M_TICK] + 1
             i += 1
         if i > pos:
             hits(clock, stats, remote_s, n_local_read, n_local_write, n_remote_read, n_remote_write, local_read,
                  local_write, remote, bytes_per_access)
             if lru and not host:
-                mem[3][M_TICK] += 1
+                mem[3][processor, M_TICK] += 1
         pos = i
         if pos >= n:
             break
@@ -1300,9 +1308,9 @@ def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, lo
             else:
                 n_local_read += 1
             if lru and not host:
-                tbl[T_LAST_USE][pages[j] >> SHIFT] = mem[3][M_TICK] + 1
+                tbl[T_LAST_USE][processor, pages[j] >> SHIFT] = mem[3][processor, M_TICK] + 1
         if lru and not host:
-            mem[3][M_TICK] += 1
+            mem[3][processor, M_TICK] += 1
         hits(clock, stats, remote_s, n_local_read, n_local_write, n_remote_read, n_remote_write, local_read,
              local_write, remote, bytes_per_access)
         pos = cut
@@ -1360,7 +1368,7 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
             marks[0] += 1
             protect[b] = marks[0]
             one[0] = b
-            _, evicting = claim(tbl, mem, one, ONE, got, protect, marks[0], rb, out, clock, cost, YES)
+            _, evicting = claim(tbl, mem, dst, one, ONE, got, protect, marks[0], rb, out, clock, cost, YES)
             if not got[0]:
                 return lo
             copying = emit_runs(tbl, rb, out, clock, copy, n_copy, K_HTOD, C_USER, HOST, dst, stream,
@@ -1369,7 +1377,7 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
             for q in range(n_copy):
                 if not read_mostly[copy[q]]:
                     remote_map[copy[q]] &= ~d
-            migrated_into(mem, one, ONE)
+            migrated_into(mem, dst, one, ONE)
         for p in range(lo, hi):
             st = state[p]
             if st & d:

@@ -170,13 +170,14 @@ class FaultEngine:
         log.close(records, count, clock)
         return int(stopped)
 
-    def make_room(self, nblocks: int, log: EventLog) -> bool:
-        """Evict until ``nblocks`` chunks are free (for memory that cannot be evicted); False if they cannot be."""
+    def make_room(self, device: int, nblocks: int, log: EventLog) -> bool:
+        """Evict until ``nblocks`` chunks of ``device`` are free (for memory that cannot be evicted); False if they
+        cannot be."""
         protect, marks = self.protect()
         marks[0] += 1
         records, count, clock = log.open()
-        ok, _ = core.make_room(self.table.arrays(), self.memory.arrays, nblocks, protect, marks[0], records, count,
-                               clock, platform_costs(self.platform), False)
+        ok, _ = core.make_room(self.table.arrays(), self.memory.arrays, device, nblocks, protect, marks[0], records,
+                               count, clock, platform_costs(self.platform), False)
         log.close(records, count, clock)
         return bool(ok)
 

@@ -36,62 +36,68 @@ _UNQUEUED = -2
 
 
 class GpuMemory:
-    """One device's memory: capacity in root chunks, who holds them, and the eviction queue.
+    """Every simulated device's memory: capacity in root chunks, who holds them, and each device's eviction queue.
 
     Parameters
     ----------
     table
-        The page table whose blocks hold chunks.
+        The page table whose blocks hold chunks (one row of chunks a device).
     capacity_blocks
-        Root chunks the device has.
+        Root chunks each device has.
     policy
         One of :data:`EVICTION_POLICIES`.
-    device
-        The device ordinal.
     """
 
-    def __init__(self, table: PageTable, capacity_blocks: int, policy: str = "fifo", device: int = 0) -> None:
+    def __init__(self, table: PageTable, capacity_blocks: int, policy: str = "fifo") -> None:
         if policy not in EVICTION_POLICIES:
             raise InvalidArgumentError(f"eviction must be one of {', '.join(EVICTION_POLICIES)}, got {policy!r}",
                                        value=policy, expected=", ".join(EVICTION_POLICIES))
         self.table = table
         self.policy = policy
-        self.device = device
-        self.counters = np.zeros(len(core.MEMORY_COUNTERS), dtype=np.int64)
-        self.counters[[_C["capacity"], _C["policy"], _C["device"]]] = (capacity_blocks,
-                                                                        EVICTION_POLICIES.index(policy), device)
-        self.counters[[_C["head"], _C["tail"]]] = -1
-        self._queue: tuple[np.ndarray, ...] = (np.zeros(0, dtype=np.int64),) * 3
+        devices = table.devices
+        self.counters = np.zeros((devices, len(core.MEMORY_COUNTERS)), dtype=np.int64)
+        self.counters[:, _C["capacity"]] = capacity_blocks
+        self.counters[:, _C["policy"]] = EVICTION_POLICIES.index(policy)
+        self.counters[:, _C["device"]] = np.arange(devices)
+        self.counters[:, [_C["head"], _C["tail"]]] = -1
+        self._queue: tuple[np.ndarray, ...] = (np.zeros((devices, 0), dtype=np.int64),) * 3
 
     @property
     def arrays(self) -> tuple[np.ndarray, ...]:
-        """The queue (next and previous block, the stamp it was queued with: one each a block of the table) and the
-        counters, as :mod:`.core` takes them; grown with the table."""
+        """Each device's queue (next and previous block, the stamp it was queued with: a row a device, an entry a
+        block of the table) and counters, as :mod:`.core` takes them; grown with the table."""
         nblocks = self.table.nblocks
-        if len(self._queue[0]) < nblocks:
-            old = len(self._queue[0])
-            grown = tuple(np.concatenate((a, np.full(nblocks - old, _UNQUEUED if i < 2 else 0, dtype=np.int64)))
-                          for i, a in enumerate(self._queue))
-            self._queue = grown
+        if self._queue[0].shape[1] < nblocks:
+            devices, old = self._queue[0].shape
+            self._queue = tuple(
+                np.concatenate((a, np.full((devices, nblocks - old), _UNQUEUED if i < 2 else 0, dtype=np.int64)),
+                               axis=1) for i, a in enumerate(self._queue))
         return (*self._queue, self.counters)
 
-    capacity = property(lambda self: int(self.counters[_C["capacity"]]))
-    used = property(lambda self: int(self.counters[_C["used"]]), doc="Managed root chunks held.")
-    evicted_blocks = property(lambda self: int(self.counters[_C["evicted"]]))
+    def capacity(self, device: int = 0) -> int:
+        """Root chunks device ``device`` has."""
+        return int(self.counters[device, _C["capacity"]])
 
-    @property
-    def pinned(self) -> int:
-        """Root chunks of cudaMalloc memory: never evicted."""
-        return int(self.counters[_C["pinned"]])
+    def used(self, device: int = 0) -> int:
+        """Managed root chunks device ``device`` holds."""
+        return int(self.counters[device, _C["used"]])
 
-    @pinned.setter
-    def pinned(self, blocks: int) -> None:
-        self.counters[_C["pinned"]] = blocks
+    def pinned(self, device: int = 0) -> int:
+        """Root chunks of device ``device`` held by cudaMalloc memory: never evicted."""
+        return int(self.counters[device, _C["pinned"]])
 
-    @property
-    def free_blocks(self) -> int:
-        return self.capacity - self.used - self.pinned
+    def pin(self, device: int, blocks: int) -> None:
+        """``blocks`` more (or, negative, fewer) root chunks of ``device`` held by cudaMalloc memory."""
+        self.counters[device, _C["pinned"]] += blocks
+
+    def evicted_blocks(self, device: int | None = None) -> int:
+        """Chunks evicted from ``device`` (None: from every device)."""
+        column = self.counters[:, _C["evicted"]]
+        return int(column.sum() if device is None else column[device])
+
+    def free_blocks(self, device: int = 0) -> int:
+        return self.capacity(device) - self.used(device) - self.pinned(device)
 
     def release(self, first: int, nblocks: int) -> None:
-        """A segment's blocks were freed: their chunks go back."""
+        """A segment's blocks were freed: their chunks go back, on every device."""
         core.release_blocks(self.table.arrays(), self.arrays, first, nblocks)

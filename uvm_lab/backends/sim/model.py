@@ -60,7 +60,8 @@ class PageTable:
     block_alloc: np.ndarray
     block_pages: np.ndarray
 
-    def __init__(self) -> None:
+    def __init__(self, devices: int = 1) -> None:
+        self.devices = devices
         self.nblocks = 0
         self._top = 0
         self._free: list[tuple[int, int]] = []      # (first block, blocks), sorted
@@ -80,9 +81,11 @@ class PageTable:
             # map read-only, a write fault maps the writer read-write (R3 (a)). Consulted on ReadMostly pages only.
             "writable": np.zeros(n, dtype=np.uint8),
             "last_prefetch": np.full(n, NO_LOCATION, dtype=np.int8),
-            "chunk": np.zeros(nblocks, dtype=bool),         # a 2 MiB GPU chunk is held (managed only)
-            "last_use": np.zeros(nblocks, dtype=np.int64),  # for LRU-by-access eviction
-            "counters": np.zeros(nblocks, dtype=np.int32),  # access counters (remote accesses per block)
+            # Per device and block: a 2 MiB chunk held (managed memory only); when it was last used (LRU-by-access
+            # eviction); its access counters (remote accesses by that device).
+            "chunk": np.zeros((self.devices, nblocks), dtype=bool),
+            "last_use": np.zeros((self.devices, nblocks), dtype=np.int64),
+            "counters": np.zeros((self.devices, nblocks), dtype=np.int32),
             "block_address": np.zeros(nblocks, dtype=np.uint64),
             "block_alloc": np.zeros(nblocks, dtype=np.uint64),
             "block_pages": np.zeros(nblocks, dtype=np.int16),   # pages that exist in the block (0: free)
@@ -90,7 +93,7 @@ class PageTable:
         if self.nblocks:
             for name, value in fresh.items():
                 old = getattr(self, name)
-                value[: len(old)] = old
+                value[..., :old.shape[-1]] = old
         self.__dict__.update(fresh)
         self.nblocks = nblocks
 
@@ -141,9 +144,9 @@ class PageTable:
         self.writable[sl] = 0
         self.last_prefetch[sl] = NO_LOCATION
         bl = slice(first, first + nblocks)
-        self.chunk[bl] = False
-        self.last_use[bl] = 0
-        self.counters[bl] = 0
+        self.chunk[:, bl] = False
+        self.last_use[:, bl] = 0
+        self.counters[:, bl] = 0
         self.block_pages[bl] = 0
 
     def arrays(self) -> tuple[np.ndarray, ...]:
@@ -196,9 +199,9 @@ class Segment:
 
     @property
     def gpu_blocks(self) -> np.ndarray:
-        """Per 2 MiB block of the segment: whether it holds a GPU chunk."""
+        """Per device and 2 MiB block of the segment: whether the device holds a chunk for it."""
         first = self.base // PAGES_PER_BLOCK
-        return self.table.chunk[first:first + self.nblocks]
+        return self.table.chunk[:, first:first + self.nblocks]
 
     @property
     def npages(self) -> int:
