@@ -32,7 +32,8 @@ def _cuda_backend_class() -> Any | None:
 def use_backend(name: str | Backend = "auto", *, watch: bool | None = None, **options: Any) -> Backend:
     """Make a new backend current and return it.
 
-    ``"sim"`` is the simulated device (options: ``device_memory``, ``platform``); ``"cuda"`` the real
+    ``"sim"`` is the simulated device (options: ``device_memory``, ``platform``, ``devices``: how many GPUs, each
+    with ``device_memory``, and the profile's peer link between them; see ``SimBackend``); ``"cuda"`` the real
     GPU; ``"auto"`` picks ``"cuda"`` where a usable GPU and the CUDA backend are present, else ``"sim"``.
     A backend made earlier (say, the one ``get_backend()`` returned before an experiment made its own) is made
     current again as it is. Resources and buffers made earlier keep the backend they were made on; the current

@@ -8,7 +8,11 @@ The rules (research R1-R11, ``shared/research/uvm-semantics.md``), and the one f
 
 - R1 granularities, R2 first touch: :func:`destination` (a page resident nowhere), :func:`claim` (a 2 MiB chunk
   a block).
-- R3 where a faulting page goes: :func:`destination`.
+- R3 where a faulting page goes: :func:`destination`; which processors' memory each can map (the host's, a
+  peer GPU's where the platform has peer access): :func:`reach_of`.
+- Several GPUs: a copy comes from the host's copy or a peer's (:func:`copy_source`), over the link between them
+  (:func:`copy_kind`, :func:`by_source`: HtoD, DtoH, or DtoD on the profile's ``peer_bw``); each device has its own
+  chunks, queue and evictions (row ``d`` of the memory arrays).
 - R4 batching: :func:`run_stream` (the first ``batch_size`` distinct faulting pages of the next ``in_flight``
   accesses, one replay), :func:`service` (one batch, every rule in the driver's order) and
   :func:`batch_seconds` (what a batch costs); accesses that proceed cost :func:`hits`.
@@ -66,6 +70,7 @@ K_HTOD, K_DTOH = int(EventKind.HTOD), int(EventKind.DTOH)
 K_CPU_FAULT, K_GPU_FAULT = int(EventKind.CPU_PAGE_FAULT), int(EventKind.GPU_PAGE_FAULT)
 K_THRASHING, K_THROTTLING = int(EventKind.THRASHING), int(EventKind.THROTTLING)
 K_REMOTE_MAP, K_INVALIDATE = int(EventKind.REMOTE_MAP), int(EventKind.INVALIDATE)
+K_DTOD = int(EventKind.DTOD)
 C_USER, C_COHERENCE = int(MigrationCause.USER), int(MigrationCause.COHERENCE)
 C_PREFETCH, C_EVICTION = int(MigrationCause.PREFETCH), int(MigrationCause.EVICTION)
 C_COUNTERS = int(MigrationCause.ACCESS_COUNTERS)
@@ -83,11 +88,11 @@ COSTS = ("link_k", "fault_htod_bw", "fault_dtoh_bw", "eviction_bw", "prefetch_ht
          "fault_chunk_latency", "fault_eviction_latency", "cpu_fault_latency", "read_mostly_write_latency",
          "read_mostly_host_write_latency", "read_mostly_protect_latency", "read_mostly_protect_run_latency",
          "prefetch_block_latency", "cpu_maps_gpu_memory", "access_counter_migration", "access_counter_threshold",
-         "fault_batch_size")
+         "fault_batch_size", "peer_bw", "peer_access")
 (LINK_K, FAULT_HTOD_BW, FAULT_DTOH_BW, EVICTION_BW, PREFETCH_HTOD_BW, PREFETCH_DTOH_BW, GPU_POPULATE_BW,
  HOST_POPULATE_BW, BATCH_LAT, BLOCK_LAT, FAULT_LAT, WRITE_LAT, PAGE_LAT, UNMAP_LAT, UNMAP_RUN_LAT, CHUNK_LAT,
  EVICTION_LAT, CPU_FAULT_LAT, RM_WRITE_LAT, RM_HOST_WRITE_LAT, RM_PROTECT_LAT, RM_PROTECT_RUN_LAT, WALK_LAT,
- CPU_MAPS_GPU, COUNTER_MIGRATION, COUNTER_THRESHOLD, BATCH_SIZE) = range(len(COSTS))
+ CPU_MAPS_GPU, COUNTER_MIGRATION, COUNTER_THRESHOLD, BATCH_SIZE, PEER_BW, PEER_ACCESS) = range(len(COSTS))
 
 #: ``GpuMemory``'s counters, in the order of its ``counters`` array.
 MEMORY_COUNTERS = ("capacity", "used", "pinned", "tick", "evicted", "head", "tail", "policy", "device", "overlap")
@@ -104,8 +109,8 @@ THRASHING_COUNTERS = ("enabled", "slots_used", "lapse", "threshold", "pin_thresh
 
 #: A stream's tallies, in the order of ``stats`` (``engine.StreamStats``'s fields).
 STATS = ("accesses", "faults", "batches", "bytes_htod", "bytes_dtoh", "bytes_remote", "bytes_prefetched",
-         "evictions", "throttles")
-(S_ACCESSES, S_FAULTS, S_BATCHES, S_HTOD, S_DTOH, S_REMOTE, S_PREFETCHED, S_EVICTIONS, S_THROTTLES) = \
+         "evictions", "throttles", "bytes_dtod")
+(S_ACCESSES, S_FAULTS, S_BATCHES, S_HTOD, S_DTOH, S_REMOTE, S_PREFETCHED, S_EVICTIONS, S_THROTTLES, S_DTOD) = \
     range(len(STATS))
 
 # What run_stream returns besides the position: done, or stopped for Python to give the thrashing detector room.
@@ -131,6 +136,31 @@ def lowest_gpu(bits):
         gpus >>= 1
         d += 1
     return d
+
+
+@_jit
+def reach_of(processor, devices, cost):
+    """The residency bits of the memory ``processor`` can map: a GPU the host's, and its peers' where the platform
+    has peer access; the host the GPUs' where it can map GPU memory (ATS, C2C)."""
+    gpus = ((1 << (devices + 1)) - 1) & ~1
+    if processor == HOST:
+        return gpus if cost[CPU_MAPS_GPU] != 0 else 0
+    return 1 | (gpus & ~bit(processor) if cost[PEER_ACCESS] != 0 else 0)
+
+
+@_jit
+def copy_source(st, processor):
+    """Where a copy of a page (residency ``st``) to ``processor`` comes from: the host's copy where there is one and
+    a GPU asks, else the lowest GPU holding it."""
+    if processor != HOST and st & 1:
+        return HOST
+    return lowest_gpu(st & ~bit(processor))
+
+
+@_jit
+def copy_kind(src, dst):
+    """The record of a copy from ``src`` to ``dst``."""
+    return K_HTOD if src == HOST else K_DTOH if dst == HOST else K_DTOD
 
 
 # -- records (R11) -------------------------------------------------------------------------------------------------
@@ -751,11 +781,10 @@ def prefetch_pages(tbl, thr, pages, dest, m, processor, threshold, blocks, nb, e
 
 # -- R3: where a faulting page goes ------------------------------------------------------------------------------
 @_jit
-def destination(tbl, page, write, processor, g, pin, cpu_maps_gpu):
+def destination(tbl, page, write, processor, g, pin, reach):
     """R3's ordered rules for one faulting page, first match wins."""
     st = tbl[T_STATE][page]
     pref = tbl[T_PREFERRED][page]
-    host = processor == HOST
     has = st & g
     nowhere = st == 0
     duplicated = st & (st - 1)
@@ -774,12 +803,12 @@ def destination(tbl, page, write, processor, g, pin, cpu_maps_gpu):
             return POPULATE if nowhere else MIGRATE
         return POP_REMOTE if nowhere else REMOTE
     # Can the faulting processor map memory at the preferred location? (x86: the CPU cannot map vidmem.)
-    reach_pref = pref == HOST or (pref >= 0 and cpu_maps_gpu) if host else pref in (processor, HOST)
+    reach_pref = pref == processor or (pref != NO_LOCATION and bit(pref) & reach != 0)
     # (d) resident nowhere: the preferred location if the faulter can reach it, else the faulter (R2).
     if nowhere:
         return POP_REMOTE if pref != NO_LOCATION and reach_pref else POPULATE
     # (e) AccessedBy the faulter, which can reach the current location: map remotely.
-    reach_now = (st & 1) != 0 if not host else (st > 1 and cpu_maps_gpu)
+    reach_now = st & reach != 0
     if tbl[T_ACCESSED_BY][page] & g and reach_now:
         return REMOTE
     # (f) a preferred location the faulter can reach: the data goes (or stays) there, mapped remotely.
@@ -787,6 +816,55 @@ def destination(tbl, page, write, processor, g, pin, cpu_maps_gpu):
         return REMOTE
     # (g) otherwise: migrate to the faulting processor (a write to its own duplicate collapses).
     return COLLAPSE if has else MIGRATE
+
+
+@njit(types.float64(_TABLE, _RECORDS, types.int64[::1], types.float64[::1], types.int64[::1], types.uint8[::1],
+                     types.int64, types.int64, types.int64, types.int64, types.int64, types.float64[::1],
+                     types.boolean, types.int64[::1]), cache=True, nogil=True)
+def by_source(tbl, rb, out, clock, pages, states, n, processor, kind, flags, stream, cost, copying, stats):
+    """Records of ``pages[:n]`` (sorted; ``states``, their residency before), one a run, grouped by where each
+    comes from (:func:`copy_source`): copies to ``processor`` (``copying``: HtoD, DtoH or DtoD by source, each on
+    its link, the clock moving past them, the bytes tallied), or ``kind`` records (a remote map or an invalidation)
+    on each holder. Returns the copies' seconds."""
+    if n == 0:
+        return 0.0
+    devices = tbl[T_CHUNK].shape[0]
+    first = copy_source(states[0], processor)
+    alike = True   # one source for all (one GPU, or a sweep): the pages as they are, no grouping
+    for i in range(1, n):
+        if copy_source(states[i], processor) != first:
+            alike = False
+            break
+    group = pages if alike else np.empty(n, np.int64)
+    seconds = 0.0
+    for holder in range(-1, devices):   # the host first, then each device
+        src = HOST if holder < 0 else holder
+        if alike:
+            k = n if src == first else ZERO
+        else:
+            k = ZERO
+            for i in range(n):
+                if copy_source(states[i], processor) == src:
+                    group[k] = pages[i]
+                    k += 1
+        if k == 0 or src == processor:
+            continue
+        if not copying:
+            dst = processor if kind == K_REMOTE_MAP else src
+            emit_runs(tbl, rb, out, clock, group, k, kind, flags, src, dst, stream, 0.0, 0.0, 0.0, group, -1, False)
+            continue
+        record = copy_kind(src, processor)
+        user = flags == C_USER   # cudaMemPrefetchAsync's copies run at its own rates
+        if record == K_HTOD:
+            bw = cost[PREFETCH_HTOD_BW] if user else cost[FAULT_HTOD_BW]
+        elif record == K_DTOH:
+            bw = cost[PREFETCH_DTOH_BW] if user else cost[FAULT_DTOH_BW]
+        else:
+            bw = cost[PEER_BW]
+        seconds += emit_runs(tbl, rb, out, clock, group, k, record, flags, src, processor, stream, bw, cost[LINK_K],
+                             0.0, group, -1, True)
+        stats[S_HTOD if record == K_HTOD else S_DTOH if record == K_DTOH else S_DTOD] += k * PAGE_SIZE
+    return seconds
 
 
 @_jit
@@ -845,6 +923,8 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     g = bit(processor)
     devices = tbl[T_CHUNK].shape[0]
     cpu_maps_gpu = cost[CPU_MAPS_GPU] != 0
+    peer_access = cost[PEER_ACCESS] != 0
+    reach = reach_of(processor, tbl[T_CHUNK].shape[0], cost)
     now = clock[0]
     stats[S_BATCHES] += 1
     stats[S_FAULTS] += m
@@ -862,7 +942,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         reach_all = np.empty(m, np.bool_)
         for i in range(m):
             pref = preferred[pages[i]]
-            reach_all[i] = pref == HOST or (pref >= 0 and cpu_maps_gpu)
+            reach_all[i] = pref == HOST or (pref >= 0 and cpu_maps_gpu and (devices == 1 or peer_access))
         has_pin = hints(thr, pages, m, processor, np.int64(now), preferred, reach_all, throttle, pin)
         nap = thr[0][T_NAP]
         throttled = np.empty(m, np.int64)
@@ -879,7 +959,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     # -- R3: the destination of each faulting page
     dest = np.empty(m, np.int8)
     for i in range(m):
-        dest[i] = destination(tbl, pages[i], wr[i], processor, g, pin[i], cpu_maps_gpu)
+        dest[i] = destination(tbl, pages[i], wr[i], processor, g, pin[i], reach)
     # -- R5: the density prefetcher grows what comes here
     blocks = np.empty(m, np.int64)
     nb = ZERO
@@ -921,72 +1001,77 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
                         kept += 1
                 ne = kept
     # -- the changes, and their records
-    src_bw = cost[FAULT_DTOH_BW] if host else cost[FAULT_HTOD_BW]
     moved = np.empty(m, np.int64)
+    moved_st = np.empty(m, np.uint8)
     nm = ZERO
-    source_bits = 0
     for i in range(m):
         if dest[i] == MIGRATE or dest[i] == DUP:
             moved[nm] = pages[i]
+            moved_st[nm] = st0[i]
             nm += 1
-            source_bits |= st0[i]
     # Prefetched neighbours take the batch's access type: a write batch moves ReadMostly pages instead of
     # duplicating them (otherwise every following write would fault again on a read-only copy).
     ex_moved = np.empty(ne, np.int64)
+    ex_moved_st = np.empty(ne, np.uint8)
     ex_dup = np.zeros(ne, np.bool_)
     ex_pop = np.empty(ne, np.int64)
     rm_moved = np.empty(ne + m, np.int64)   # ReadMostly pages moved, not copied: the source's copy goes
+    rm_st = np.empty(ne + m, np.uint8)
     nxm = npop = nrm = ZERO
     for q in range(ne):
         if ex_st[q] != 0:
             ex_moved[nxm] = extra[q]
+            ex_moved_st[nxm] = ex_st[q]
             nxm += 1
-            source_bits |= ex_st[q]
             if read_mostly[extra[q]]:
                 if any_write:
                     rm_moved[nrm] = extra[q]
+                    rm_st[nrm] = ex_st[q]
                     nrm += 1
                 else:
                     ex_dup[q] = True
         else:
             ex_pop[npop] = extra[q]
             npop += 1
-    source = HOST if not host else lowest_gpu(source_bits)
-    sb = bit(source)
     # The source's mapping changes for a migration (unmapped) and for a duplicate its holder may write (write
-    # revoked); a duplicate of a read-only page leaves it alone.
+    # revoked); a duplicate of a read-only page leaves it alone. The host's write access taken back costs apart.
     dups = np.empty(m + ne, np.int64)
+    dups_st = np.empty(m + ne, np.uint8)
     nd = ZERO
     for i in range(m):
         if dest[i] == DUP:
             dups[nd] = pages[i]
+            dups_st[nd] = st0[i]
             nd += 1
     for q in range(ne):
         if ex_dup[q]:
             dups[nd] = extra[q]
+            dups_st[nd] = ex_st[q]
             nd += 1
-    dups[:nd].sort()
-    protected = 0
+    if nd > 1:
+        order = np.argsort(dups[:nd])
+        dups, dups_st = dups[:nd][order], dups_st[:nd][order]
+    protected = protected_host = 0
     for q in range(nd):
-        if writable[dups[q]] & sb:
+        src = copy_source(dups_st[q], processor)
+        if writable[dups[q]] & bit(src):
             protected += 1
+            protected_host += src == HOST
     unmapped = nm + nxm - nd + protected
-    moved_s = emit_runs(tbl, rb, out, clock, moved, nm, K_DTOH if host else K_HTOD, C_COHERENCE, source, processor,
-                        stream, src_bw, cost[LINK_K], 0.0, moved, -1, True)
-    moved_s += emit_runs(tbl, rb, out, clock, ex_moved, nxm, K_DTOH if host else K_HTOD, C_PREFETCH, source,
-                         processor, stream, src_bw, cost[LINK_K], 0.0, ex_moved, -1, True)
-    copied = (nm + nxm) * PAGE_SIZE
-    stats[S_DTOH if host else S_HTOD] += copied
+    by_source(tbl, rb, out, clock, moved, moved_st, nm, processor, K_HTOD, C_COHERENCE, stream, cost, YES, stats)
+    by_source(tbl, rb, out, clock, ex_moved, ex_moved_st, nxm, processor, K_HTOD, C_PREFETCH, stream, cost, YES,
+              stats)
     stats[S_PREFETCHED] += nxm * PAGE_SIZE
     if host and any_write:   # a host write moves a ReadMostly page: its fault record cannot say "write"
         for i in range(m):
             if dest[i] == MIGRATE and wr[i] and read_mostly[pages[i]]:
                 rm_moved[nrm] = pages[i]
+                rm_st[nrm] = st0[i]
                 nrm += 1
-        rm_moved[:nrm].sort()
-    if nrm:
-        emit_runs(tbl, rb, out, clock, rm_moved, nrm, K_INVALIDATE, 0, source, source, 0, 0.0, 0.0, 0.0, rm_moved,
-                  -1, False)
+        if nrm > 1:
+            order = np.argsort(rm_moved[:nrm])
+            rm_moved, rm_st = rm_moved[:nrm][order], rm_st[:nrm][order]
+    by_source(tbl, rb, out, clock, rm_moved, rm_st, nrm, processor, K_INVALIDATE, 0, 0, cost, NO, stats)
     collapse = np.empty(m, np.int64)
     nc = ZERO
     for i in range(m):
@@ -1008,15 +1093,18 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
             emit_runs(tbl, rb, out, clock, drop_pages, k, K_INVALIDATE, 0, q, q, 0, 0.0, 0.0, 0.0, drop_pages, -1,
                       False)
     remote_pages = np.empty(m, np.int64)
+    remote_st = np.empty(m, np.uint8)   # where each is mapped from: where it is, or where it is first touched
     nr = ZERO
     for i in range(m):
         if dest[i] == REMOTE or dest[i] == POP_REMOTE:
             remote_pages[nr] = pages[i]
+            where = preferred[pages[i]] if pin[i] == NO_LOCATION else pin[i]
+            remote_st[nr] = st0[i] if dest[i] == REMOTE else bit(where) if where >= 0 else 1
             nr += 1
     if nr:
         cause = R_OUT_OF_MEMORY if lost_any else R_THRASHING if has_pin else R_POLICY
-        emit_runs(tbl, rb, out, clock, remote_pages, nr, K_REMOTE_MAP, cause, HOST if not host else source,
-                  processor, 0, 0.0, 0.0, 0.0, remote_pages, -1, False)
+        by_source(tbl, rb, out, clock, remote_pages, remote_st, nr, processor, K_REMOTE_MAP, cause, 0, cost, NO,
+                  stats)
     # Fault records: one a run of faulted or first-touched pages, reads and writes apart; first-touched
     # neighbours ride with the writes if there are any.
     reads = np.empty(m + npop, np.int64)
@@ -1066,9 +1154,10 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
         while d < nd and dups[d] < page:
             d += 1
         is_dup = d < nd and dups[d] == page
-        if is_dup and not writable[page] & sb:
+        src = copy_source(dups_st[d], processor) if is_dup else HOST
+        if is_dup and not writable[page] & bit(src):
             continue
-        if is_dup and protected and source == HOST:
+        if is_dup and src == HOST:
             rw_dups[nrw] = page
             nrw += 1
         else:
@@ -1076,7 +1165,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
             nu += 1
     clock[0] += batch_seconds(cost, host, upgrade, m, nb, n_written, n_populated, nm + nxm, unmapped,
                               block_runs(unmapped_pages, nu), block_runs(rw_dups, nrw), new_chunks,
-                              protected if source == HOST else 0, rm_written + nrm if any_write else 0) * 1e9
+                              protected_host, rm_written + nrm if any_write else 0) * 1e9
     # -- the page table
     for i in range(m):
         page, dd = pages[i], dest[i]
@@ -1107,7 +1196,7 @@ def service(tbl, mem, thr, cost, pages, wr, m, processor, kind, stream, threshol
     if not host:
         arrived = np.empty(nb, np.int64)
         migrated_into(mem, processor, arrived, receiving(blocks, nb, pages, dest, m, extra, ne, NO, arrived))
-    else:
+    if host or devices > 1:   # the chunks of the devices the pages left
         for k in range(nb):
             release_if_empty(tbl, mem, blocks[k])
     # R7: migrations caused by faults and the prefetcher feed the detector.
@@ -1134,10 +1223,12 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
     lo = b * PAGES
     n = tbl[T_BLOCK_PAGES][b]
     move = np.empty(n, np.int64)
-    k = 0
+    move_st = np.empty(n, np.uint8)
+    k = ZERO
     for i in range(lo, lo + n):
         if not state[i] & g and state[i] != 0 and tbl[T_PREFERRED][i] != HOST:
             move[k] = i
+            move_st[k] = state[i]
             k += 1
     if not k:
         return
@@ -1147,9 +1238,7 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
     claim(tbl, mem, processor, one, ONE, got, protect, mark, rb, out, clock, cost, NO)
     if not got[0]:
         return
-    emit_runs(tbl, rb, out, clock, move, k, K_HTOD, C_COUNTERS, HOST, processor, stream, cost[FAULT_HTOD_BW],
-              cost[LINK_K], 0.0, move, -1, True)
-    stats[S_HTOD] += k * PAGE_SIZE
+    by_source(tbl, rb, out, clock, move, move_st, k, processor, K_HTOD, C_COUNTERS, stream, cost, YES, stats)
     for q in range(k):
         p = move[q]
         if tbl[T_READ_MOSTLY][p]:
@@ -1165,14 +1254,13 @@ def count_remote(tbl, mem, thr, cost, page, processor, protect, mark, rb, out, c
 @_jit
 def proceeds(tbl, page, write, g, reach):
     """How an access by the processor with bit ``g`` proceeds: 1 on a local copy (one it may write, for a write),
-    2 through a mapping of a copy it can reach (``reach``: 1 the host's copy, 2 a GPU's, 0 none), 0 it faults.
+    2 through a mapping of a copy it can reach (one whose holder's bit is in ``reach``), 0 it faults.
     A write to a read-only mapping faults: a duplicate's, or a ReadMostly page's that its holder has not written
     since the advice or the last duplication."""
     st = tbl[T_STATE][page]
     if st & g and not (write and (st != g or (tbl[T_READ_MOSTLY][page] and not tbl[T_WRITABLE][page] & g))):
         return 1
-    reachable = (st & 1) != 0 if reach == 1 else st > 1 if reach == 2 else False
-    if (tbl[T_ACCESSED_BY][page] | tbl[T_REMOTE][page]) & g and reachable and not st & g:
+    if (tbl[T_ACCESSED_BY][page] | tbl[T_REMOTE][page]) & g and st & reach and not st & g:
         return 2
     return 0
 
@@ -1205,7 +1293,7 @@ def run_stream(tbl, mem, thr, cost, pages, writes, pos, processor, in_flight, lo
     one_flag = len(writes) == 1
     host = processor == HOST
     g = bit(processor)
-    reach = 2 if host and cost[CPU_MAPS_GPU] != 0 else 0 if host else 1
+    reach = reach_of(processor, tbl[T_CHUNK].shape[0], cost)
     batch_size = 1 if host else int(cost[BATCH_SIZE])
     counters = not host and cost[COUNTER_MIGRATION] != 0
     lru = mem[3][0, M_POLICY] != FIFO
@@ -1341,12 +1429,13 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
     to_host = dst == HOST
     one = np.empty(1, np.int64)
     got = np.empty(1, np.bool_)
+    tally = np.zeros(len(STATS), np.int64)   # a prefetch's bytes are in its records; no stream tallies them
     for b in range(lo_all >> SHIFT, ((hi_all - 1) >> SHIFT) + 1):
         lo, hi = max(lo_all, b * PAGES), min(hi_all, (b + 1) * PAGES)
         clock[0] += cost[WALK_LAT] * 1e9   # the driver walks every block of the range
         copy = np.empty(hi - lo, np.int64)
-        n_copy = n_populate = 0
-        source_bits = 0
+        copy_st = np.empty(hi - lo, np.uint8)
+        n_copy = n_populate = ZERO
         for p in range(lo, hi):
             st = state[p]
             if st & d:
@@ -1355,14 +1444,12 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
                 n_populate += 1
             else:
                 copy[n_copy] = p
+                copy_st[n_copy] = st
                 n_copy += 1
-                source_bits |= st
         if n_copy == 0 and n_populate == 0:
             continue
         if to_host:
-            src = lowest_gpu(source_bits)
-            emit_runs(tbl, rb, out, clock, copy, n_copy, K_DTOH, C_USER, src, HOST, stream, cost[PREFETCH_DTOH_BW],
-                      cost[LINK_K], 0.0, copy, -1, True)
+            by_source(tbl, rb, out, clock, copy, copy_st, n_copy, dst, K_DTOH, C_USER, stream, cost, YES, tally)
             clock[0] += n_populate * PAGE_SIZE / cost[HOST_POPULATE_BW] * 1e9
         else:
             marks[0] += 1
@@ -1371,8 +1458,8 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
             _, evicting = claim(tbl, mem, dst, one, ONE, got, protect, marks[0], rb, out, clock, cost, YES)
             if not got[0]:
                 return lo
-            copying = emit_runs(tbl, rb, out, clock, copy, n_copy, K_HTOD, C_USER, HOST, dst, stream,
-                                cost[PREFETCH_HTOD_BW], cost[LINK_K], 0.0, copy, -1, True)
+            copying = by_source(tbl, rb, out, clock, copy, copy_st, n_copy, dst, K_HTOD, C_USER, stream, cost, YES,
+                                tally)
             clock[0] += (max(0.0, evicting - copying) + n_populate * PAGE_SIZE / cost[GPU_POPULATE_BW]) * 1e9
             for q in range(n_copy):
                 if not read_mostly[copy[q]]:
@@ -1387,7 +1474,7 @@ def migrate(tbl, mem, thr, cost, lo_all, hi_all, dst, stream, protect, marks, rb
                 writable[p] = 0
             else:
                 state[p] = d        # moved (or first touched) there
-        if to_host:
+        if to_host or (n_copy and tbl[T_CHUNK].shape[0] > 1):   # the chunks of the devices the pages left
             release_if_empty(tbl, mem, b)
     return hi_all
 

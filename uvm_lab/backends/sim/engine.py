@@ -57,6 +57,7 @@ class StreamStats:
     bytes_prefetched: int = 0
     evictions: int = 0
     throttles: int = 0
+    bytes_dtod: int = 0          #: copied between GPUs, on the peer link
     seconds: float = 0.0
 
 

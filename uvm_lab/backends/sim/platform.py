@@ -173,6 +173,12 @@ class Platform:
     touch_read_bw: float = 0.73e12
     touch_write_bw: float = 0.546e12    #: see ``touch_read_bw``
     touch_atomic_bw: float = 1.28e12    #: see ``touch_read_bw``
+    #: Copies between two GPUs of one host (a fault's or a prefetch's, DtoD): PCIe peer-to-peer through the root
+    #: complex here, NVLink in ``x86-nvlink``. Not measured yet: a typical gen5 peer copy.
+    peer_bw: float = 40e9
+    #: Whether a GPU can map a peer's memory (peer access): AccessedBy and PreferredLocation on another GPU then
+    #: map it remotely instead of migrating it (R3 (e), (f)).
+    peer_access: bool = True
     #: Per fault a GPU batch services (reading, sorting and de-duplicating its fault buffer entry): a read every
     #: 16 KiB (65,536 faults) took 79.6 ms on the H200 where one every 64 KiB (16,384 faults) moving the same
     #: bytes in the same ranges took 45-50 ms.
@@ -314,6 +320,10 @@ PLATFORMS: dict[str, Platform] = {
         # The UVMSmart GTX 1080 Ti model: PCIe3 at about 12 GB/s, 45 us per far fault.
         _scaled("x86-pcie3", "x86-64 host, one GPU on PCIe gen3 x16 (UVMSmart's 1080 Ti fit; not calibrated)",
                 11.22e9 / 50.5e9, fault_block_latency=45e-6, gpu_memory_bw=0.48e12),
+        replace(_PCIE5, name="x86-nvlink",
+                description="x86-64 host, GPUs on PCIe gen5 x16 joined by NVLink, as H100 pairs are (peer copies at "
+                            "NVLink's published rate; not calibrated)",
+                peer_bw=300e9, calibrated=False),
         replace(_PCIE5, name="gh200-ats",
                 description="Grace Hopper: NVLink-C2C, ATS, access-counter migration (published figures; "
                             "not calibrated)",
