@@ -174,7 +174,8 @@ class Platform:
     touch_write_bw: float = 0.546e12    #: see ``touch_read_bw``
     touch_atomic_bw: float = 1.28e12    #: see ``touch_read_bw``
     #: Copies between two GPUs of one host (a fault's or a prefetch's, DtoD): PCIe peer-to-peer through the root
-    #: complex here, NVLink in ``x86-nvlink``. Not measured yet: a typical gen5 peer copy.
+    #: complex here (not measured: a typical gen5 peer copy), NVLink in ``x86-nvlink`` (the driver's migration
+    #: rate between two NVLinked H100s, far under the link's own: ``benchmarks/sim_peer.py``).
     peer_bw: float = 40e9
     #: Whether a GPU can map a peer's memory (peer access): AccessedBy and PreferredLocation on another GPU then
     #: map it remotely instead of migrating it (R3 (e), (f)).
@@ -322,8 +323,8 @@ PLATFORMS: dict[str, Platform] = {
                 11.22e9 / 50.5e9, fault_block_latency=45e-6, gpu_memory_bw=0.48e12),
         replace(_PCIE5, name="x86-nvlink",
                 description="x86-64 host, GPUs on PCIe gen5 x16 joined by NVLink, as H100 pairs are (peer copies at "
-                            "NVLink's published rate; not calibrated)",
-                peer_bw=300e9, calibrated=False),
+                            "the rate prefetches ran between two NVLinked H100s; the rest is x86-pcie5's)",
+                peer_bw=55e9, calibrated=False),
         replace(_PCIE5, name="gh200-ats",
                 description="Grace Hopper: NVLink-C2C, ATS, access-counter migration (published figures; "
                             "not calibrated)",
