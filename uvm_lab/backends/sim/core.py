@@ -4,7 +4,7 @@ This module is the simulator. It is written in the subset of Python that numba c
 and numba compiles it on first use (kept in numba's cache after that). With ``NUMBA_DISABLE_JIT=1`` the same
 source runs as plain Python: slow, but the one specification, readable line by line.
 
-The rules (research R1-R11, ``shared/research/uvm-semantics.md``), and the one function for each:
+The driver's rules (R1-R11, as the project's research on the UVM driver numbers them), and the one function for each:
 
 - R1 granularities, R2 first touch: :func:`destination` (a page resident nowhere), :func:`claim` (a 2 MiB chunk
   a block).
@@ -16,14 +16,15 @@ The rules (research R1-R11, ``shared/research/uvm-semantics.md``), and the one f
 - R4 batching: :func:`run_stream` (the first ``batch_size`` distinct faulting pages of the next ``in_flight``
   accesses, one replay), :func:`service` (one batch, every rule in the driver's order) and
   :func:`batch_seconds` (what a batch costs); accesses that proceed cost :func:`hits`.
-- R5 the density prefetcher: :func:`region` (one block's tree) and :func:`eligible` (what policy lets it move).
-- R6 eviction: :func:`claim`, :func:`victim` (FIFO by last migration, or the LRU and tree what-ifs) and
-  :func:`evict`.
+- R5 the density prefetcher: :func:`region` (one block's tree), :func:`eligible` (what policy lets it move) and
+  :func:`prefetch_pages` (a batch's blocks).
+- R6 eviction: :func:`claim`, :func:`make_room`, :func:`victim` (FIFO by last migration, or the LRU and tree
+  what-ifs) and :func:`evict`.
 - R7 thrashing: :func:`note_migrations` (detection), :func:`hints` (throttling and pins), :func:`reset_pages`.
 - R8 explicit migration: :func:`migrate`.
 - R9 access counters: :func:`count_remote`.
-- R10 HMM and ATS: the platform's ``cpu_maps_gpu_memory`` (``COSTS``), read by :func:`destination` and
-  :func:`proceeds` (which accesses proceed through a mapping); ``pageable_memory_access`` in the backend.
+- R10 HMM and ATS: the platform's ``cpu_maps_gpu_memory`` (``COSTS``), in :func:`reach_of`, which
+  :func:`destination` and :func:`proceeds` ask; ``pageable_memory_access`` in the backend.
 - UnsetReadMostly's collapse of duplicates: :func:`collapse_duplicates`.
 - R11 records: :func:`emit` (one record), :func:`emit_runs` (one a run of pages), :func:`link_time` (a copy's
   time on the size-dependent link).
