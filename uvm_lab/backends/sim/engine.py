@@ -24,6 +24,7 @@ All of it is :mod:`.core`'s, compiled; this sets a stream up and takes its recor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, fields
 
@@ -62,24 +63,19 @@ class StreamStats:
 
 
 assert [f.name for f in fields(StreamStats)][:-1] == list(core.STATS)
-_COSTS: dict[int, tuple[Platform, np.ndarray]] = {}
-
-
+@functools.lru_cache(maxsize=32)   # a calibration makes hundreds of profiles: the last few are kept
 def platform_costs(p: Platform) -> np.ndarray:
     """The platform's costs as :mod:`.core` takes them (``core.COSTS``)."""
-    held = _COSTS.get(id(p))
-    if held is None or held[0] is not p:
-        held = _COSTS[id(p)] = (p, np.array([float(getattr(p, name)) for name in core.COSTS]))
-    return held[1]
+    return np.array([float(getattr(p, name)) for name in core.COSTS])
 
 
 class FaultEngine:
-    """Runs access streams on one page table with one device's memory.
+    """Runs access streams on one page table with the devices' memory.
 
     Parameters
     ----------
     table, memory, platform, thrashing
-        The page table, the device's memory (chunks and eviction), the costs, the thrashing detector.
+        The page table, the devices' memory (chunks and eviction), the costs, the thrashing detector.
     prefetch
         ``uvm_perf_prefetch_enable``: with it off, a fault moves its own page only.
     prefetch_threshold
