@@ -166,8 +166,7 @@ class SimBackend:
     def mem_info(self, device: int | None = None) -> tuple[int, int]:
         self._check_device(0 if device is None else device)
         d = 0 if device is None else device
-        total = self._memory.capacity(d) * BLOCK_SIZE
-        return total - (self._memory.used(d) + self._memory.pinned(d)) * BLOCK_SIZE, total
+        return self._memory.free_blocks(d) * BLOCK_SIZE, self._memory.capacity(d) * BLOCK_SIZE
 
     # -- mapping -----------------------------------------------------------------------------------------
     def allocate(self, size: int, kind: MemoryKind, *, device: int = 0, stream: int = 0) -> int:

@@ -96,8 +96,8 @@ COSTS = ("link_k", "fault_htod_bw", "fault_dtoh_bw", "eviction_bw", "prefetch_ht
  CPU_MAPS_GPU, COUNTER_MIGRATION, COUNTER_THRESHOLD, BATCH_SIZE, PEER_BW, PEER_ACCESS) = range(len(COSTS))
 
 #: ``GpuMemory``'s counters, in the order of its ``counters`` array.
-MEMORY_COUNTERS = ("capacity", "used", "pinned", "tick", "evicted", "head", "tail", "policy", "device", "overlap")
-(M_CAPACITY, M_USED, M_PINNED, M_TICK, M_EVICTED, M_HEAD, M_TAIL, M_POLICY, M_DEVICE, M_OVERLAP) = \
+MEMORY_COUNTERS = ("capacity", "used", "pinned", "tick", "evicted", "head", "tail", "policy")
+(M_CAPACITY, M_USED, M_PINNED, M_TICK, M_EVICTED, M_HEAD, M_TAIL, M_POLICY) = \
     range(len(MEMORY_COUNTERS))
 FIFO, LRU, TREE = 0, 1, 2
 TREE_LEVELS = 5

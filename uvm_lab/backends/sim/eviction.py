@@ -58,7 +58,6 @@ class GpuMemory:
         self.counters = np.zeros((devices, len(core.MEMORY_COUNTERS)), dtype=np.int64)
         self.counters[:, _C["capacity"]] = capacity_blocks
         self.counters[:, _C["policy"]] = EVICTION_POLICIES.index(policy)
-        self.counters[:, _C["device"]] = np.arange(devices)
         self.counters[:, [_C["head"], _C["tail"]]] = -1
         self._queue: tuple[np.ndarray, ...] = (np.zeros((devices, 0), dtype=np.int64),) * 3
 

@@ -40,7 +40,7 @@ class ThrashingConstants:
     max_resets: int = 4
 
 
-# The per-page arrays of a slot, their types and what a fresh slot holds (core.clear_slot).
+# The arrays of a slot, per page and per slot, and their types (core.clear_slot says what a fresh slot holds).
 _PAGE_STATE = (("count", np.uint8), ("last_t", np.int64), ("last_proc", np.int8), ("thrashing", np.bool_),
                ("throttles", np.uint8), ("pin_loc", np.int8), ("pin_until", np.int64))
 _SLOT_STATE = (("dnt", np.int8), ("period_end", np.int64), ("last_thrash", np.int64))
