@@ -5,7 +5,7 @@
  */
 
 import { CAUSE_PALETTE, PALETTE } from './palette';
-import { CATEGORY_NAMES, CAUSE_NAMES, CategoryName, PageCounts, Traffic } from './protocol';
+import { CATEGORY_NAMES, CAUSE_NAMES, CategoryName, DeviceInfo, DeviceMemory, PageCounts, Traffic } from './protocol';
 
 /** What the legend and the counts call each category. */
 export const LABELS: Readonly<Record<CategoryName, string>> = {
@@ -140,6 +140,12 @@ export function formatNs(ns: number): string {
 /** What a processor id of an event record names: -1 the host, -2 none, -3 several (a merged row). */
 export function processorName(id: number): string {
   return id === -1 ? 'host' : id === -2 ? '—' : id === -3 ? 'several' : `GPU ${id}`;
+}
+
+/** `say` of the device's memory: the current GPU's where there is one, each GPU's, named, where there are several. */
+export function eachGpuMemory(device: DeviceInfo, say: (memory: DeviceMemory) => string): string {
+  const gpus = device.devices;
+  return gpus.length > 1 ? gpus.map((memory, gpu) => `GPU ${gpu}: ${say(memory)}`).join(', ') : say(device);
 }
 
 export function div(className: string): HTMLDivElement {

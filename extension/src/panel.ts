@@ -20,6 +20,7 @@ import {
   button,
   div,
   drawnCode,
+  eachGpuMemory,
   formatBytes,
   legendItems,
   markPagesDrawn,
@@ -153,7 +154,7 @@ export class UvmLabPanel extends Widget {
     const device = model.device;
     const parts = [model.kernelName || 'no kernel'];
     if (device) {
-      parts.push(`${device.backend} backend`, `${formatBytes(device.free)} free of ${formatBytes(device.total)}`);
+      parts.push(`${device.backend} backend`, eachGpuMemory(device, m => `${formatBytes(m.free)} free of ${formatBytes(m.total)}`));
     }
     this._kernelLine.textContent = parts.join(' · ');
     this.node.dataset.state = model.state;

@@ -12,7 +12,7 @@
  */
 
 export const COMM_TARGET = 'uvm_lab';
-export const PROTOCOL_VERSION = 3;
+export const PROTOCOL_VERSION = 4;
 
 /** The update interval a view may ask for, in milliseconds: [least, most]. */
 export const RATE_LIMITS_MS = [50, 10000] as const;
@@ -213,24 +213,41 @@ export type AllocationInfo = {
   requested: string | null;
 };
 
-export type DeviceInfo = {
-  backend: string;
-  device_count: number;
+export type DeviceMemory = {
   free: number;
   total: number;
 };
 
-/** One update interval of the device lanes, stamped on the backend's clock (the timeline's). */
+export type DeviceInfo = {
+  backend: string;
+  device_count: number;
+  /** The current GPU's. */
+  free: number;
+  total: number;
+  /** Each GPU's, by ordinal. */
+  devices: DeviceMemory[];
+};
+
+/**
+ * One update interval of the device lanes, stamped on the backend's clock (the timeline's). Lists are
+ * per GPU, by ordinal, all of one length; the rest is one number.
+ */
 export type DeviceSample = {
   time: number;
-  used: number;
-  total: number;
+  /** Bytes of each GPU's memory in use (0 where not known: a trace's). */
+  used: number[];
+  total: number[];
+  /** Bytes of the live allocations: more than the capacity is oversubscription. */
   allocated: number;
-  htod_bytes: number;
-  dtoh_bytes: number;
-  gpu_faults: number;
+  /** Into each GPU from the host. */
+  htod_bytes: number[];
+  /** Out of each GPU to the host, evictions included. */
+  dtoh_bytes: number[];
+  /** Into each GPU from a peer GPU. */
+  dtod_bytes: number[];
+  gpu_faults: number[];
   cpu_faults: number;
-  evicted_bytes: number;
+  evicted_bytes: number[];
 };
 
 export type Snapshot = {

@@ -328,6 +328,7 @@ export class Timeline {
     // The rows the kernel sent.
     const answer = this._answer;
     const counts = new Array<number>(CAUSE_NAMES.length).fill(0);
+    const byKind = new Map<number, number>();
     let drawn = 0;
     if (answer) {
       const c = answer.columns;
@@ -351,6 +352,7 @@ export class Timeline {
         ctx.fillStyle = `rgb(${rgba[0]}, ${rgba[1]}, ${rgba[2]})`;
         ctx.fillRect(x0, AXIS_PX + index * LANE_PX + 3, x1 - x0, LANE_PX - 6);
         counts[cause] += c.count[i];
+        byKind.set(c.kind[i], (byKind.get(c.kind[i]) ?? 0) + c.count[i]);
         drawn++;
       }
       ctx.restore();
@@ -371,6 +373,11 @@ export class Timeline {
     this.node.dataset.following = String(this._following);
     // Events drawn per cause, for a reader (and a test) to compare with the kernel: `data-causes`.
     this.node.dataset.causes = CAUSE_NAMES.map((name, i) => `${name}=${counts[i]}`).join(';');
+    // ... and per kind, those drawn: `data-kinds`, such as "HtoD=3;DtoD=2".
+    this.node.dataset.kinds = [...byKind]
+      .sort(([a], [b]) => a - b)
+      .map(([kind, n]) => `${EVENT_KINDS[kind] ? kindName(EVENT_KINDS[kind]) : `kind ${kind}`}=${n}`)
+      .join(';');
     const parts = [`${formatNs(b - a)} shown`, `${drawn} marks`];
     if (answer) {
       parts.push(`${answer.rows.events} events`);

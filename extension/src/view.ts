@@ -14,6 +14,7 @@ import {
   LABELS,
   button,
   div,
+  eachGpuMemory,
   formatBytes,
   formatNs,
   legendItem,
@@ -318,7 +319,10 @@ export class UvmLabView extends Widget {
     const device = model.device;
     const parts = [model.kernelName || 'no kernel'];
     if (device) {
-      parts.push(`${device.backend} backend`, `${formatBytes(device.total - device.free)} of ${formatBytes(device.total)} in use`);
+      parts.push(
+        `${device.backend} backend`,
+        eachGpuMemory(device, m => `${formatBytes(m.total - m.free)} of ${formatBytes(m.total)} in use`)
+      );
     }
     this._kernelLine.textContent = parts.join(' · ');
     this.node.dataset.state = model.state;

@@ -88,3 +88,33 @@ def test_a_snapshot_opens_from_a_file_with_the_network_off(browser, snapshot_pat
         assert all(url.startswith("file:") for url in requests), requests
     finally:
         context.close()
+
+
+def test_a_two_gpu_snapshot_draws_each_gpus_moves(browser, tmp_path):
+    ul.use_backend("sim", devices=2, device_memory="64MiB")
+    with ul.record() as trace:
+        buf = ul.DeviceBuffer(size="8MiB", label="peer")
+        ul.touch(buf, on="host", mode="write")
+        buf.prefetch("gpu:0")
+        buf.prefetch("gpu:1")
+    path = ul.snapshot(trace, tmp_path / "peer.html")
+    buf.close()
+    context = browser.new_context(offline=True, viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    try:
+        page.goto(path.as_uri())
+        page.wait_for_selector("#uvm-lab-snapshot[data-ready='true']", timeout=WAIT_MS)
+        assert page.locator(".jp-UvmLab-lanes").get_attribute("data-gpus") == "2"
+        # A trace knows what was allocated, not each GPU's memory: one memory chart, the moves per GPU.
+        charts = [lane.get_attribute("data-lane") for lane in page.locator(".jp-UvmLab-lane").all()]
+        assert charts == ["Device memory", "Moved per interval", "Faults per interval", "Evicted per interval"]
+        legend = page.locator('.jp-UvmLab-lane[data-lane="Moved per interval"] .u-legend').inner_text()
+        assert "HtoD to GPU 0" in legend and "DtoD to GPU 1" in legend
+        page.wait_for_function("(document.querySelector('.jp-UvmLab-timeline').dataset.kinds || '').includes('DtoD=')",
+                               timeout=WAIT_MS)
+        page.screenshot(path=str(tmp_path / "two-gpu-snapshot.png"))
+        assert errors == []
+    finally:
+        context.close()

@@ -289,6 +289,102 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         context.close()
 
 
+TWO_GPUS = """\
+%load_ext uvm_lab
+import uvm_lab as ul
+ul.use_backend("sim", devices=2, device_memory="256MiB")
+peer = ul.DeviceBuffer(size="8MiB", label="peer")
+ul.touch(peer, on="host", mode="write")
+print("ready")"""
+
+TO_GPU0 = """\
+peer.prefetch("gpu:0")   # from the host
+print("on gpu:0")"""
+
+TO_GPU1 = """\
+peer.prefetch("gpu:1")   # over the peer link
+print("on gpu:1")"""
+
+
+def _hover_marks_until(page, view, lane_index: int, wanted: str) -> str:
+    """Move along a timeline lane right to left (newest marks first) until a mark's hover text holds ``wanted``."""
+    canvas = view.locator(".jp-UvmLab-timelineCanvas")
+    canvas.scroll_into_view_if_needed()
+    box = canvas.bounding_box()
+    y = box["y"] + 22 + 18 * lane_index + 9
+    tooltip = view.locator(".jp-UvmLab-timeline .jp-UvmLab-hover")
+    for x in range(int(box["x"] + box["width"]) - 2, int(box["x"]) + 112, -2):
+        page.mouse.move(x, y)
+        if tooltip.is_visible() and wanted in tooltip.inner_text():
+            return tooltip.inner_text()
+    raise AssertionError(f"no mark along the lane says {wanted!r}")
+
+
+def _legend(view, lane: str) -> dict[str, str]:
+    """A device lane's legend: each series' label and the value it shows at the cursor."""
+    rows = view.locator(f'.jp-UvmLab-lane[data-lane="{lane}"] .u-legend .u-series')
+    return {row.locator(".u-label").inner_text(): row.locator(".u-value").inner_text() for row in rows.all()}
+
+
+def test_the_view_shows_every_gpu_and_a_peer_migration(lab, browser, tmp_path):
+    url, token, root = lab
+    write_notebook(root / "gpus.ipynb", [TWO_GPUS, VIEW, TO_GPU0, TO_GPU1])
+    context, page, errors = new_page(browser, 1600, 1000)
+    try:
+        open_notebook(page, url, token, "gpus.ipynb")
+        run_cell(page, "gpus.ipynb", 0, "ready")
+        run_cell(page, "gpus.ipynb", 1, "UVM Lab view")
+        view = page.locator(".jp-UvmLabView")
+        page.locator('.jp-UvmLabView[data-state="connected"]').wait_for(timeout=WAIT_MS)
+        lanes = view.locator(".jp-UvmLab-lanes")
+        run_cell(page, "gpus.ipynb", 2, "on gpu:0")
+        page.wait_for_function("el => el.dataset.used === String(8 * 2**20)", arg=lanes.element_handle(),
+                               timeout=WAIT_MS)
+        run_cell(page, "gpus.ipynb", 3, "on gpu:1")
+
+        # A memory chart per GPU, and the lanes' totals over both: 8 MiB in use, on GPU 1 now.
+        page.locator('.jp-UvmLab-lanes[data-gpus="2"]').wait_for(timeout=WAIT_MS)
+        charts = [lane.get_attribute("data-lane") for lane in view.locator(".jp-UvmLab-lane").all()]
+        assert charts == ["GPU 0 memory", "GPU 1 memory", "Moved per interval", "Faults per interval",
+                          "Evicted per interval"]
+        assert lanes.get_attribute("data-total") == str(2 * 256 * 2**20)
+        page.wait_for_function("el => el.dataset.used === String(8 * 2**20)", arg=lanes.element_handle(),
+                               timeout=WAIT_MS)
+        # Each GPU's way of moving is a series of its own: the peer copy into GPU 1 among them.
+        moved = view.locator('.jp-UvmLab-lane[data-lane="Moved per interval"] .u-legend')
+        for label in ("HtoD to GPU 0", "DtoH from GPU 0", "DtoD to GPU 1"):
+            assert label in moved.inner_text(), moved.inner_text()
+        kernel_line = view.locator(".jp-UvmLab-kernel")
+        kernel_line.filter(has_text="GPU 0: 0 B of 256 MiB in use, GPU 1: 8.00 MiB of 256 MiB in use").wait_for(
+            timeout=WAIT_MS)
+        # The newest interval, as a user reads it off the charts: the pointer at its end (the cursors move together).
+        lanes.scroll_into_view_if_needed()
+        over = view.locator('.jp-UvmLab-lane[data-lane="GPU 1 memory"] .u-over')
+        box = over.bounding_box()
+        page.mouse.move(box["x"] + box["width"] - 1, box["y"] + box["height"] / 2)
+        assert _legend(view, "GPU 1 memory")["used"] == "8.00 MiB"
+        assert _legend(view, "GPU 0 memory")["used"] == "0 B"
+        assert _legend(view, "GPU 0 memory")["capacity"] == _legend(view, "GPU 1 memory")["capacity"] == "256 MiB"
+        moves = _legend(view, "Moved per interval")
+        assert moves["DtoD to GPU 1"] == "8.00 MiB" and moves["DtoD to GPU 0"] == moves["HtoD to GPU 1"] == "0 B"
+        page.screenshot(path=str(tmp_path / "two-gpus-lanes.png"))
+
+        # The timeline draws the peer migration, and its hover names both GPUs.
+        timeline = view.locator(".jp-UvmLab-timeline")
+        page.wait_for_function("el => (el.dataset.kinds || '').includes('DtoD=')", arg=timeline.element_handle(),
+                               timeout=WAIT_MS)
+        text = _hover_marks_until(page, view, 0, "DtoD")
+        assert text.startswith("peer\n") and "GPU 0 → GPU 1" in text, text
+        page.screenshot(path=str(tmp_path / "two-gpus-timeline.png"))
+        assert errors == []
+    except Exception:
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(tmp_path / "two-gpus-failure.png"))
+        raise
+    finally:
+        context.close()
+
+
 BIG = """\
 %load_ext uvm_lab
 import uvm_lab as ul

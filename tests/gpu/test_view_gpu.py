@@ -103,7 +103,7 @@ def test_the_view_shows_cuptis_faults_with_tracing_on(cuda):
 
 
 def test_the_views_controls_and_page_reads_on_a_real_gpu(cuda):
-    from uvm_lab.jupyter.comm import CONTROLS_SOURCE
+    from uvm_lab.jupyter.commands import CONTROLS_SOURCE
     from uvm_lab.jupyter.protocol import CELL_LIMIT
 
     comm = RecordingComm()

@@ -17,7 +17,7 @@ import uvm_lab as ul
 from uvm_lab.jupyter import comm as lab_comm
 from uvm_lab.jupyter.comm import PanelSession, register_comm_target
 from uvm_lab.jupyter.dashboard import collect
-from uvm_lab.jupyter.protocol import CELL_LIMIT, apply_runs
+from uvm_lab.jupyter.protocol import CELL_LIMIT, PROTOCOL_VERSION, apply_runs
 from uvm_lab.jupyter.timeline import DeviceSeries, EventWindow
 from uvm_lab.page_states import CATEGORY_NAMES, categories
 
@@ -123,8 +123,11 @@ def test_hello_sends_a_snapshot_with_binary_residency_matching_ul_residency(sess
     (snapshot, buffers), (result, _) = session.comm.messages
     assert result == {"type": "result", "seq": 1, "command": "hello", "ok": True, "error": None}
     assert snapshot["type"] == "snapshot"
-    assert snapshot["version"] == 3 and snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
-    assert snapshot["device"] == {"backend": "sim", "device_count": 1, "free": device.mem_info()[0], "total": 1 << 30}
+    assert snapshot["version"] == PROTOCOL_VERSION == 4
+    assert snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
+    free = device.mem_info()[0]
+    assert snapshot["device"] == {"backend": "sim", "device_count": 1, "free": free, "total": 1 << 30,
+                                  "devices": [{"free": free, "total": 1 << 30}]}
     assert [x["id"] for x in snapshot["allocations"]] == [a.id, b.id]
     assert len(buffers) == 2
     for buf in (a, b):

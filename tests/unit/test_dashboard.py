@@ -27,8 +27,11 @@ from uvm_lab.jupyter.dashboard.collect import (
     shown_categories,
 )
 from uvm_lab.jupyter.dashboard.residency import ResidencyMap, ResidencyOverview
+from uvm_lab.jupyter.dashboard.statistics import statistics_rows
+from uvm_lab.jupyter.dashboard.text import format_status
 from uvm_lab.jupyter.palette import PALETTE
 from uvm_lab.page_states import CATEGORY_NAMES
+from uvm_lab.units import format_bytes
 
 from .clocks import ManualClock
 from .waiting import eventually
@@ -36,6 +39,7 @@ from .waiting import eventually
 # Category codes (page_states.CATEGORY_NAMES), as the maps colour them.
 NOWHERE, HOST, BOTH, UNKNOWN, GPUS, GPU0, GPU1 = 0, 1, 2, 3, 4, 5, 6
 NO_PAGES = dict.fromkeys(CATEGORY_NAMES, 0)
+MiB = 1 << 20
 
 
 @pytest.fixture
@@ -81,7 +85,8 @@ def test_snapshot_matches_residency_and_mem_info(sim):
     snap = collect_snapshot()
     assert snap["backend"] == "sim"
     free, total = sim.mem_info()
-    assert snap["memory"] == {"free": free, "total": total, "used": total - free}
+    assert snap["memory"] == {"free": free, "total": total, "used": total - free,
+                              "devices": [{"device": 0, "free": free, "total": total, "used": total - free}]}
     by_id = {x["id"]: x for x in snap["allocations"]}
     assert [x["id"] for x in snap["allocations"]][-2:] == [a.id, b.id]   # oldest first
     for buf in (a, b):
@@ -96,6 +101,40 @@ def test_snapshot_matches_residency_and_mem_info(sim):
     assert by_id[b.id]["summary"]["host"] == 1.0
     assert by_id[a.id]["category_pages"] == {**NO_PAGES, "gpu:0": 2048}
     assert by_id[b.id]["category_pages"] == {**NO_PAGES, "host": 512}
+
+
+def test_the_status_statistics_and_header_show_each_gpus_memory():
+    ul.use_backend("sim", devices=2, device_memory="256MiB")
+    buf = ul.DeviceBuffer(size="8MiB", label="on-gpu1")
+    try:
+        buf.prefetch("gpu:1")
+        snap = collect_snapshot()
+        memory = snap["memory"]
+        assert memory["devices"] == [
+            {"device": 0, "free": 256 * MiB, "total": 256 * MiB, "used": 0},
+            {"device": 1, "free": 248 * MiB, "total": 256 * MiB, "used": 8 * MiB}]
+        assert (memory["free"], memory["total"]) == (256 * MiB, 256 * MiB)   # the current GPU's, as before
+        status = format_status(snap).splitlines()
+        assert "GPU 0 memory: 0 B used, 256 MiB free, 256 MiB total" in status
+        assert "GPU 1 memory: 8 MiB used, 248 MiB free, 256 MiB total" in status
+        rows = dict(statistics_rows(snap))
+        assert rows["GPU 0 memory used"] == "0 B of 256 MiB (0.0%)"
+        assert rows["GPU 1 memory used"] == "8 MiB of 256 MiB (3.1%)" and rows["GPU 1 memory free"] == "248 MiB"
+        assert "device memory used" not in rows
+        header = dashboard_module.Dashboard._header(snap)
+        assert "GPU 0 memory 0 B used of 256 MiB · GPU 1 memory 8 MiB used of 256 MiB" in header
+    finally:
+        buf.close()
+
+
+def test_one_gpus_memory_reads_as_it_always_did(sim):
+    buf = ul.DeviceBuffer(size="8MiB", label="one")
+    buf.prefetch("gpu")
+    snap = collect_snapshot()
+    free, total = sim.mem_info()
+    assert f"device memory: 8 MiB used, {format_bytes(free)} free, {format_bytes(total)} total" in format_status(snap)
+    assert dict(statistics_rows(snap))["device memory free"] == format_bytes(free)
+    assert "device memory 8 MiB used of" in dashboard_module.Dashboard._header(snap)
 
 
 def test_snapshot_is_a_copy(sim):

@@ -417,3 +417,37 @@ def test_perfetto_slices_name_the_line_of_user_code(tmp_path, sim_backend):
     assert {s["source"] for s in slices if s["name"] in ("alloc", "segment_alloc")} == {here}
     assert {s["source"] for s in slices if s["name"] == "prefetch"} == {f"{os.path.basename(__file__)}:{line + 1}"}
     assert all("source" not in s["args"] for s in slices)   # said once, in the name
+
+
+def test_every_export_keeps_the_gpus_of_a_peer_migration(tmp_path):
+    """A two-GPU run: each DtoD slice says which GPU the pages left and which they reached, in every format."""
+    ul.use_backend("sim", devices=2, device_memory="64MiB")
+    with ul.record() as trace:
+        buf = ul.DeviceBuffer(size="4MiB", label="peer")
+        ul.touch(buf, on="host", mode="write")
+        buf.prefetch("gpu:0")
+        buf.prefetch("gpu:1")
+        buf.prefetch("gpu:0")
+    buf.close()
+    peers = trace.events[trace.events["kind"] == EventKind.DTOD]
+    there = [(int(s), int(d)) for s, d in zip(peers["src"], peers["dst"], strict=True)]
+    assert set(there) == {(0, 1), (1, 0)} and peers["bytes"].sum() == 8 * MiB
+    expected = Counter(f"gpu:{s} -> gpu:{d}" for s, d in there)
+
+    doc = to_chrome_trace(trace)
+    dtod = lane_ids(doc)["DtoD"]
+    slices = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == dtod]
+    assert Counter(f"{e['args']['src']} -> {e['args']['dst']}" for e in slices) == expected
+    assert sum(e["args"]["bytes"] for e in slices) == 8 * MiB
+
+    trace.to_perfetto(tmp_path / "t.pftrace")
+    perfetto = [s for s in read_perfetto(tmp_path / "t.pftrace")["slices"] if s["name"].startswith("DtoD")]
+    assert Counter(s["args"]["src -> dst"] for s in perfetto) == expected
+
+    frame = trace.to_pandas()
+    rows = frame[frame["kind"].str.lower() == "dtod"]
+    assert Counter(f"{s} -> {d}" for s, d in zip(rows["src"], rows["dst"], strict=True)) == expected
+
+    trace.save(tmp_path / "t.uvmtrace")
+    loaded = Trace.load(tmp_path / "t.uvmtrace").events
+    np.testing.assert_array_equal(loaded[loaded["kind"] == EventKind.DTOD], peers)

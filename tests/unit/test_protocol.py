@@ -353,7 +353,7 @@ def _py_typeddicts() -> dict[str, set[str]]:
 
 def test_every_message_has_a_same_named_twin_with_the_same_fields():
     ts, py = _ts_types(), _py_typeddicts()
-    assert len(py) == 22  # 8 commands, 7 kernel messages, 7 parts
+    assert len(py) == 23  # 8 commands, 7 kernel messages, 8 parts
     assert ts == py
 
 
@@ -370,7 +370,7 @@ def _ts_list(source: str, name: str) -> list[str]:
 def test_constants_and_literals_match_the_twin():
     source = PROTOCOL_TS.read_text()
     assert f"export const COMM_TARGET = '{protocol.COMM_TARGET}';" in source
-    assert protocol.PROTOCOL_VERSION == 3
+    assert protocol.PROTOCOL_VERSION == 4
     assert f"export const PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION};" in source
     assert _ts_list(source, "CATEGORY_NAMES") == list(CATEGORY_NAMES) == list(protocol.CATEGORY_NAMES)
     assert "export type Location = 'host' | 'gpu' | `gpu:${number}`;" in source

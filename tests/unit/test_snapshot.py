@@ -102,10 +102,35 @@ def test_each_allocation_carries_the_traffic_the_live_view_counts(trace, tmp_pat
     moved = sum(a["traffic"]["htod_bytes"] for a in data["allocations"])
     assert moved == trace.summary()["bytes_htod"]
     samples = data["samples"]
-    assert sum(s["htod_bytes"] for s in samples) == trace.summary()["bytes_htod"]
-    assert sum(s["gpu_faults"] for s in samples) == trace.summary()["gpu_faults"]
+    assert {len(s["htod_bytes"]) for s in samples} == {1}       # one GPU
+    assert sum(s["htod_bytes"][0] for s in samples) == trace.summary()["bytes_htod"]
+    assert sum(s["gpu_faults"][0] for s in samples) == trace.summary()["gpu_faults"]
     assert samples[-1]["allocated"] == 2 * (4 << 20)           # three made, one freed
     assert "used" not in data["sampled"]                        # not in any record: not drawn
+
+
+def test_a_two_gpu_traces_samples_tell_each_gpus_moves(tmp_path):
+    ul.use_backend("sim", devices=2, device_memory="64MiB")
+    with ul.record() as recorded:
+        buf = ul.DeviceBuffer(size="8MiB", label="peer")
+        ul.touch(buf, on="host", mode="write")
+        buf.prefetch("gpu:0")
+        buf.prefetch("gpu:1")
+    try:
+        data = embedded(ul.snapshot(recorded, tmp_path / "view.html"))
+    finally:
+        buf.close()
+    samples = data["samples"]
+    assert {len(s[name]) for s in samples for name in ("used", "total", "htod_bytes", "dtod_bytes")} == {2}
+
+    def moved(name):
+        return [sum(s[name][gpu] for s in samples) for gpu in (0, 1)]
+
+    assert moved("htod_bytes") == [8 << 20, 0]          # the first prefetch, into GPU 0
+    assert moved("dtod_bytes") == [0, 8 << 20] == [0, recorded.summary()["bytes_dtod"]]   # then to GPU 1
+    assert moved("dtoh_bytes") == [0, 0]
+    assert "dtod_bytes" in data["sampled"] and "used" not in data["sampled"]
+    assert all(s["used"] == s["total"] == [0, 0] for s in samples)   # a trace does not know the GPUs' memory
 
 
 def test_rows_past_the_bound_leave_finer_levels_out_and_say_so(trace, tmp_path):

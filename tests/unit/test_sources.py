@@ -130,7 +130,8 @@ def test_driver_events_are_charged_to_the_running_cell():
 
 
 def test_a_tool_acting_for_the_user_is_named_not_the_line_or_cell_on_the_stack(sim):
-    from uvm_lab.jupyter.comm import CONTROLS_SOURCE, PanelSession
+    from uvm_lab.jupyter.comm import PanelSession
+    from uvm_lab.jupyter.commands import CONTROLS_SOURCE
 
     class Sink:
         def send(self, *args, **kwargs): ...

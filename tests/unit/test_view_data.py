@@ -1,5 +1,5 @@
-"""Protocol version 3's data for the lab view: maps as changed runs (decoding them always gives the full
-snapshot's map), the timeline query with its per-pixel merging, the device lanes' samples, and each
+"""The protocol's data for the lab view: maps as changed runs (decoding them always gives the full
+snapshot's map), the timeline query with its per-pixel merging, the device lanes' samples (per GPU), and each
 event's cause."""
 
 from __future__ import annotations
@@ -16,13 +16,15 @@ import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EventKind, MigrationCause, UnobservedCause, make_events
 from uvm_lab.events.causes import CAUSE_NAMES, cause_codes
+from uvm_lab.events.trace import Trace
 from uvm_lab.jupyter.comm import PanelSession
 from uvm_lab.jupyter.protocol import CELL_LIMIT, TIMELINE_COLUMNS, apply_runs, encode_runs, pack_states
-from uvm_lab.jupyter.timeline import SEVERAL, DeviceSeries, EventWindow
+from uvm_lab.jupyter.timeline import GPU_COUNTERS, SEVERAL, DeviceSeries, EventWindow, device_counts
 
 from .clocks import ManualClock
 
 PAGE = 4096
+MiB = 1 << 20
 
 
 class RecordingComm:
@@ -453,18 +455,18 @@ def test_a_sample_sums_its_interval_and_views_sharing_it_do_not_split_it():
     series.feed(_events([2], 1, 1, kind=EventKind.DTOH, flags=MigrationCause.EVICTION, nbytes=2 * PAGE))
     series.feed(make_events(2, kind=EventKind.GPU_PAGE_FAULT, value=3))
     series.feed(make_events(1, kind=EventKind.CPU_PAGE_FAULT, value=1))
-    assert series.close_interval(1000, used=10, total=100, allocated=150)
+    assert series.close_interval(1000, used=[10], total=[100], allocated=150)
     clock.now = 0.05
     series.feed(_events([5], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
-    assert not series.close_interval(2000, used=20, total=100)    # another view, too soon: same interval
+    assert not series.close_interval(2000, used=[20], total=[100])    # another view, too soon: same interval
     clock.now = 0.2
-    assert series.close_interval(3000, used=30, total=100)
+    assert series.close_interval(3000, used=[30], total=[100])
     samples, next_index = series.since(0)
     assert samples == [
-        {"time": 1000, "used": 10, "total": 100, "allocated": 150, "htod_bytes": 2 * PAGE, "dtoh_bytes": 2 * PAGE,
-         "gpu_faults": 6, "cpu_faults": 1, "evicted_bytes": 2 * PAGE},
-        {"time": 3000, "used": 30, "total": 100, "allocated": 0, "htod_bytes": PAGE, "dtoh_bytes": 0, "gpu_faults": 0,
-         "cpu_faults": 0, "evicted_bytes": 0},
+        {"time": 1000, "used": [10], "total": [100], "allocated": 150, "htod_bytes": [2 * PAGE],
+         "dtoh_bytes": [2 * PAGE], "dtod_bytes": [0], "gpu_faults": [6], "cpu_faults": 1, "evicted_bytes": [2 * PAGE]},
+        {"time": 3000, "used": [30], "total": [100], "allocated": 0, "htod_bytes": [PAGE], "dtoh_bytes": [0],
+         "dtod_bytes": [0], "gpu_faults": [0], "cpu_faults": 0, "evicted_bytes": [0]},
     ]
     assert next_index == 2 and series.since(1)[0] == samples[1:]
 
@@ -474,7 +476,7 @@ def test_the_series_keeps_a_bounded_number_of_samples_and_counts_the_rest():
     series = DeviceSeries(capacity=2, clock=clock)
     for t in range(5):
         clock.now = t
-        series.close_interval(t, 0, 1)
+        series.close_interval(t, [0], [1])
     samples, next_index = series.since(0)
     assert [s["time"] for s in samples] == [3, 4] and series.dropped == 3 and next_index == 5
 
@@ -490,7 +492,7 @@ def test_updates_carry_the_device_samples(device):
             ul.touch(buf, on="host", mode="write")
             session.handle({"type": "hello", "seq": 0})
             snapshot = comm.messages[0][0]
-            assert [s["used"] for s in snapshot["samples"]] == [0] and snapshot["samples_dropped"] == 0
+            assert [s["used"] for s in snapshot["samples"]] == [[0]] and snapshot["samples_dropped"] == 0
             clock.now = 1
             buf.prefetch("gpu")
             ul.events.get_bus().flush()
@@ -498,11 +500,137 @@ def test_updates_carry_the_device_samples(device):
             session.flush()
         update = next(d for d, _ in comm.messages if d["type"] == "update")
         (sample,) = update["samples"]
-        assert (sample["total"], sample["used"], sample["allocated"]) == (128 * 2**20, 8 * 2**20, 8 * 2**20)
-        assert (sample["htod_bytes"], sample["dtoh_bytes"]) == (8 * 2**20, 0)
+        assert (sample["total"], sample["used"], sample["allocated"]) == ([128 * 2**20], [8 * 2**20], 8 * 2**20)
+        assert (sample["htod_bytes"], sample["dtoh_bytes"], sample["dtod_bytes"]) == ([8 * 2**20], [0], [0])
         assert sample["time"] == ul.get_backend().now_ns()
     finally:
         session.close()
+
+
+@pytest.fixture
+def two_gpus():
+    backend = ul.use_backend("sim", devices=2, device_memory="64MiB")
+    yield backend
+    for buf in ul.live_buffers():
+        buf.close()
+
+
+def test_two_gpus_samples_give_each_gpu_its_memory_and_moves(two_gpus):
+    clock = ManualClock(now=0.0)
+    window, series = EventWindow(), DeviceSeries(clock=clock)
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False, timeline=(window, series))
+    bus = ul.events.get_bus()
+
+    def next_sample():
+        clock.now += 1
+        bus.flush()
+        comm.messages.clear()
+        session.flush()
+        (sample,) = next(d for d, _ in comm.messages if d["type"] == "update")["samples"]
+        return sample
+
+    try:
+        with bus.subscribe(series.feed), ul.record() as trace:
+            buf = ul.DeviceBuffer(size="8MiB", label="peer")
+            ul.touch(buf, on="host", mode="write")
+            session.handle({"type": "hello", "seq": 0})
+            snapshot = comm.messages[0][0]
+            assert snapshot["device"]["device_count"] == 2
+            assert snapshot["device"]["devices"] == [{"free": 64 * MiB, "total": 64 * MiB}] * 2
+            assert [s["used"] for s in snapshot["samples"]] == [[0, 0]]
+            buf.prefetch("gpu:0")      # host -> GPU 0
+            first = next_sample()
+            buf.prefetch("gpu:1")      # GPU 0 -> GPU 1, over the peer link
+            second = next_sample()
+            ul.touch(buf, on="gpu:0", mode="read")   # GPU 0 faults, and the pages come back from GPU 1
+            third = next_sample()
+        assert first["htod_bytes"] == [8 * MiB, 0] and first["dtod_bytes"] == [0, 0]
+        assert first["used"] == [8 * MiB, 0] and first["total"] == [64 * MiB] * 2
+        assert second["dtod_bytes"] == [0, 8 * MiB] and second["htod_bytes"] == second["dtoh_bytes"] == [0, 0]
+        assert second["used"] == [0, 8 * MiB]      # GPU 1's memory grew by what moved, GPU 0's was given back
+        assert third["dtod_bytes"] == [8 * MiB, 0] and third["gpu_faults"][0] > 0 == third["gpu_faults"][1]
+        # Every byte the trace moved between the GPUs is in the samples, counted once.
+        assert sum(s["dtod_bytes"][gpu] for s in (first, second, third) for gpu in (0, 1)) == \
+            trace.summary()["bytes_dtod"]
+    finally:
+        session.close()
+
+
+def test_a_one_gpu_sample_lists_one_gpu(device):
+    series = DeviceSeries(clock=ManualClock(now=0.0))
+    series.feed(_events([0], 1, 1, kind=EventKind.DTOH, flags=MigrationCause.EVICTION, nbytes=PAGE))
+    assert series.close_interval(5, used=[3], total=[9])
+    (sample,) = series.since(0)[0]
+    assert {name: value for name, value in sample.items() if isinstance(value, list)} == {
+        "used": [3], "total": [9], "htod_bytes": [0], "dtoh_bytes": [PAGE], "dtod_bytes": [0], "gpu_faults": [0],
+        "evicted_bytes": [PAGE]}
+
+
+def _reference_counts(records, gpus):
+    """The attribution rule spelled out record by record, to check the vectorised one against."""
+    counts = {name: {} for name in GPU_COUNTERS}
+    cpu_faults = 0
+    for r in records:
+        kind, flags, src, dst = int(r["kind"]), int(r["flags"]), int(r["src"]), int(r["dst"])
+        eviction = kind == EventKind.DTOH and flags & ~0x80 == MigrationCause.EVICTION
+        for name, wanted, gpu, amount in (("htod_bytes", kind == EventKind.HTOD, dst, r["bytes"]),
+                                          ("dtoh_bytes", kind == EventKind.DTOH, src, r["bytes"]),
+                                          ("evicted_bytes", eviction, src, r["bytes"]),
+                                          ("dtod_bytes", kind == EventKind.DTOD, dst, r["bytes"]),
+                                          ("gpu_faults", kind == EventKind.GPU_PAGE_FAULT, dst, r["value"])):
+            if wanted:
+                counts[name][max(gpu, 0)] = counts[name].get(max(gpu, 0), 0) + int(amount)
+        cpu_faults += int(r["value"]) if kind == EventKind.CPU_PAGE_FAULT else 0
+    width = max([gpus, *(gpu + 1 for by_gpu in counts.values() for gpu in by_gpu)])
+    return [[counts[name].get(gpu, 0) for gpu in range(width)] for name in GPU_COUNTERS], cpu_faults
+
+
+records_of_several_gpus = st.lists(st.tuples(
+    st.sampled_from([EventKind.HTOD, EventKind.DTOH, EventKind.DTOD, EventKind.GPU_PAGE_FAULT,
+                     EventKind.CPU_PAGE_FAULT, EventKind.PREFETCH, EventKind.REMOTE_MAP]),
+    st.sampled_from([0, MigrationCause.USER, MigrationCause.EVICTION, MigrationCause.EVICTION | 0x80,
+                     MigrationCause.USER_INFERRED]),
+    st.integers(-2, 6), st.integers(-2, 6), st.integers(0, 1 << 30), st.integers(0, 64)), max_size=40)
+
+
+@given(records_of_several_gpus, st.integers(0, 3))
+def test_each_record_counts_for_the_gpu_the_one_rule_names(rows, gpus):
+    records = make_events(len(rows))
+    for i, (kind, flags, src, dst, nbytes, value) in enumerate(rows):
+        records[i] = make_events(1, kind=kind, flags=flags, src=src, dst=dst, bytes=nbytes, value=value)[0]
+    table, cpu_faults = device_counts(records, gpus)
+    assert (table.tolist(), cpu_faults) == _reference_counts(records, gpus)
+    # Summed over the GPUs: the trace's own totals, nothing lost past the GPUs asked for.
+    summary = Trace(records).summary()
+    by_name = dict(zip(GPU_COUNTERS, table.sum(axis=1).tolist(), strict=True))
+    assert (by_name["htod_bytes"], by_name["dtoh_bytes"], by_name["dtod_bytes"], by_name["gpu_faults"],
+            cpu_faults) == (summary["bytes_htod"], summary["bytes_dtoh"], summary["bytes_dtod"],
+                            summary["gpu_faults"], summary["cpu_faults"])
+
+
+def test_a_record_on_a_gpu_past_the_ones_given_widens_the_sample_and_crashes_nothing():
+    series = DeviceSeries(clock=ManualClock(now=0.0))
+    series.feed(make_events(1, kind=EventKind.DTOD, src=0, dst=3, bytes=PAGE, value=PAGE))
+    assert series.close_interval(1, used=[10, 20], total=[100, 100])
+    (sample,) = series.since(0)[0]
+    assert sample["dtod_bytes"] == [0, 0, 0, PAGE]
+    assert sample["used"] == [10, 20, 0, 0] and sample["total"] == [100, 100, 0, 0]   # not known: 0
+    assert len(sample["htod_bytes"]) == len(sample["gpu_faults"]) == 4
+
+
+@pytest.mark.parametrize(("used", "total", "mentions"), [
+    (5, [9], "used must be a list of bytes per GPU"),
+    ([1, 2], [9], "used and total must give the same GPUs, got 2 and 1"),
+    ([-1], [9], "used must be a list"),
+    ([1], ["9"], "total must be a list"),
+    ([True], [9], "used must be a list"),
+])
+def test_bad_memory_per_gpu_is_refused(used, total, mentions):
+    series = DeviceSeries(clock=ManualClock(now=0.0))
+    with pytest.raises(InvalidArgumentError, match=mentions):
+        series.close_interval(1, used=used, total=total)
+    assert series.since(0)[0] == []
 
 
 def test_each_allocation_reports_its_faults_and_bytes_by_cause(device):

@@ -17,7 +17,7 @@ from ..events.bus import EventBus
 from ..events.schema import Advice, MemoryKind
 from ..location import Location
 
-__all__ = ["AccessMode", "AccessResult", "Backend", "Capabilities", "RangeAdvice"]
+__all__ = ["AccessMode", "AccessResult", "Backend", "Capabilities", "RangeAdvice", "gpu_memory"]
 
 AccessMode = Literal["read", "write", "atomic"]
 
@@ -72,6 +72,11 @@ class Backend(Protocol):
 
     def mem_info(self, device: int | None = None) -> tuple[int, int]:
         """``(free, total)`` bytes of ``device``'s memory (the current device when None), as ``cudaMemGetInfo``."""
+        ...
+
+    def contexts(self) -> frozenset[int]:
+        """The GPUs this process holds a context on: those whose memory can be read without making one (a CUDA
+        context costs a GPU hundreds of MiB, and a view must not put one on a GPU the program never used)."""
         ...
 
     def now_ns(self) -> int:
@@ -137,3 +142,10 @@ class Backend(Protocol):
         ...
 
     def synchronize(self) -> None: ...
+
+
+def gpu_memory(backend: Backend) -> list[tuple[int, int]]:
+    """``(free, total)`` of each GPU of ``backend``, by ordinal, as views show them: ``(0, 0)`` (not read) for a GPU
+    the process holds no context on, rather than a context made on it for a picture."""
+    read = backend.contexts()
+    return [backend.mem_info(d) if d in read else (0, 0) for d in range(backend.device_count())]

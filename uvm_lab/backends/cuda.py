@@ -251,6 +251,10 @@ class CudaBackend:
     def device_count(self) -> int:
         return self._count
 
+    def contexts(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._contexts)
+
     def current_device(self) -> int:
         return self._device
 

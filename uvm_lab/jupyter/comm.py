@@ -45,35 +45,30 @@ import numpy as np
 import uvm_lab as ul
 
 from .. import experiment_feed
-from ..buffer import page_range
+from ..backends.base import gpu_memory
 from ..clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
 from ..events import get_bus
 from ..events.bus import EventBus
-from ..events.sources import acting_for
-from ..events.sources import texts as source_texts
 from ..units import PAGE_SIZE
+from .commands import answer_timeline, change_buffer
 from .dashboard.collect import LiveAllocations
 from .protocol import (
-    BY_SOURCE_LIMIT,
     CELL_LIMIT,
     COMM_TARGET,
     COMMANDS,
     PROTOCOL_VERSION,
-    TIMELINE_COLUMNS,
     AdviceState,
     AllocationInfo,
     Command,
     DeviceInfo,
+    DeviceMemory,
     ErrorInfo,
     ExperimentChart,
     PageRows,
-    Prefetch,
     Removed,
     Result,
-    SetAdvice,
     Snapshot,
     Timeline,
-    TimelineRows,
     Update,
     encode_runs,
     pack_states,
@@ -102,8 +97,6 @@ MAX_REPLY_TEXT = 500
 #: The largest seq a reply echoes: the largest whole number a JavaScript view reads exactly.
 MAX_SEQ = 2**53 - 1
 
-#: What the events of a prefetch or advice sent from the panel or the view are charged to.
-CONTROLS_SOURCE = "UVM Lab controls"
 
 #: Seconds between two updates of an idle kernel's view: a sample for the device lanes, nothing else.
 IDLE_SAMPLE = 1.0
@@ -282,7 +275,9 @@ class PanelSession:
             self._next_sample, self._lanes_seen = next_sample, lanes_seen
 
     def _sample(self, now: int, device: DeviceInfo) -> None:
-        self._series.close_interval(now, device["total"] - device["free"], device["total"], self._live.managed_bytes)
+        gpus = device["devices"]
+        self._series.close_interval(now, [gpu["total"] - gpu["free"] for gpu in gpus], [gpu["total"] for gpu in gpus],
+                                    self._live.managed_bytes)
 
     def _refresh(self) -> Mapping[int, dict[str, Any]]:
         """Every live buffer's description: the maps the view shows read again where they changed, and
@@ -396,41 +391,11 @@ class PanelSession:
             self._send(PageRows(type="pages", seq=command["seq"], id=command["id"], first_page=command["first_page"],
                                 pages=len(pages.states), time=now), [pages.categories()])
         elif command["type"] in ("prefetch", "set_advice"):
-            get_bus().flush(wait=False)   # what came before is the cell's
-            with acting_for(CONTROLS_SOURCE):   # what this does is the view's doing, not the last cell's
-                self._change_buffer(command)
-                get_bus().flush(wait=False)
+            change_buffer(command)
             self.flush()
 
-    def _change_buffer(self, command: Prefetch | SetAdvice) -> None:
-        buf = ul.find_buffer(command["id"])
-        if command["type"] == "prefetch":
-            offset, size = page_range(buf, command["first_page"], command["pages"])
-            buf.prefetch(command["location"], offset=offset, size=size)
-            return
-        value = command["value"]
-        if command["advice"] == "read_mostly":
-            buf.read_mostly = value  # type: ignore[assignment]
-        elif command["advice"] == "preferred_location":
-            buf.preferred_location = value  # type: ignore[assignment]
-        else:
-            buf.accessed_by = value
-
     def _answer_timeline(self, query: Timeline) -> None:
-        columns, events, truncated = self._window.query(query["start"], query["end"], query["width"], query["lanes"])
-        first, last = self._window.extent()
-        lines, totals, others = self._window.by_source(query["start"], query["end"], query["lanes"], BY_SOURCE_LIMIT)
-        ids = np.union1d(np.unique(columns["source"]), lines)
-        ids = ids[ids != 0]
-        sources = dict(zip((str(i) for i in ids.tolist()), source_texts(ids), strict=True))
-        rows = TimelineRows(type="timeline", seq=query["seq"], start=query["start"], end=query["end"],
-                            width=query["width"], columns=[name for name, _ in TIMELINE_COLUMNS],
-                            rows=len(columns["start"]), events=events, held=self._window.held,
-                            dropped=self._window.dropped, missed=self._window.missed, truncated=truncated,
-                            first=first, last=last,
-                            sources=sources, by_source=np.column_stack([lines, totals]).tolist(),
-                            by_source_others=others)
-        self._send(rows, [columns[name] for name, _ in TIMELINE_COLUMNS])
+        self._send(*answer_timeline(self._window, query))
 
     def _send_experiment(self, result: Any) -> None:
         """An experiment's chart (``ul.compare``'s result, :meth:`~uvm_lab.experiment.Experiment.to_html`)."""
@@ -532,8 +497,10 @@ def _reply_text(text: str) -> str:
 def _device_info() -> DeviceInfo:
     backend = ul.get_backend()
     free, total = backend.mem_info()
-    return DeviceInfo(backend=str(backend.name), device_count=int(backend.device_count()), free=int(free),
-                      total=int(total))
+    count = int(backend.device_count())
+    devices = [DeviceMemory(free=int(f), total=int(t)) for f, t in gpu_memory(backend)]
+    return DeviceInfo(backend=str(backend.name), device_count=count, free=int(free), total=int(total),
+                      devices=devices)
 
 
 # -- the comm target -------------------------------------------------------------------------------------

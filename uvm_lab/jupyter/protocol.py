@@ -61,9 +61,13 @@ An update's ``clock`` is the kernel's wall clock, in ms since the epoch, when it
 every change made before then is in it or in an earlier message. On one machine the page's clock is the
 same, so the time from a change to its picture on screen can be measured (``benchmarks/view_scale_browser.py``).
 
-The device lanes are ``samples``: one small row per update interval (memory used against capacity, bytes
-each way, faults, evictions), stamped on the backend's clock, the timeline's clock. A snapshot carries
-the ones the kernel still holds and how many it dropped.
+The device lanes are ``samples``: one small row per update interval, stamped on the backend's clock, the
+timeline's clock. What belongs to one GPU is a list indexed by GPU ordinal (version 4): memory used against
+capacity, bytes in from the host, out to the host (evictions included), in from a peer GPU, faults, evictions;
+what belongs to none is one number (bytes allocated, CPU faults). Every list of a sample has one length: the
+backend's GPUs, or more where a record named a GPU past them (:func:`.timeline.device_counts` says which GPU
+each record counts for). A snapshot carries the samples the kernel still holds and how many it dropped.
+``device`` gives the current GPU's ``free`` and ``total``, and each GPU's in ``devices``.
 
 The timeline is asked for, never pushed: the view sends the window it shows and its width in pixels, and
 the kernel answers with binary columns (:data:`TIMELINE_COLUMNS`) in which the events of one lane that
@@ -104,6 +108,7 @@ __all__ = [
     "AllocationInfo",
     "Command",
     "DeviceInfo",
+    "DeviceMemory",
     "DeviceSample",
     "ErrorInfo",
     "ExperimentChart",
@@ -132,7 +137,8 @@ __all__ = [
 COMM_TARGET: Final = "uvm_lab"
 # 2: cells carry category codes (one per GPU, "unknown"); counts are per category; device_count.
 # 3: maps travel as changed runs; device samples; the timeline query; the update rate.
-PROTOCOL_VERSION: Final = 3
+# 4: device samples per GPU (lists by ordinal) with peer (DtoD) bytes; DeviceInfo.devices.
+PROTOCOL_VERSION: Final = 4
 
 #: Above this many pages an allocation's map is sent downsampled, in cells of several pages.
 CELL_LIMIT: Final = 16384
@@ -273,23 +279,31 @@ class AllocationInfo(TypedDict):
     requested: str | None  # where the last prefetch sent it ("host", "gpu:N"), whoever asked; None: never
 
 
-class DeviceInfo(TypedDict):
-    backend: str
-    device_count: int
+class DeviceMemory(TypedDict):
     free: int
     total: int
 
 
-class DeviceSample(TypedDict):
-    time: int  # ns on the backend's clock, the end of the interval
-    used: int  # bytes of the current device's memory in use
+class DeviceInfo(TypedDict):
+    backend: str
+    device_count: int
+    free: int  # the current GPU's
     total: int
-    allocated: int  # bytes of the live allocations: more than total is oversubscription
-    htod_bytes: int  # moved in the interval
-    dtoh_bytes: int
-    gpu_faults: int
+    devices: list[DeviceMemory]  # each GPU's, by ordinal
+
+
+class DeviceSample(TypedDict):
+    # Lists are per GPU, by ordinal, all of one length; the rest is one number.
+    time: int  # ns on the backend's clock, the end of the interval
+    used: list[int]  # bytes of each GPU's memory in use (0 where not known: a trace's)
+    total: list[int]  # each GPU's capacity (0 where not known)
+    allocated: int  # bytes of the live allocations: more than the capacity is oversubscription
+    htod_bytes: list[int]  # moved in the interval into each GPU from the host
+    dtoh_bytes: list[int]  # out of each GPU to the host, evictions included
+    dtod_bytes: list[int]  # into each GPU from a peer GPU
+    gpu_faults: list[int]  # taken by each GPU
     cpu_faults: int
-    evicted_bytes: int
+    evicted_bytes: list[int]  # evicted from each GPU
 
 
 class Snapshot(TypedDict):

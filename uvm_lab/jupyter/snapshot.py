@@ -7,7 +7,7 @@ What the page carries, all computed here from the trace's records by the code th
 - the timeline as a pyramid of :meth:`.timeline.EventWindow.query` answers over the whole trace, at
   ``1024 * 2**k`` pixels, finest last, while the rows fit ``max_rows``. The viewer shows the coarsest level
   whose pixel is no wider than the one on screen, so events are merged by the one rule written in Python;
-- the device lanes, summed per interval by :class:`.timeline.DeviceSeries`;
+- the device lanes, summed per interval and per GPU by :class:`.timeline.DeviceSeries`;
 - the allocations the trace saw made, each with its traffic as :meth:`.timeline.EventWindow.traffic` counts it;
 - :meth:`~uvm_lab.events.trace.Trace.by_source`, and the trace's summary.
 
@@ -37,7 +37,7 @@ from ..events.sources import texts as source_texts
 from ..events.trace import Trace
 from ..paths import file_path
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
-from .timeline import DeviceSeries, EventWindow
+from .timeline import DeviceSeries, EventWindow, device_counts
 
 __all__ = ["VIEWER", "SnapshotData", "snapshot"]
 
@@ -53,8 +53,8 @@ SAMPLES: Final = 400
 MAX_ALLOCATIONS: Final = 10_000
 MAX_SOURCES: Final = 1_000
 DEFAULT_MAX_ROWS: Final = 400_000
-#: Device-lane fields a trace can tell; memory in use and capacity are the device's, not in any record.
-SAMPLED: Final = ("allocated", "htod_bytes", "dtoh_bytes", "gpu_faults", "cpu_faults", "evicted_bytes")
+#: Device-lane fields a trace can tell; memory in use and capacity are the GPUs', not in any record.
+SAMPLED: Final = ("allocated", "htod_bytes", "dtoh_bytes", "dtod_bytes", "gpu_faults", "cpu_faults", "evicted_bytes")
 
 
 class SnapshotLevel(TypedDict):
@@ -267,7 +267,8 @@ def _column(level: SnapshotLevel, name: str) -> np.ndarray:
 
 def _samples(events: np.ndarray, first: int, last: int) -> list[DeviceSample]:
     """``SAMPLES`` intervals over ``[first, last]``, summed by :class:`DeviceSeries`; ``allocated`` is the bytes
-    of the allocations made in the trace and not yet freed (used and total are the device's: not known)."""
+    of the allocations made in the trace and not yet freed (used and total are the GPUs': not known, 0). Every
+    sample lists the GPUs any record of the trace counts for (at least one), by :func:`device_counts`' rule."""
     if not len(events):
         return []
     bins = SAMPLES
@@ -285,10 +286,12 @@ def _samples(events: np.ndarray, first: int, last: int) -> list[DeviceSample]:
     for at in np.flatnonzero(kinds == EventKind.FREE).tolist():
         delta[at] = -sizes.get(int(ordered["alloc_id"][at]), 0)
     allocated = np.cumsum(delta)
+    not_known = [0] * device_counts(events)[0].shape[1]
     lo = 0
     for edge, hi in zip(edges.tolist(), cuts.tolist(), strict=True):
         series.feed(ordered[lo:hi])
-        series.close_interval(math.ceil(edge), used=0, total=0, allocated=int(allocated[hi - 1]) if hi else 0)
+        series.close_interval(math.ceil(edge), used=not_known, total=not_known,
+                              allocated=int(allocated[hi - 1]) if hi else 0)
         lo = hi
     return series.since(0)[0]
 

@@ -7,7 +7,8 @@ samples go first, and how many went is counted and sent to the view, which shows
 :class:`EventWindow` answers the ``timeline`` query (:mod:`.protocol`): the events of a time window,
 with those narrower than one of the view's pixels merged per lane, pixel, kind and cause, so an answer
 grows with the view's width and lanes, not with the rate of events. :class:`DeviceSeries` sums each
-update interval's transfers, faults and evictions into one small row.
+update interval's transfers, faults and evictions into one small row, per GPU: :func:`device_counts` is the one rule
+of which GPU a record counts for.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -30,7 +32,7 @@ from ..events.staged import StagedRecords
 from ..tracing.attribution import AllocationIndex
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
 
-__all__ = ["DeviceSeries", "EventWindow", "release_shared", "shared"]
+__all__ = ["GPU_COUNTERS", "DeviceSeries", "EventWindow", "device_counts", "release_shared", "shared"]
 
 #: A merged row's ``src`` or ``dst`` when its events had several.
 SEVERAL: Final = -3
@@ -450,20 +452,62 @@ def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) ->
     return out
 
 
-# What a record adds to in a device sample, by its kind and flags (``kind << 8 | flags``): one of _SERIES_NAMES, or -1.
-_SERIES_NAMES = ("htod_bytes", "dtoh_bytes", "evicted_bytes", "gpu_faults", "cpu_faults")
-_GPU_FAULTS = _SERIES_NAMES.index("gpu_faults")
-_SERIES = np.full(256 << 8, -1, dtype=np.int64)
-_SERIES[(EventKind.HTOD << 8):(EventKind.HTOD + 1) << 8] = 0
-_SERIES[(EventKind.DTOH << 8):(EventKind.DTOH + 1) << 8] = 1
-_SERIES[[EventKind.DTOH << 8 | MigrationCause.EVICTION | inferred for inferred in (0, INFERRED_BIT)]] = 2
-_SERIES[(EventKind.GPU_PAGE_FAULT << 8):(EventKind.GPU_PAGE_FAULT + 1) << 8] = 3
-_SERIES[(EventKind.CPU_PAGE_FAULT << 8):(EventKind.CPU_PAGE_FAULT + 1) << 8] = 4
+#: The per-GPU counters of a :class:`~.protocol.DeviceSample` that records add to: the rows of
+#: :func:`device_counts`' table.
+GPU_COUNTERS: Final = ("htod_bytes", "dtoh_bytes", "dtod_bytes", "evicted_bytes", "gpu_faults")
+_HTOD, _DTOH, _DTOD, _EVICTED, _GPU_FAULT = range(len(GPU_COUNTERS))
+_CPU_FAULT = len(GPU_COUNTERS)   # one more row: the host's faults, no GPU's
+
+# The one rule of what a record adds to in a device sample. By its kind and flags (``kind << 8 | flags``): the counter
+# (a row above, or -1: none).
+_COUNTER_OF = np.full(256 << 8, -1, dtype=np.int64)
+_COUNTER_OF[EventKind.HTOD << 8:(EventKind.HTOD + 1) << 8] = _HTOD
+_COUNTER_OF[EventKind.DTOH << 8:(EventKind.DTOH + 1) << 8] = _DTOH
+_COUNTER_OF[EventKind.DTOD << 8:(EventKind.DTOD + 1) << 8] = _DTOD
+_COUNTER_OF[EventKind.GPU_PAGE_FAULT << 8:(EventKind.GPU_PAGE_FAULT + 1) << 8] = _GPU_FAULT
+_COUNTER_OF[EventKind.CPU_PAGE_FAULT << 8:(EventKind.CPU_PAGE_FAULT + 1) << 8] = _CPU_FAULT
+_COUNTER_OF[[EventKind.DTOH << 8 | MigrationCause.EVICTION | inferred for inferred in (0, INFERRED_BIT)]] = _EVICTED
+# By the counter: the GPU it counts for is the record's source for what leaves a GPU (DtoH, evictions), else its
+# destination (the GPU a migration reached; a GPU fault's src and dst are both the faulting GPU).
+_FOR_SOURCE = np.isin(np.arange(_CPU_FAULT + 1), [_DTOH, _EVICTED])
+# A fault record's amount is its value (the faults it stands for); a migration's, its bytes.
+_BY_VALUE = np.isin(np.arange(_CPU_FAULT + 1), [_GPU_FAULT, _CPU_FAULT])
+
+
+def device_counts(records: np.ndarray, gpus: int = 1) -> tuple[np.ndarray, int]:
+    """What ``records`` add to a device sample: a ``(len(GPU_COUNTERS), n)`` int64 table, a row per counter of
+    :data:`GPU_COUNTERS` and a column per GPU ordinal, and the CPU faults.
+
+    HtoD counts for the GPU it went to, DtoH for the GPU it left (an eviction both as DtoH and as evicted), DtoD for
+    the GPU that received it, a GPU fault for the faulting GPU. ``n`` is ``gpus``, or the highest GPU a record counts
+    for plus one where that is more, so no record is lost. A record that names no GPU where its kind needs one (made by
+    hand: the backends always name it) counts for GPU 0.
+    """
+    counter = _COUNTER_OF[(records["kind"].astype(np.intp) << 8) | records["flags"]]
+    counted = np.flatnonzero(counter >= 0)
+    counter = counter[counted]
+    amount = np.where(_BY_VALUE[counter], records["value"][counted], records["bytes"][counted])
+    on_cpu = counter == _CPU_FAULT
+    cpu_faults = int(amount[on_cpu].sum())
+    counter, amount = counter[~on_cpu], amount[~on_cpu]
+    gpu = np.where(_FOR_SOURCE[counter], records["src"][counted[~on_cpu]], records["dst"][counted[~on_cpu]])
+    gpu = np.maximum(gpu.astype(np.int64), 0)
+    n = max(gpus, int(gpu.max(initial=-1)) + 1)
+    # Float sums of whole numbers: exact below 2**53.
+    table = np.bincount(counter * n + gpu, weights=amount, minlength=len(GPU_COUNTERS) * n).round()
+    table = table.astype(np.int64).reshape(len(GPU_COUNTERS), n)
+    table[_DTOH] += table[_EVICTED]   # an eviction is a transfer to the host too
+    return table, cpu_faults
+
+
+def _no_counts() -> np.ndarray:
+    return np.zeros((len(GPU_COUNTERS), 0), dtype=np.int64)
 
 
 class DeviceSeries:
-    """One :class:`~.protocol.DeviceSample` per interval: bytes each way, faults and evictions summed from
-    the bus, memory used read when the interval closes. Keeps the newest ``capacity``. Thread-safe."""
+    """One :class:`~.protocol.DeviceSample` per interval: per GPU, bytes each way, faults and evictions summed from
+    the bus (:func:`device_counts`), and memory used read when the interval closes. Keeps the newest ``capacity``.
+    Thread-safe."""
 
     def __init__(self, capacity: int = 3000, *, interval: float = 0.1, clock: Clock = SYSTEM_CLOCK) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -475,7 +519,8 @@ class DeviceSeries:
         self._samples: deque[DeviceSample] = deque(maxlen=capacity)
         self._taken = 0       # samples ever closed; the index of the next one
         self._closed_at = -float("inf")
-        self._open = dict.fromkeys(_SERIES_NAMES, 0)
+        self._open = _no_counts()   # the open interval's GPU_COUNTERS, a column per GPU seen in it
+        self._open_cpu_faults = 0
         self._pending = StagedRecords()   # fed since the last close_interval, summed there
 
     @property
@@ -492,19 +537,21 @@ class DeviceSeries:
                 self._add(self._pending.take())
 
     def _add(self, records: np.ndarray) -> None:
-        column = _SERIES[(records["kind"].astype(np.intp) << 8) | records["flags"]]
-        counted = column >= 0
-        # A fault record's value is the number of faults it stands for. Float sums of whole numbers: exact below 2**53.
-        amount = np.where(column >= _GPU_FAULTS, records["value"], records["bytes"])
-        totals = np.bincount(column[counted], weights=amount[counted], minlength=len(_SERIES_NAMES)).round()
-        add = dict(zip(_SERIES_NAMES, totals.astype(np.int64).tolist(), strict=True))
-        add["dtoh_bytes"] += add["evicted_bytes"]   # an eviction is a transfer to the host too
-        for key, value in add.items():
-            self._open[key] += value
+        table, cpu_faults = device_counts(records, self._open.shape[1])
+        self._open = _widened(self._open, table.shape[1]) + table
+        self._open_cpu_faults += cpu_faults
 
-    def close_interval(self, time_ns: int, used: int, total: int, allocated: int = 0) -> bool:
+    def close_interval(self, time_ns: int, used: Sequence[int], total: Sequence[int], allocated: int = 0) -> bool:
         """End the open interval as a sample, unless one ended less than ``interval`` ago (several views
-        share the series). Returns whether it did."""
+        share the series). Returns whether it did.
+
+        ``used`` and ``total``: each GPU's memory in use and capacity, by ordinal. The sample's lists are as long as
+        those, or longer where a record of the interval counted for a GPU past them (its memory then 0: not known).
+        """
+        used, total = _per_gpu(used, "used"), _per_gpu(total, "total")
+        if len(used) != len(total):
+            raise InvalidArgumentError(f"used and total must give the same GPUs, got {len(used)} and {len(total)}",
+                                       value=(used, total), expected="two lists of one length")
         now = self._clock.monotonic()
         with self._lock:
             pending = self._pending.take()
@@ -513,12 +560,14 @@ class DeviceSeries:
             if now - self._closed_at < self.interval:
                 return False
             self._closed_at = now
-            opened = self._open
-            sample = DeviceSample(time=int(time_ns), used=int(used), total=int(total), allocated=int(allocated),
-                                  htod_bytes=opened["htod_bytes"], dtoh_bytes=opened["dtoh_bytes"],
-                                  gpu_faults=opened["gpu_faults"], cpu_faults=opened["cpu_faults"],
-                                  evicted_bytes=opened["evicted_bytes"])
-            self._open = dict.fromkeys(self._open, 0)
+            gpus = max(len(used), self._open.shape[1])
+            counts = _widened(self._open, gpus).tolist()
+            memory = [0] * (gpus - len(used))
+            sample = DeviceSample(time=int(time_ns), used=used + memory, total=total + memory,
+                                  allocated=int(allocated), htod_bytes=counts[_HTOD], dtoh_bytes=counts[_DTOH],
+                                  dtod_bytes=counts[_DTOD], gpu_faults=counts[_GPU_FAULT],
+                                  cpu_faults=self._open_cpu_faults, evicted_bytes=counts[_EVICTED])
+            self._open, self._open_cpu_faults = _no_counts(), 0
             self._samples.append(sample)
             self._taken += 1
             return True
@@ -528,6 +577,19 @@ class DeviceSeries:
         with self._lock:
             first = self._taken - len(self._samples)
             return list(self._samples)[max(0, index - first):], self._taken
+
+
+def _widened(table: np.ndarray, gpus: int) -> np.ndarray:
+    """``table`` with zero columns added up to ``gpus`` columns."""
+    return table if table.shape[1] >= gpus else np.pad(table, ((0, 0), (0, gpus - table.shape[1])))
+
+
+def _per_gpu(values: object, name: str) -> list[int]:
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence) or not all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise InvalidArgumentError(f"{name} must be a list of bytes per GPU (whole numbers >= 0), got {values!r:.80}",
+                                   value=values, expected="a list of ints >= 0, one per GPU")
+    return [int(v) for v in values]
 
 
 _shared: tuple[EventWindow, DeviceSeries] | None = None

@@ -154,6 +154,9 @@ class SimBackend:
     def device_count(self) -> int:
         return self._devices
 
+    def contexts(self) -> frozenset[int]:
+        return frozenset(range(self._devices))   # simulated GPUs cost nothing to read
+
     def current_device(self) -> int:
         return 0
 

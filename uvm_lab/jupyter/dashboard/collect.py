@@ -1,13 +1,14 @@
 """Collectors: what the dashboard and ``%uvm status`` show, as plain data.
 
 Nothing here imports a widget or a plotting library. :func:`collect_snapshot` reads the kernel-side
-API (``ul.live_buffers()``, ``ul.residency()``, ``backend.mem_info()``, the event bus) and returns a
+API (``ul.live_buffers()``, ``ul.residency()``, each GPU's memory (``gpu_memory``), the event bus) and returns a
 dict of builtins and numpy arrays; the components in this package only render such a dict. The
 snapshot's shape::
 
     {
       "backend": "sim", "device_count": 1, "time_ns": 123456,
-      "memory": {"free": int, "total": int, "used": int},           # backend.mem_info()
+      "memory": {"free": int, "total": int, "used": int,            # the current GPU's: backend.mem_info()
+                 "devices": [{"device": d, "free": int, "total": int, "used": int}, ...]},   # each GPU's, by ordinal
       "events": {"published": int, "dropped": int},                 # the bus's counters
       "totals": {...} | None,                                       # EventTotals.snapshot()
       "resource": ["PrefetchResourceAdaptor", "PoolMemoryResource", ...],
@@ -37,6 +38,7 @@ from typing import Any
 import numpy as np
 
 import uvm_lab as ul
+from uvm_lab.backends.base import gpu_memory
 from uvm_lab.buffer import live_generation
 from uvm_lab.errors import BufferClosedError, InvalidArgumentError
 from uvm_lab.events import get_bus
@@ -266,6 +268,8 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
     """
     backend = ul.get_backend()
     free, total = backend.mem_info()
+    devices = [{"device": d, "free": int(f), "total": int(t), "used": int(t - f)}
+               for d, (f, t) in enumerate(gpu_memory(backend))]
     bus = get_bus()
     allocations = (live or LiveAllocations()).refresh(first, others)
     chain = ul.mr.resource_chain(ul.mr.get_current_device_resource())
@@ -274,7 +278,7 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
         "backend": backend.name,
         "device_count": int(backend.device_count()),
         "time_ns": int(backend.now_ns()),
-        "memory": {"free": int(free), "total": int(total), "used": int(total - free)},
+        "memory": {"free": int(free), "total": int(total), "used": int(total - free), "devices": devices},
         "events": {"published": int(bus.published), "dropped": int(bus.dropped),
                    "subscriptions": [{"name": s.name, "waiting": s.waiting, "dropped": s.dropped}
                                      for s in bus.subscriptions() if not s.inline]},

@@ -30,6 +30,7 @@ from .collect import EventTotals, LiveAllocations, collect_snapshot
 from .controls import AdviceControls, PrefetchControls
 from .residency import ResidencyMap, ResidencyOverview
 from .statistics import Statistics
+from .text import gpu_memories
 
 __all__ = ["Dashboard", "load_bokehjs"]
 
@@ -138,10 +139,10 @@ class Dashboard:
 
     @staticmethod
     def _header(snapshot: dict[str, Any]) -> str:
-        mem = snapshot["memory"]
         ev = snapshot["events"]
-        return (f"<b>uvm_lab</b> · backend <code>{html.escape(snapshot['backend'])}</code> · device memory "
-                f"{format_bytes(mem['used'])} used of {format_bytes(mem['total'])} · "
+        memory = " · ".join(f"{name} {format_bytes(mem['used'])} used of {format_bytes(mem['total'])}"
+                            for name, mem in gpu_memories(snapshot["memory"]))
+        return (f"<b>uvm_lab</b> · backend <code>{html.escape(snapshot['backend'])}</code> · {memory} · "
                 f"{len(snapshot['allocations'])} live allocation(s) · {ev['published']:,} events"
                 + (f", {ev['dropped']:,} dropped from history" if ev["dropped"] else ""))
 

@@ -1,4 +1,4 @@
-"""Statistics: device memory, bytes migrated each way, page faults, event counters (a table).
+"""Statistics: each GPU's memory, bytes migrated each way, page faults, event counters (a table).
 
 The rows live in a bokeh ``ColumnDataSource`` like every component's data; the table itself is
 plain HTML in an ipywidget: bokeh's ``DataTable`` does not redraw when a source of the same length
@@ -17,19 +17,20 @@ from bokeh.models import ColumnDataSource
 from uvm_lab.units import format_bytes
 
 from .base import DashboardComponent, update_source
+from .text import gpu_memories
 
 __all__ = ["Statistics", "statistics_rows"]
 
 
 def statistics_rows(snapshot: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The ``(metric, value)`` rows the table shows, as text."""
-    mem = snapshot["memory"]
     allocs = snapshot["allocations"]
-    pct = 100 * mem["used"] / mem["total"] if mem["total"] else 0.0
-    rows = [
-        ("backend", f"{snapshot['backend']} ({snapshot['device_count']} device(s))"),
-        ("device memory used", f"{format_bytes(mem['used'])} of {format_bytes(mem['total'])} ({pct:.1f}%)"),
-        ("device memory free", format_bytes(mem["free"])),
+    rows = [("backend", f"{snapshot['backend']} ({snapshot['device_count']} device(s))")]
+    for name, mem in gpu_memories(snapshot["memory"]):
+        pct = 100 * mem["used"] / mem["total"] if mem["total"] else 0.0
+        rows += [(f"{name} used", f"{format_bytes(mem['used'])} of {format_bytes(mem['total'])} ({pct:.1f}%)"),
+                 (f"{name} free", format_bytes(mem["free"]))]
+    rows += [
         ("live allocations", f"{len(allocs)} ({format_bytes(sum(a['size'] for a in allocs))})"),
         ("resource", " → ".join(snapshot["resource"])),
     ]

@@ -12,7 +12,16 @@ from .collect import shown_categories
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["format_status", "format_table", "format_top_sources", "format_trace_summary"]
+__all__ = ["format_status", "format_table", "format_top_sources", "format_trace_summary", "gpu_memories"]
+
+
+def gpu_memories(memory: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Each GPU's memory of a snapshot's ``memory`` with the name every view gives it: "device memory" where there
+    is one GPU, "GPU d memory" for each where there are several."""
+    devices = memory["devices"]
+    if len(devices) == 1:
+        return [("device memory", devices[0])]
+    return [(f"GPU {gpu['device']} memory", gpu) for gpu in devices]
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, right: Sequence[int] = ()) -> str:
@@ -41,18 +50,17 @@ def _advice_text(advice: Mapping[str, Any] | None) -> str:
 
 
 def format_status(snapshot: Mapping[str, Any]) -> str:
-    """The ``%uvm status`` report: backend, device memory, resource, live allocations, event counters.
+    """The ``%uvm status`` report: backend, each GPU's memory, resource, live allocations, event counters.
 
     The allocation table has a column per page category: each GPU of the device, "gpus" where there
     are several, host, both, unknown and nowhere (and any other category that holds pages).
     """
-    mem = snapshot["memory"]
     ev = snapshot["events"]
     lines = [
         f"backend: {snapshot['backend']} ({snapshot['device_count']} device(s)), "
         f"clock {snapshot['time_ns'] / 1e6:,.3f} ms",
-        f"device memory: {format_bytes(mem['used'])} used, {format_bytes(mem['free'])} free, "
-        f"{format_bytes(mem['total'])} total",
+        *(f"{name}: {format_bytes(mem['used'])} used, {format_bytes(mem['free'])} free, "
+          f"{format_bytes(mem['total'])} total" for name, mem in gpu_memories(snapshot["memory"])),
         "resource: " + " -> ".join(snapshot["resource"]),
         f"events: {ev['published']:,} published, {ev['dropped']:,} dropped from history",
         _subscriptions_text(ev["subscriptions"]),
