@@ -65,3 +65,11 @@ python3 benchmarks/advisor_validation.py --on gpu --size 256MiB --json "$out/adv
 # The records a trace holds, CUPTI's against the simulator's, as in sim_records_h200.json (two minutes; with GPU
 # faults on as well, as in sim_records_h200_gpu_faults.json, leave out --no-gpu-faults):
 #   python3 benchmarks/sim_records.py --no-gpu-faults --json out/sim_records.json
+# uvm_lab.dask at scale, on this host's cores (simulated GPUs: 8 worker processes; needs distributed, from .whl/):
+# 1 M events a second from 8 workers to the client, and the plugin's cost to a task loop, as in dask_*_h100.json.
+if python3 -c "import distributed" 2>/dev/null; then
+    python3 benchmarks/dask_scale.py scale --workers 8 --rate 1000000 --seconds 10 --json "$out/dask_scale.json"
+    python3 benchmarks/dask_scale.py cost --workers 8 --pairs 20 --iterations 200 --json "$out/dask_cost.json"
+else
+    echo "distributed is not installed: the uvm_lab.dask benchmarks did not run"
+fi
