@@ -46,7 +46,7 @@ def test_a_fault_on_another_gpu_migrates_the_page_over_the_peer_link():
     copies = of(records, EventKind.DTOD)
     assert copies["bytes"].sum() == 2 * MiB and set(copies["src"]) == {0} and set(copies["dst"]) == {1}
     assert not len(of(records, EventKind.HTOD)) and not len(of(records, EventKind.DTOH))
-    assert r.bytes_htod == 0 and r.bytes_dtoh == 0
+    assert r.bytes_htod == 0 and r.bytes_dtoh == 0 and r.bytes_dtod == 2 * MiB   # the access says what it moved
     assert (b.page_states(ptr, 2 * MiB) == 4).all()                    # moved: gone from device 0
     assert b.mem_info(0)[0] == 64 * MiB                                # its chunk given back
 

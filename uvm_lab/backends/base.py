@@ -34,6 +34,7 @@ class AccessResult:
     bytes_htod: int | None       #: bytes migrated host to device
     bytes_dtoh: int | None       #: bytes migrated device to host
     bytes_remote: int | None = 0  #: bytes read or written over the link without migrating
+    bytes_dtod: int | None = 0    #: bytes migrated from another GPU (a fault on this GPU for a page a peer held)
 
 
 @dataclass(frozen=True)

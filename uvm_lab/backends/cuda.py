@@ -695,14 +695,14 @@ class CudaBackend:
             seconds = time.perf_counter() - start
             if kind is MemoryKind.MANAGED:
                 self._unobserved(ptr, size, UnobservedCause.HOST, HOST_ID, seg_id, mode=mode, unless="host")
-            return AccessResult(seconds, None, None, None, None)
+            return AccessResult(seconds, None, None, None, None, None)
         start = time.perf_counter()
         with self._on(processor.id):
             self._gpu_touch(ptr, size, mode, stream)
         seconds = time.perf_counter() - start
         if kind is MemoryKind.MANAGED:
             self._unobserved(ptr, size, UnobservedCause.KERNEL, processor.id, seg_id, mode=mode, unless="kernels")
-        return AccessResult(seconds, None, None, None, None)
+        return AccessResult(seconds, None, None, None, None, None)
 
     def host_view(self, ptr: int, size: int) -> np.ndarray:
         """A NumPy ``uint8`` view of host-accessible memory (managed or pinned), no copy."""

@@ -478,7 +478,8 @@ class SimBackend:
                 self._finish(log, accesses)
             seconds = stats.seconds + (self.platform.kernel_launch_latency if launch else 0.0)
             return AccessResult(seconds=seconds, faults=stats.faults, bytes_htod=stats.bytes_htod,
-                                bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
+                                bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote,
+                                bytes_dtod=stats.bytes_dtod)
 
     def _parts_of(self, chunks: Iterable[np.ndarray], writes: bool | Iterable[np.ndarray]
                   ) -> Iterator[tuple[np.ndarray, bool | np.ndarray]]:
@@ -526,7 +527,7 @@ class SimBackend:
         start = self._now
         self._finish(log, accesses)
         return AccessResult(seconds=(self._now - start) / 1e9, faults=stats.faults, bytes_htod=stats.bytes_htod,
-                            bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote)
+                            bytes_dtoh=stats.bytes_dtoh, bytes_remote=stats.bytes_remote, bytes_dtod=stats.bytes_dtod)
 
     def statistics(self) -> dict[str, Any]:
         """Counters of the model: chunks held and evicted, thrashing blocks tracked."""
