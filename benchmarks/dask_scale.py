@@ -91,8 +91,8 @@ def task_loop(iterations: int) -> tuple[float, float]:
 
 
 def cluster(workers: int) -> tuple[LocalCluster, Client]:
-    local = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None,
-                         worker_dashboard_address=None)
+    local = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=":0",
+                         worker_dashboard_address=":0")
     return local, Client(local)
 
 
@@ -218,7 +218,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1_000_000, help="events a second, all workers together")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=1000, help="records a publish")
-    parser.add_argument("--interval", type=float, default=0.1, help="the plugin's seconds between deltas")
+    parser.add_argument("--interval", type=float, default=0.25, help="the plugin's seconds between deltas")
     parser.add_argument("--pairs", type=int, default=20)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--json", type=Path)

@@ -5,7 +5,16 @@
  */
 
 import { CAUSE_PALETTE, PALETTE } from './palette';
-import { CATEGORY_NAMES, CAUSE_NAMES, CategoryName, DeviceInfo, DeviceMemory, PageCounts, Traffic } from './protocol';
+import {
+  CATEGORY_NAMES,
+  CAUSE_NAMES,
+  CategoryName,
+  DeviceInfo,
+  DeviceMemory,
+  PageCounts,
+  Result,
+  Traffic
+} from './protocol';
 
 /** What the legend and the counts call each category. */
 export const LABELS: Readonly<Record<CategoryName, string>> = {
@@ -187,6 +196,11 @@ export function kindName(kind: string): string {
     GPU_PAGE_FAULT: 'GPU fault'
   };
   return words[kind] ?? kind.toLowerCase().replace(/_/g, ' ');
+}
+
+/** What a command's result says to the user: `done` where it succeeded, else its error's type and message. */
+export function resultText(result: Result, done: string): string {
+  return result.ok ? done : `${result.error?.type ?? 'Error'}: ${result.error?.message ?? 'failed'}`;
 }
 
 /** A table row of `cells`' text, as header (`th`) or data (`td`) cells. */

@@ -11,6 +11,7 @@ import {
   AdviceName,
   AllocationInfo,
   COMM_TARGET,
+  Cluster,
   Command,
   DeviceInfo,
   DeviceSample,
@@ -18,11 +19,15 @@ import {
   ITimelineColumns,
   Location,
   PageRows,
+  Prefetch,
   PROTOCOL_VERSION,
   Result,
+  SetAdvice,
   Snapshot,
   TimelineRows,
   Update,
+  WorkerBufferList,
+  WorkerTimelineRows,
   applyRuns,
   asKernelMessage,
   bufferBytes,
@@ -72,6 +77,12 @@ export interface ITimelineSource {
   readonly now: number;
   /** The rows of [start, end] ns for a view `width` pixels wide, of `lanes` (all: null). */
   queryTimeline(start: number, end: number, width: number, lanes: number[] | null): Promise<ITimeline | Result>;
+}
+
+/** A worker's timeline answer: its header and its columns. */
+export interface IWorkerTimeline {
+  rows: WorkerTimelineRows;
+  columns: ITimelineColumns;
 }
 
 /** Omit<T, K> over each member of a union, so a command can be built without its seq. */
@@ -130,6 +141,15 @@ export class UvmLabModel implements ITimelineSource {
 
   get samplesChanged(): ISignal<this, void> {
     return this._samplesChanged;
+  }
+
+  /** The kernel's Dask cluster as last sent (every worker x GPU), or null: none shown. */
+  get cluster(): Cluster | null {
+    return this._cluster;
+  }
+
+  get clusterChanged(): ISignal<this, void> {
+    return this._clusterChanged;
   }
 
   /** The device lanes' samples held, oldest first (at most `MAX_SAMPLES`). */
@@ -200,6 +220,38 @@ export class UvmLabModel implements ITimelineSource {
       void this.send({ type: 'pages', id, first_page: firstPage, pages }).then(result => {
         if (this._pageWaiters.delete(seq)) {
           resolve(result); // no answer came: the result says why
+        }
+      });
+    });
+  }
+
+  /**
+   * Ask the kernel for Dask worker `worker`'s events of [start, end] ns, for a view `width` pixels wide.
+   * Resolves with the answer, or with the command's failed result.
+   */
+  queryWorkerTimeline(worker: string, start: number, end: number, width: number): Promise<IWorkerTimeline | Result> {
+    return this._ask<IWorkerTimeline>({ type: 'worker_timeline', worker, start, end, width });
+  }
+
+  /** Ask the kernel for Dask worker `worker`'s live buffers; resolves with them, or with the failed result. */
+  queryWorkerBuffers(worker: string): Promise<WorkerBufferList | Result> {
+    return this._ask<WorkerBufferList>({ type: 'worker_buffers', worker });
+  }
+
+  /** Have Dask worker `worker` carry out a prefetch or advice on a buffer it owns; resolves with the result. */
+  workerCommand(worker: string, command: CommandBody<Prefetch | SetAdvice>): Promise<Result> {
+    // The inner command's seq is its own (checked, not answered): the result answers the outer one.
+    return this.send({ type: 'worker_command', worker, command: { ...command, seq: 0 } as Prefetch | SetAdvice });
+  }
+
+  /** Send a query answered by a message of its own (matched by seq); if none comes, the result says why. */
+  private _ask<T>(body: CommandBody<Command>): Promise<T | Result> {
+    const seq = this._nextSeq;
+    return new Promise(resolve => {
+      this._answerWaiters.set(seq, answer => resolve(answer as T));
+      void this.send(body).then(result => {
+        if (this._answerWaiters.delete(seq)) {
+          resolve(result);
         }
       });
     });
@@ -389,6 +441,27 @@ export class UvmLabModel implements ITimelineSource {
         this._experiment = data;
         this._experimentChanged.emit();
         break;
+      case 'cluster':
+        this._cluster = data;
+        this._clusterChanged.emit();
+        break;
+      case 'worker_timeline': {
+        const resolve = this._answerWaiters.get(data.seq);
+        const columns = timelineColumns(data, buffers);
+        if (resolve && columns) {
+          this._answerWaiters.delete(data.seq);
+          resolve({ rows: data, columns });
+        }
+        break;
+      }
+      case 'worker_buffers': {
+        const resolve = this._answerWaiters.get(data.seq);
+        if (resolve) {
+          this._answerWaiters.delete(data.seq);
+          resolve(data);
+        }
+        break;
+      }
     }
   }
 
@@ -552,6 +625,10 @@ export class UvmLabModel implements ITimelineSource {
       resolve(this._localError('command', 'the connection to the kernel closed', seq));
     }
     this._pending.clear();
+    if (this._cluster) {
+      this._cluster = null; // another kernel may have no cluster, or another one
+      this._clusterChanged.emit();
+    }
     if (this._allocations.size) {
       const ids = [...this._allocations.keys()];
       this._allocations.clear();
@@ -597,6 +674,9 @@ export class UvmLabModel implements ITimelineSource {
   private _samples: DeviceSample[] = [];
   private _samplesDropped = 0;
   private _samplesChanged = new Signal<this, void>(this);
+  private _answerWaiters = new Map<number, (answer: IWorkerTimeline | WorkerBufferList) => void>();
+  private _cluster: Cluster | null = null;
+  private _clusterChanged = new Signal<this, void>(this);
   private _experiment: ExperimentChart | null = null;
   private _experimentChanged = new Signal<this, void>(this);
   private _nextSeq = 1;

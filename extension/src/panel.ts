@@ -26,6 +26,7 @@ import {
   markPagesDrawn,
   nonZero,
   pagesDrawn,
+  resultText,
   shownCategories
 } from './categories';
 import { ConnectionState, IAllocation, UvmLabModel } from './model';
@@ -317,7 +318,7 @@ export class UvmLabPanel extends Widget {
     this.update();
     try {
       const result = await command();
-      this._lastAction = result.ok ? done : `${result.error?.type ?? 'Error'}: ${result.error?.message ?? 'failed'}`;
+      this._lastAction = resultText(result, done);
     } finally {
       this._busy = false;
       this.update();

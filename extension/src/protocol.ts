@@ -8,11 +8,13 @@
  * as binary buffers, the i-th buffer for `allocations[i]`, one byte per page or per cell of
  * `cell_pages` pages: the code of the page's (or most of the cell's pages') category; in an
  * update, mostly only the runs of cells that changed (`encoding: 'runs'`, `applyRuns`). The
- * timeline is asked for (`Timeline`) and comes back as binary columns (`TIMELINE_COLUMNS`).
+ * timeline is asked for (`Timeline`) and comes back as binary columns (`TIMELINE_COLUMNS`). A Dask
+ * cluster's workers come as `Cluster`; what the view asks of one worker names it by address
+ * (`WorkerCommand`, `WorkerTimeline`, `WorkerBuffers`) and the kernel routes it there.
  */
 
 export const COMM_TARGET = 'uvm_lab';
-export const PROTOCOL_VERSION = 4;
+export const PROTOCOL_VERSION = 5;
 
 /** The update interval a view may ask for, in milliseconds: [least, most]. */
 export const RATE_LIMITS_MS = [50, 10000] as const;
@@ -164,7 +166,31 @@ export type Watch = {
   ids: number[] | null;
 };
 
-export type Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages | Watch;
+/** A prefetch or advice carried out on Dask worker `worker`, which owns the buffer. */
+export type WorkerCommand = {
+  type: 'worker_command';
+  seq: number;
+  worker: string;
+  command: Prefetch | SetAdvice;
+};
+
+/** Worker `worker`'s events of [start, end] ns (its backend's clock), for a view `width` pixels wide. */
+export type WorkerTimeline = {
+  type: 'worker_timeline';
+  seq: number;
+  worker: string;
+  start: number;
+  end: number;
+  width: number;
+};
+
+export type WorkerBuffers = {
+  type: 'worker_buffers';
+  seq: number;
+  worker: string;
+};
+
+export type Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages | Watch | WorkerCommand | WorkerTimeline | WorkerBuffers;
 
 // --- kernel -> front end ----------------------------------------------------------------------
 
@@ -278,8 +304,8 @@ export type Removed = {
   ids: number[];
 };
 
-export type TimelineRows = {
-  type: 'timeline';
+/** The fields of a timeline's answer, wherever its events are held: the kernel's or a worker's. */
+type TimelineAnswer = {
   seq: number;
   start: number;
   end: number;
@@ -298,6 +324,76 @@ export type TimelineRows = {
   /** Per line of user code in the window: [source, events, gpu_faults, cpu_faults, bytes_htod, bytes_dtoh, bytes_dtod]. */
   by_source: number[][];
   by_source_others: number;
+};
+
+export type TimelineRows = TimelineAnswer & {
+  type: 'timeline';
+};
+
+export type WorkerTimelineRows = TimelineAnswer & {
+  type: 'worker_timeline';
+  /** Whose events: the worker's address. */
+  worker: string;
+};
+
+/** One GPU of a worker: memory as last read; what moved and faulted since the worker joined. */
+export type WorkerDevice = {
+  gpu: number;
+  used: number;
+  total: number;
+  htod_bytes: number;
+  dtoh_bytes: number;
+  /** In from a peer GPU. */
+  dtod_bytes: number;
+  gpu_faults: number;
+  evicted_bytes: number;
+  /** Pages of the worker's live buffers held on this GPU. */
+  pages: number;
+};
+
+export type WorkerInfo = {
+  address: string;
+  name: string;
+  /** left: closed cleanly; gone: dead, restarted or retired. */
+  state: 'live' | 'left' | 'gone';
+  backend: string;
+  gpus: number;
+  events: number;
+  cpu_faults: number;
+  allocated: number;
+  buffers: number;
+  /** Deltas that never came. */
+  lost: number;
+  latency_ms: number;
+  /** Empty until its first delta. */
+  devices: WorkerDevice[];
+};
+
+/** Every worker x GPU of the kernel's Dask cluster, in the order they joined. */
+export type Cluster = {
+  type: 'cluster';
+  workers: WorkerInfo[];
+  workers_left_out: number;
+};
+
+export type WorkerBuffer = {
+  id: number;
+  label: string;
+  size: number;
+  is_managed: boolean;
+  /** Pages per place ("host", "gpu:N") holding a copy. */
+  copies: Record<string, number>;
+  unknown: number;
+};
+
+export type WorkerBufferList = {
+  type: 'worker_buffers';
+  seq: number;
+  worker: string;
+  /** The oldest first. */
+  buffers: WorkerBuffer[];
+  /** More than the kernel lists: the newest were left out. */
+  truncated: boolean;
 };
 
 /** Pages of one allocation at one page a cell; the one buffer holds each page's category code. */
@@ -333,7 +429,17 @@ export type ExperimentChart = {
   html: string;
 };
 
-export type KernelMessage = Snapshot | Update | Removed | TimelineRows | PageRows | Result | ExperimentChart;
+export type KernelMessage =
+  | Snapshot
+  | Update
+  | Removed
+  | TimelineRows
+  | PageRows
+  | Result
+  | ExperimentChart
+  | Cluster
+  | WorkerTimelineRows
+  | WorkerBufferList;
 
 /** Narrow an incoming comm payload to a kernel message, or undefined for anything else. */
 export function asKernelMessage(data: unknown): KernelMessage | undefined {
@@ -349,6 +455,9 @@ export function asKernelMessage(data: unknown): KernelMessage | undefined {
     case 'pages':
     case 'result':
     case 'experiment':
+    case 'cluster':
+    case 'worker_timeline':
+    case 'worker_buffers':
       return data as KernelMessage;
     default:
       return undefined;
@@ -418,7 +527,7 @@ export interface ITimelineColumns {
 
 /** Read a `timeline` answer's buffers as columns; undefined if they do not match `TIMELINE_COLUMNS`. */
 export function timelineColumns(
-  rows: TimelineRows,
+  rows: { rows: number },
   buffers: (ArrayBuffer | ArrayBufferView)[]
 ): ITimelineColumns | undefined {
   if (buffers.length !== TIMELINE_COLUMNS.length) {

@@ -1,7 +1,8 @@
 /**
  * The UVM Lab view in the main area: device lanes, a timeline of events by allocation and cause,
  * the allocation list, the selected allocation's page map with its traffic, and the controls for
- * everything a buffer does. It follows the current notebook's kernel through its own model (one
+ * everything a buffer does; and, where the kernel watches a Dask cluster, every worker × GPU of it
+ * (`ClusterSection`). It follows the current notebook's kernel through its own model (one
  * comm); it only renders and sends commands, and shows each command's result.
  */
 
@@ -9,6 +10,7 @@ import { Message } from '@lumino/messaging';
 import { Widget } from '@lumino/widgets';
 
 import { AllocationList } from './alloclist';
+import { ClusterSection } from './cluster';
 import {
   GPU_CATEGORIES,
   LABELS,
@@ -20,6 +22,7 @@ import {
   legendItem,
   legendItems,
   nonZero,
+  resultText,
   shownCategories,
   trafficRows
 } from './categories';
@@ -52,6 +55,7 @@ export class UvmLabView extends Widget {
     }, this);
     model.samplesChanged.connect(this._schedule, this);
     model.experimentChanged.connect(this._showExperiment, this);
+    model.clusterChanged.connect(this._schedule, this);
     model.setPaused(true); // until shown
   }
 
@@ -178,6 +182,8 @@ export class UvmLabView extends Widget {
     this._list.node.addEventListener('scroll', () => this._schedule(), true);
 
     const main = div('jp-UvmLabView-main');
+    // A Dask client's kernel does little on its own GPU: its cluster comes first, where it has one.
+    this._cluster = new ClusterSection(document.createElement('section'), this.model, () => this._schedule());
     this._lanes = new DeviceLanes(div(''));
     this._lanesNote = div('jp-UvmLab-lanesNote');
     this._timeline = new Timeline(div(''), this.model, id => this.select(id));
@@ -258,6 +264,7 @@ export class UvmLabView extends Widget {
     this._experiment.append(this._experimentTitle, this._experimentFrame);
 
     main.append(
+      this._cluster.node,
       this._lanes.node,
       this._lanesNote,
       this._timeline.node,
@@ -382,6 +389,7 @@ export class UvmLabView extends Widget {
     this._lanes.setCursor(cursor);
     this._timeline.setCursor(cursor);
     this._timeline.render(this._list.shownIds, id => allocations.get(id)?.info.label, this._selected, width);
+    this._cluster.render(width);
 
     const selected = this._selectedAllocation();
     this._renderSelection(selected, width);
@@ -666,7 +674,7 @@ export class UvmLabView extends Widget {
     this._schedule();
     try {
       const result = await command();
-      this._result.textContent = result.ok ? done : `${result.error?.type ?? 'Error'}: ${result.error?.message ?? 'failed'}`;
+      this._result.textContent = resultText(result, done);
       this._result.dataset.ok = String(result.ok);
     } finally {
       this._busy = false;
@@ -691,6 +699,7 @@ export class UvmLabView extends Widget {
   private _lanes!: DeviceLanes;
   private _lanesNote!: HTMLElement;
   private _timeline!: Timeline;
+  private _cluster!: ClusterSection;
   private _sourceLines!: SourceLines;
   private _experiment!: HTMLDetailsElement;
   private _experimentTitle!: HTMLElement;

@@ -123,7 +123,7 @@ def test_hello_sends_a_snapshot_with_binary_residency_matching_ul_residency(sess
     (snapshot, buffers), (result, _) = session.comm.messages
     assert result == {"type": "result", "seq": 1, "command": "hello", "ok": True, "error": None}
     assert snapshot["type"] == "snapshot"
-    assert snapshot["version"] == PROTOCOL_VERSION == 4
+    assert snapshot["version"] == PROTOCOL_VERSION == 5
     assert snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
     free = device.mem_info()[0]
     assert snapshot["device"] == {"backend": "sim", "device_count": 1, "free": free, "total": 1 << 30,
@@ -707,9 +707,11 @@ def test_a_bad_command_gets_a_small_encodable_reply_and_changes_nothing(session,
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=40),
                     lambda children: st.lists(children, max_size=4) | st.dictionaries(
                         st.sampled_from(["type", "seq", "id", "ids", "paused", "interval_ms", "start", "end", "width",
-                                         "lanes", "location", "first_page", "pages", "advice", "value", "x"]),
+                                         "lanes", "location", "first_page", "pages", "advice", "value", "worker",
+                                         "command", "x"]),
                         children, max_size=8), max_leaves=30),
-       st.sampled_from(["hello", "pause", "rate", "timeline", "watch", "pages", "prefetch", "set_advice", None]))
+       st.sampled_from(["hello", "pause", "rate", "timeline", "watch", "pages", "prefetch", "set_advice",
+                        "worker_command", "worker_timeline", "worker_buffers", None]))
 def test_random_json_never_breaks_the_session(session, data, kind):
     if kind is not None and isinstance(data, dict):
         data = {**data, "type": kind}

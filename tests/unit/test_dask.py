@@ -47,8 +47,8 @@ def until(condition, what: str, timeout: float = 60.0):
 
 @pytest.fixture(scope="module")
 def cluster():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
-                                  worker_dashboard_address=None) as local, distributed.Client(local) as client:
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                                  worker_dashboard_address=":0") as local, distributed.Client(local) as client:
         monitor = ClusterMonitor(client)
         client.register_plugin(UvmLab(backend="sim", devices=2, device_memory="256MiB", interval=0.05))
         until(lambda: len([w for w in monitor.workers().values() if w.last is not None]) == 2, "both workers report")

@@ -53,6 +53,12 @@ VALID = [
     ({"type": "watch", "seq": 10, "ids": None}, None),
     ({"type": "watch", "seq": 10, "ids": [9, 3, 3]}, {"type": "watch", "seq": 10, "ids": [3, 9]}),  # sorted, once
     ({"type": "pages", "seq": 9, "id": 7, "first_page": 10**9, "pages": protocol.CELL_LIMIT}, None),
+    ({"type": "worker_command", "seq": 11, "worker": "tcp://127.0.0.1:40000", "command": {
+        "type": "prefetch", "seq": 0, "id": 7, "location": "gpu:1", "first_page": 0, "pages": None}}, None),
+    ({"type": "worker_command", "seq": 11, "worker": "w" * protocol.MAX_WORKER_ADDRESS, "command": {
+        "type": "set_advice", "seq": 0, "id": 7, "advice": "accessed_by", "value": ["gpu:0", "host"]}}, None),
+    ({"type": "worker_timeline", "seq": 12, "worker": "tcp://h:1", "start": 0, "end": 2**53 - 1, "width": 800}, None),
+    ({"type": "worker_buffers", "seq": 13, "worker": "tcp://h:1"}, None),
 ]
 
 
@@ -78,7 +84,8 @@ MALFORMED = [
     ({"type": 3, "seq": 1}, "unknown command type 3"),
     ({"type": "exec", "seq": 1, "code": "import os"}, "unknown command type 'exec'"),
     ({"type": "__import__", "seq": 1},
-     "the commands are hello, prefetch, set_advice, pause, rate, timeline, pages, watch"),
+     "the commands are hello, prefetch, set_advice, pause, rate, timeline, pages, watch, worker_command, "
+     "worker_timeline, worker_buffers"),
     ({"type": "Hello", "seq": 1}, "unknown command type 'Hello'"),
     ({"type": "hello"}, "missing field 'seq'"),
     ({"type": "watch", "seq": 1, "ids": [0]}, "a watch id must be an allocation id (1 to 2**53-1), got 0"),
@@ -170,6 +177,35 @@ MALFORMED = [
     ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 10, "lanes": [True]}, "got True"),
     ({"type": "timeline", "seq": 1, "start": 0, "end": 3, "width": 10, "lanes": list(range(4097))},
      "at most 4096 ids, got 4097"),
+    # Worker commands: the worker named by a string, the command inside checked as its own type is.
+    ({"type": "worker_buffers", "seq": 1, "worker": 3}, "worker must be a worker's address, a string of 1 to 256"),
+    ({"type": "worker_buffers", "seq": 1, "worker": ""}, "got ''"),
+    ({"type": "worker_buffers", "seq": 1, "worker": None}, "got None"),
+    ({"type": "worker_buffers", "seq": 1, "worker": "w" * 257}, "worker must be a worker's address"),
+    ({"type": "worker_buffers", "seq": 1, "worker": ["tcp://h:1"]}, "got ['tcp://h:1']"),
+    ({"type": "worker_buffers", "seq": 1}, "missing field 'worker'"),
+    ({"type": "worker_timeline", "seq": 1, "worker": "tcp://h:1", "start": 5, "end": 5, "width": 10},
+     "worker_timeline end must be after its start, got start 5 and end 5"),
+    ({"type": "worker_timeline", "seq": 1, "worker": "tcp://h:1", "start": 0, "end": 5, "width": 0},
+     "width must be a whole number from 1 to 16384"),
+    ({"type": "worker_timeline", "seq": 1, "worker": "tcp://h:1", "start": 0, "end": 5, "width": 10, "lanes": None},
+     "unexpected field 'lanes'"),
+    ({"type": "worker_command", "seq": 1, "worker": "tcp://h:1", "command": {
+        "type": "prefetch", "seq": 0, "id": 7, "location": "tpu", "first_page": 0, "pages": None}},
+     "worker_command's command: prefetch location must be \"host\", \"gpu\" or \"gpu:N\", got 'tpu'"),
+    ({"type": "worker_command", "seq": 1, "worker": "tcp://h:1", "command": {
+        "type": "set_advice", "seq": 0, "id": 0, "advice": "read_mostly", "value": True}}, "id must be a whole number"),
+    ({"type": "worker_command", "seq": 1, "worker": "tcp://h:1", "command": {"type": "pause", "seq": 0,
+                                                                             "paused": True}},
+     "a worker_command carries prefetch or set_advice, got 'pause'"),
+    ({"type": "worker_command", "seq": 1, "worker": "tcp://h:1", "command": {"type": "exec", "seq": 0}}, "got 'exec'"),
+    ({"type": "worker_command", "seq": 1, "worker": "tcp://h:1", "command": {
+        "type": "worker_command", "seq": 0, "worker": "tcp://h:1", "command": {}}}, "got 'worker_command'"),
+    ({"type": "worker_command", "seq": 1, "worker": "tcp://h:1", "command": "prefetch"},
+     "carries prefetch or set_advice, got 'prefetch'"),
+    ({"type": "worker_command", "seq": 1, "worker": "tcp://h:1", "command": None}, "got None"),
+    ({"type": "worker_command", "seq": 1, "worker": 7, "command": {
+        "type": "prefetch", "seq": 0, "id": 7, "location": "host", "first_page": 0, "pages": None}}, "got 7"),
 ]
 
 
@@ -336,11 +372,16 @@ def test_pack_states_refuses_what_is_not_a_page_state_array(states, limit, menti
 
 
 def _ts_types() -> dict[str, set[str]]:
+    """Each exported object type's fields, with those of a type it extends (``export type A = B & {``)."""
     source = PROTOCOL_TS.read_text()
-    types = {}
-    for name, body in re.findall(r"export type (\w+) = \{(.*?)\n\};", source, flags=re.S):
-        types[name] = set(re.findall(r"^\s+'?([\w:]+)'?\??:", body, flags=re.M))
-    return types
+    fields, exported, bases = {}, set(), {}
+    for export, name, base, body in re.findall(r"^(export )?type (\w+) = (?:(\w+) & )?\{(.*?)\n\};", source,
+                                               flags=re.S | re.M):
+        fields[name] = set(re.findall(r"^\s+'?([\w:]+)'?\??:", body, flags=re.M))
+        bases[name] = base
+        if export:
+            exported.add(name)
+    return {name: fields[name] | (fields[bases[name]] if bases[name] else set()) for name in exported}
 
 
 def _py_typeddicts() -> dict[str, set[str]]:
@@ -353,7 +394,7 @@ def _py_typeddicts() -> dict[str, set[str]]:
 
 def test_every_message_has_a_same_named_twin_with_the_same_fields():
     ts, py = _ts_types(), _py_typeddicts()
-    assert len(py) == 23  # 8 commands, 7 kernel messages, 8 parts
+    assert len(py) == 32  # 11 commands, 10 kernel messages, 11 parts
     assert ts == py
 
 
@@ -370,7 +411,7 @@ def _ts_list(source: str, name: str) -> list[str]:
 def test_constants_and_literals_match_the_twin():
     source = PROTOCOL_TS.read_text()
     assert f"export const COMM_TARGET = '{protocol.COMM_TARGET}';" in source
-    assert protocol.PROTOCOL_VERSION == 4
+    assert protocol.PROTOCOL_VERSION == 5
     assert f"export const PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION};" in source
     assert _ts_list(source, "CATEGORY_NAMES") == list(CATEGORY_NAMES) == list(protocol.CATEGORY_NAMES)
     assert "export type Location = 'host' | 'gpu' | `gpu:${number}`;" in source

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from .. import cluster_feed
 from ..errors import InvalidArgumentError, InvalidStateError, ProtocolError, shown
 from . import wire
 from .scheduler import WorkerExits
@@ -27,7 +28,7 @@ from .worker import ROUTED, TOPIC, answer_timeline, describe_buffers, run_comman
 
 __all__ = ["ClusterMonitor", "WorkerLanes"]
 
-#: Deltas a worker's history keeps (ten minutes at ten a second).
+#: Deltas a worker's history keeps (25 minutes at the default four a second).
 HISTORY: Final = 6000
 #: Workers a monitor keeps; past it, the longest gone are forgotten (and counted).
 MAX_WORKERS: Final = 1024
@@ -95,12 +96,14 @@ class ClusterMonitor:
         client.register_plugin(WorkerExits())
         client.subscribe_topic(TOPIC, self._on_event)
         self._closed = False
+        cluster_feed.publish(self)   # the latest monitor made is the one the lab view shows
 
     def close(self) -> None:
-        """Stop listening; what is held stays readable."""
+        """Stop listening; what is held stays readable (but no longer in the lab view)."""
         if not self._closed:
             self._closed = True
             self.client.unsubscribe_topic(TOPIC)
+            cluster_feed.withdraw(self)
 
     def __enter__(self) -> ClusterMonitor:
         return self
@@ -155,6 +158,7 @@ class ClusterMonitor:
                                     command=message)
             self.messages += 1
         self._changed.set()
+        cluster_feed.changed(self)
 
     def _fold(self, lanes: WorkerLanes, delta: wire.Delta, now: float) -> None:
         if lanes.last is not None and delta.seq > lanes.last.seq + 1:

@@ -27,6 +27,7 @@ from .. import backends, mr
 from ..backends.base import gpu_memory
 from ..errors import InvalidArgumentError, shown
 from ..events import get_bus
+from ..jupyter.protocol import ROUTED_COMMANDS
 from ..residency_map import ResidencyMap, residency
 from ..units import parse_size
 from . import wire
@@ -72,7 +73,7 @@ class UvmLab(WorkerPlugin):
     def __init__(self, *, backend: str | None = None, devices: int | None = None,
                  device_memory: int | str | None = None, platform: str | None = None, managed_memory: bool = True,
                  pool_size: int | str | None = None, maximum_pool_size: int | str | None = None, prefetch: bool = False,
-                 allocators: Sequence[str] | None = None, cupti: bool = False, interval: float = 0.1) -> None:
+                 allocators: Sequence[str] | None = None, cupti: bool = False, interval: float = 0.25) -> None:
         if backend not in (None, "sim", "cuda"):
             raise InvalidArgumentError(f"backend must be 'sim', 'cuda' or None, got {shown(backend)}", value=backend,
                                        expected="'sim', 'cuda' or None")
@@ -302,8 +303,8 @@ def _held_pages(plain: dict[str, Any]) -> np.ndarray:
 
 # -- what a client may run on a worker (client.run): fixed functions, each checking what it is given ----------------
 
-#: The commands a client may route to a worker: those that act on one of its buffers.
-ROUTED: Final = ("prefetch", "set_advice")
+#: The commands a client may route to a worker: those that act on one of its buffers (the protocol's list).
+ROUTED: Final = ROUTED_COMMANDS
 
 
 def run_command(command: object) -> None:

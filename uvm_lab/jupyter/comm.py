@@ -12,6 +12,9 @@ The panel opens a comm to target ``"uvm_lab"`` with a ``hello``; each open comm 
   new samples, so the map follows a cell while it runs;
 - answers ``timeline`` queries from the kernel's shared event window (:mod:`.timeline`);
 - sends each ``ul.compare`` result's chart as it ends (``experiment``), and the latest one to a view that opens;
+- shows the Dask cluster of the kernel's :class:`~uvm_lab.dask.ClusterMonitor` (:mod:`uvm_lab.cluster_feed`):
+  every worker x GPU (``cluster``) at the snapshot and then at most every ``CLUSTER_INTERVAL`` while it changes,
+  and routes a worker's timeline, buffers, prefetch and advice to it (over Dask: no lock is held meanwhile);
 - stops sending while the panel says it is hidden (``pause``), and sends a full snapshot when it
   is shown again.
 
@@ -24,11 +27,13 @@ update sent during a cell would pin the panel's commands behind that cell.
 Locks, in the only order they are taken::
 
     _command_lock  (one command at a time)  ->  the core's own locks
-    _send_lock     (one snapshot/update at a time, owns _sent and _next_sample)  ->  the core's own locks
-    _lock          (the dirty ranges and the pause flag; held only for a few assignments)
+    _send_lock     (one snapshot/update at a time, owns _sent, _next_sample and _cluster_shown)  ->  the core's own
+                   locks, the cluster monitor's
+    _lock          (the dirty ranges, the pause flag, the cluster's flag; held only for a few assignments)
 
 The bus callback takes only ``_lock``, so a producer publishing under the core's locks never
-waits on a send.
+waits on a send; so does the cluster feed's, on the Dask client's event loop. A worker's command or query
+(over Dask) holds none of them while it waits.
 """
 
 from __future__ import annotations
@@ -38,15 +43,16 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 import uvm_lab as ul
 
-from .. import experiment_feed
+from .. import cluster_feed, experiment_feed
 from ..backends.base import gpu_memory
 from ..clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
+from ..errors import InvalidStateError
 from ..events import get_bus
 from ..events.bus import EventBus
 from ..units import PAGE_SIZE
@@ -56,9 +62,13 @@ from .protocol import (
     CELL_LIMIT,
     COMM_TARGET,
     COMMANDS,
+    MAX_CLUSTER_WORKERS,
+    MAX_WORKER_BUFFERS,
     PROTOCOL_VERSION,
+    TIMELINE_COLUMNS,
     AdviceState,
     AllocationInfo,
+    Cluster,
     Command,
     DeviceInfo,
     DeviceMemory,
@@ -70,6 +80,14 @@ from .protocol import (
     Snapshot,
     Timeline,
     Update,
+    WorkerBuffer,
+    WorkerBufferList,
+    WorkerBuffers,
+    WorkerCommand,
+    WorkerDevice,
+    WorkerInfo,
+    WorkerTimeline,
+    WorkerTimelineRows,
     encode_runs,
     pack_states,
     parse_command,
@@ -108,6 +126,11 @@ ANSWERS_BURST = 1.0
 #: The least time between two updates, in seconds: about 20 a second at most, so that a change waits for the next
 #: update 25 ms on average and 50 ms at most.
 UPDATE_INTERVAL = 0.05
+#: The least time between two ``cluster`` messages, in seconds: every worker's delta changes the feed, and a table of
+#: numbers read four times a second reads as live however many workers send.
+CLUSTER_INTERVAL = 0.25
+#: The commands carried out on a Dask worker, through the cluster's monitor.
+_ON_WORKERS = ("worker_command", "worker_timeline", "worker_buffers")
 
 
 class CommLike(Protocol):
@@ -166,6 +189,10 @@ class PanelSession:
         comm.on_close(self._on_close)
         self._charted: tuple[Any, str] | None = None   # the last experiment drawn, and its chart
         self._unsubscribe_experiments = experiment_feed.subscribe(self._send_experiment)
+        self._cluster_dirty = False   # the feed changed since the last cluster message (under _lock)
+        self._next_cluster = 0.0      # when the next cluster message may go (the session's clock)
+        self._cluster_shown = False   # the view was last sent a cluster with a monitor behind it
+        self._unsubscribe_cluster = cluster_feed.subscribe(self._on_cluster)
         self._thread = threading.Thread(target=self._run, name="uvm_lab-panel-updates", daemon=True)
         if start:
             self._thread.start()
@@ -188,15 +215,22 @@ class PanelSession:
                         command=kind if isinstance(kind, str) and kind in COMMANDS else None, ok=True, error=None)
         try:
             command = parse_command(data)
-            if command["type"] == "timeline":
-                # An answer reads every event held: it waits for its own share of the kernel (see __init__).
-                self._clock.wait(self._closed, max(0.0, self._answers.ready_at() - self._clock.monotonic()))
-                self._catch_up()   # what the hardware has reported, in the window; not charged: see _run
-            started, cpu = self._clock.monotonic(), self._clock.thread_time()
-            with self._command_lock:
-                self._execute(command)
-            if command["type"] == "timeline":
-                self._answers.spend(started, self._clock.thread_time() - cpu)
+            if command["type"] in _ON_WORKERS:
+                # The worker's work, over Dask: it takes none of the kernel's share, and no lock is held while
+                # the answer comes (tens of ms; longer from a worker that just died).
+                refused = self._ask_worker(cast(WorkerCommand | WorkerTimeline | WorkerBuffers, command))
+                if refused is not None:
+                    result["ok"], result["error"] = False, refused
+            else:
+                if command["type"] == "timeline":
+                    # An answer reads every event held: it waits for its own share of the kernel (see __init__).
+                    self._clock.wait(self._closed, max(0.0, self._answers.ready_at() - self._clock.monotonic()))
+                    self._catch_up()   # what the hardware has reported, in the window; not charged: see _run
+                started, cpu = self._clock.monotonic(), self._clock.thread_time()
+                with self._command_lock:
+                    self._execute(command)
+                if command["type"] == "timeline":
+                    self._answers.spend(started, self._clock.thread_time() - cpu)
         except Exception as err:
             # Any failure, ours or the core's, is the command's answer, never the comm's end.
             result["ok"] = False
@@ -248,7 +282,8 @@ class PanelSession:
                 self._lanes_deferred.pop(alloc_id, None)
             for alloc_id in self._packed.keys() - described.keys() if self._live.relisted else ():
                 del self._packed[alloc_id]
-            return bool(infos or gone or samples)
+            cluster = self._flush_cluster()
+            return bool(infos or gone or samples or cluster)
 
     def send_snapshot(self) -> None:
         """Send every live allocation, replacing whatever the panel holds."""
@@ -273,6 +308,10 @@ class PanelSession:
             self._send(snapshot, cells)
             self._sent.update(held)
             self._next_sample, self._lanes_seen = next_sample, lanes_seen
+            with self._lock:
+                self._cluster_dirty = False
+                self._next_cluster = self._clock.monotonic() + CLUSTER_INTERVAL
+            self._send_cluster()
 
     def _sample(self, now: int, device: DeviceInfo) -> None:
         gpus = device["devices"]
@@ -360,6 +399,7 @@ class PanelSession:
         self._wake.set()
         self._subscription.close()
         self._unsubscribe_experiments()
+        self._unsubscribe_cluster()
         if self._owns_timeline:
             release_shared()
         with _sessions_lock:
@@ -397,6 +437,54 @@ class PanelSession:
     def _answer_timeline(self, query: Timeline) -> None:
         self._send(*answer_timeline(self._window, query))
 
+    def _ask_worker(self, command: WorkerCommand | WorkerTimeline | WorkerBuffers) -> ErrorInfo | None:
+        """Carry ``command`` out on the worker it names, through the cluster's monitor, and send the answer.
+        Returns the worker's refusal of a prefetch or advice (the error of its result), or None; a query that
+        fails raises, as any command's failure does."""
+        monitor = cluster_feed.current()
+        if monitor is None:
+            raise InvalidStateError(f"{command['type']} needs a Dask cluster: make a "
+                                    "uvm_lab.dask.ClusterMonitor(client) in this kernel first")
+        worker = command["worker"]
+        if command["type"] == "worker_command":
+            answer = monitor.command(worker, command["command"])
+            if answer.get("ok"):
+                return None
+            error = answer.get("error") or {}
+            return ErrorInfo(type=str(error.get("type", "Error")), message=_reply_text(str(error.get("message", ""))))
+        if command["type"] == "worker_timeline":
+            rows, columns = monitor.timeline(worker, command["start"], command["end"], command["width"])
+            self._send(cast(WorkerTimelineRows, {**rows, "type": "worker_timeline", "seq": command["seq"],
+                                                 "worker": worker}),
+                       [columns[name] for name, _ in TIMELINE_COLUMNS])
+            return None
+        # One more than is sent: whether there were more is said, not guessed.
+        listed = monitor.buffers(worker, MAX_WORKER_BUFFERS + 1)
+        self._send(WorkerBufferList(type="worker_buffers", seq=command["seq"], worker=worker,
+                                    buffers=[_worker_buffer(b) for b in listed[:MAX_WORKER_BUFFERS]],
+                                    truncated=len(listed) > MAX_WORKER_BUFFERS))
+        return None
+
+    def _flush_cluster(self) -> bool:
+        """Send the cluster if it changed and its turn came (``CLUSTER_INTERVAL``); whether it went."""
+        with self._lock:
+            now = self._clock.monotonic()
+            if not self._cluster_dirty or now < self._next_cluster:
+                return False   # not changed; or changed, and _run wakes for it when its turn comes
+            self._cluster_dirty = False
+            self._next_cluster = now + CLUSTER_INTERVAL
+        return self._send_cluster()
+
+    def _send_cluster(self) -> bool:
+        """The cluster as the feed has it now, where there is one or the view was shown one (now closed); whether
+        a message went."""
+        monitor = cluster_feed.current()
+        if monitor is None and not self._cluster_shown:
+            return False
+        self._send(_cluster(monitor))
+        self._cluster_shown = monitor is not None
+        return True
+
     def _send_experiment(self, result: Any) -> None:
         """An experiment's chart (``ul.compare``'s result, :meth:`~uvm_lab.experiment.Experiment.to_html`)."""
         if self._charted is None or self._charted[0] is not result:
@@ -416,6 +504,19 @@ class PanelSession:
     def _on_close(self, msg: dict[str, Any]) -> None:
         self.close()
 
+    def _on_cluster(self) -> None:
+        # On the Dask client's event loop: a flag and a wake, nothing more; the sender reads the monitor.
+        with self._lock:
+            self._cluster_dirty = True
+        self._wake.set()
+
+    def _until_due(self) -> float:
+        """How long the sender may sleep with no news: ``idle``, or less where a cluster change waits its turn."""
+        with self._lock:
+            if not self._cluster_dirty or self._paused or not self._snapshot_sent:
+                return self.idle
+            return min(self.idle, max(0.0, self._next_cluster - self._clock.monotonic()))
+
     def _on_events(self, records: np.ndarray) -> None:
         # Wake the sender, nothing more: what changed is the residency tracker's journal to say when the
         # sender reads it.
@@ -426,7 +527,7 @@ class PanelSession:
         while not self._closed.is_set():
             # Woken by events; and once every `idle` seconds without any, so the device lanes go on while nothing
             # moves.
-            self._clock.wait(self._wake, self.idle)
+            self._clock.wait(self._wake, self._until_due())
             self._wake.clear()
             if self._closed.is_set():
                 break
@@ -484,6 +585,43 @@ def _pack(plain: dict[str, Any], before: tuple[dict[str, Any], dict[str, Any], n
         pages=len(plain["states"]), cell_pages=cell_pages, cells=len(cells), counts=counts, encoding="cells",
     )
     return info, cells
+
+
+def _cluster(monitor: Any) -> Cluster:
+    """Every worker ``monitor`` (a :class:`~uvm_lab.dask.ClusterMonitor`, or None: no cluster) knows, each with its
+    GPUs, in the order they joined; at most MAX_CLUSTER_WORKERS."""
+    if monitor is None:
+        return Cluster(type="cluster", workers=[], workers_left_out=0)
+    devices: dict[str, list[dict[str, Any]]] = {}
+    for row in monitor.rows():   # one read under the monitor's lock: each worker's GPUs agree with each other
+        devices.setdefault(row["worker"], []).append(row)
+    workers = list(monitor.workers().values())
+    known = len(workers)
+    extra = known - MAX_CLUSTER_WORKERS
+    if extra > 0:   # those that stopped go first, the earliest joined first; then the newest live ones
+        dropped = {id(w) for w in [w for w in workers if w.state != "live"][:extra]}
+        workers = [w for w in workers if id(w) not in dropped][:MAX_CLUSTER_WORKERS]
+    infos = []
+    for lanes in workers:
+        rows = devices.get(lanes.address, [])
+        head = rows[0] if rows else {"state": lanes.state}
+        infos.append(WorkerInfo(
+            address=str(lanes.address), name=str(lanes.name), state=head["state"], backend=str(lanes.backend),
+            gpus=int(lanes.gpus), events=int(head.get("events", 0)), cpu_faults=int(head.get("cpu_faults", 0)),
+            allocated=int(head.get("allocated", 0)), buffers=int(head.get("buffers", 0)),
+            lost=int(head.get("lost", 0)), latency_ms=round(float(lanes.latency_ms), 1),
+            devices=[WorkerDevice(gpu=int(r["gpu"]), used=int(r["used"]), total=int(r["total"]),
+                                  htod_bytes=int(r["htod_bytes"]), dtoh_bytes=int(r["dtoh_bytes"]),
+                                  dtod_bytes=int(r["dtod_bytes"]), gpu_faults=int(r["gpu_faults"]),
+                                  evicted_bytes=int(r["evicted_bytes"]), pages=int(r["pages"])) for r in rows]))
+    return Cluster(type="cluster", workers=infos, workers_left_out=known - len(infos))
+
+
+def _worker_buffer(plain: Mapping[str, Any]) -> WorkerBuffer:
+    """One buffer as a worker described it (:func:`uvm_lab.dask.worker.describe_buffers`)."""
+    return WorkerBuffer(id=int(plain["id"]), label=str(plain["label"]), size=int(plain["size"]),
+                        is_managed=bool(plain["is_managed"]),
+                        copies={str(k): int(v) for k, v in plain["copies"].items()}, unknown=int(plain["unknown"]))
 
 
 def _reply_text(text: str) -> str:

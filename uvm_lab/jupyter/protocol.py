@@ -26,6 +26,12 @@ carries is ever evaluated::
         watch       {seq, ids}                 the allocations whose maps the view shows (null: all):
                                                their maps are read whenever they change, the others'
                                                a few an update
+        worker_command  {seq, worker, command}
+                                               a prefetch or set_advice (checked as above), carried
+                                               out on Dask worker ``worker``, which owns the buffer
+        worker_timeline {seq, worker, start, end, width}
+                                               worker ``worker``'s events of [start, end] ns (its clock)
+        worker_buffers  {seq, worker}          worker ``worker``'s live buffers
 
     kernel -> front end
         snapshot    {version, time, page_size, cell_limit, device, allocations, samples, samples_dropped}
@@ -37,6 +43,12 @@ carries is ever evaluated::
                                                + one buffer per column (TIMELINE_COLUMNS)
         pages       {seq, id, first_page, pages, time}   + one buffer: each page's category code
         result      {seq, command, ok, error}  one per command; error: {type, message} or null
+        experiment  {workload, configurations, created, html}   the latest ``ul.compare`` chart
+        cluster     {workers, workers_left_out}   every worker x GPU of the Dask cluster the kernel's
+                                               ClusterMonitor watches: at the snapshot, then a few times
+                                               a second while it changes (at most MAX_CLUSTER_WORKERS)
+        worker_timeline {seq, worker, + the fields of timeline}   + one buffer per column
+        worker_buffers  {seq, worker, buffers, truncated}   at most MAX_WORKER_BUFFERS, oldest first
 
 A location is checked for its shape only: whether GPU N exists is the backend's question, and its
 answer (a typed error) comes back in the ``result``. ``device.device_count`` says how many GPUs there are.
@@ -76,6 +88,13 @@ are narrower than a pixel and fall in the same pixel, with the same kind and cau
 events. With the rows comes the window's "by source line" table: the lines of user code that moved the
 most bytes in it (then took the most faults), each ``[source, events, gpu_faults, cpu_faults, bytes_htod,
 bytes_dtoh, bytes_dtod]`` (:data:`~uvm_lab.events.sources.TOTALS`), and how many lines it left out.
+
+A Dask cluster (version 5) is the kernel's :mod:`uvm_lab.cluster_feed`: the client's ``ClusterMonitor``. Its
+workers come as small JSON (``cluster``), each with its GPUs; what the view asks of one worker (its timeline, its
+buffers, a prefetch or advice on a buffer it owns) names the worker by address, and the kernel routes it there
+with ``client.run`` (:mod:`uvm_lab.dask`). A worker command is checked here field by field, the inner command
+as its own type is, before any worker sees it; the worker checks it again and its refusal (a freed buffer, a GPU
+it lacks) comes back typed in the ``result``.
 """
 
 from __future__ import annotations
@@ -99,13 +118,18 @@ __all__ = [
     "CELL_LIMIT",
     "COMMANDS",
     "COMM_TARGET",
+    "MAX_CLUSTER_WORKERS",
     "MAX_LANES",
     "MAX_WIDTH",
+    "MAX_WORKER_ADDRESS",
+    "MAX_WORKER_BUFFERS",
     "PROTOCOL_VERSION",
     "RATE_LIMITS_MS",
+    "ROUTED_COMMANDS",
     "TIMELINE_COLUMNS",
     "AdviceState",
     "AllocationInfo",
+    "Cluster",
     "Command",
     "DeviceInfo",
     "DeviceMemory",
@@ -128,6 +152,14 @@ __all__ = [
     "Traffic",
     "Update",
     "Watch",
+    "WorkerBuffer",
+    "WorkerBufferList",
+    "WorkerBuffers",
+    "WorkerCommand",
+    "WorkerDevice",
+    "WorkerInfo",
+    "WorkerTimeline",
+    "WorkerTimelineRows",
     "apply_runs",
     "encode_runs",
     "pack_states",
@@ -138,7 +170,8 @@ COMM_TARGET: Final = "uvm_lab"
 # 2: cells carry category codes (one per GPU, "unknown"); counts are per category; device_count.
 # 3: maps travel as changed runs; device samples; the timeline query; the update rate.
 # 4: device samples per GPU (lists by ordinal) with peer (DtoD) bytes; DeviceInfo.devices.
-PROTOCOL_VERSION: Final = 4
+# 5: a Dask cluster's workers x GPUs (cluster); a worker's timeline, buffers and commands, routed to it.
+PROTOCOL_VERSION: Final = 5
 
 #: Above this many pages an allocation's map is sent downsampled, in cells of several pages.
 CELL_LIMIT: Final = 16384
@@ -151,6 +184,14 @@ RATE_LIMITS_MS: Final = (50, 10_000)
 MAX_WIDTH: Final = 16_384
 #: The most lanes one timeline query may name.
 MAX_LANES: Final = 4096
+#: The most workers one ``cluster`` message carries; the rest are counted in ``workers_left_out``.
+MAX_CLUSTER_WORKERS: Final = 256
+#: The longest worker address a command may name, in characters.
+MAX_WORKER_ADDRESS: Final = 256
+#: The most buffers one ``worker_buffers`` answer lists (the oldest first).
+MAX_WORKER_BUFFERS: Final = 1000
+#: The commands the view may route to a worker: those that act on one buffer it owns.
+ROUTED_COMMANDS: Final = ("prefetch", "set_advice")
 
 #: The timeline's columns, in the order of its buffers, with their little-endian numpy types. Times are
 #: nanoseconds on the backend's clock; ``lane`` is the allocation id (0: none known); ``kind`` an
@@ -236,7 +277,30 @@ class Watch(TypedDict):
     ids: list[int] | None  # the allocations whose maps the view shows; None: every one
 
 
-Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages | Watch
+class WorkerCommand(TypedDict):
+    type: Literal["worker_command"]
+    seq: int
+    worker: str  # the worker's address, as ``cluster`` gives it
+    command: Prefetch | SetAdvice  # checked as its own type is (its seq is its own); carried out on the worker
+
+
+class WorkerTimeline(TypedDict):
+    type: Literal["worker_timeline"]
+    seq: int
+    worker: str
+    start: int  # ns, on the worker's backend's clock
+    end: int
+    width: int  # pixels
+
+
+class WorkerBuffers(TypedDict):
+    type: Literal["worker_buffers"]
+    seq: int
+    worker: str
+
+
+Command = Hello | Prefetch | SetAdvice | Pause | Rate | Timeline | Pages | Watch | WorkerCommand | WorkerTimeline | \
+    WorkerBuffers
 
 
 # --- kernel -> front end ------------------------------------------------------------------------
@@ -332,8 +396,8 @@ class Removed(TypedDict):
     ids: list[int]
 
 
-class TimelineRows(TypedDict):
-    type: Literal["timeline"]
+class _TimelineAnswer(TypedDict):
+    # The fields of a timeline's answer, wherever its events are held: the kernel's (TimelineRows) or a worker's.
     seq: int
     start: int
     end: int
@@ -350,6 +414,66 @@ class TimelineRows(TypedDict):
     sources: dict[str, str]  # each source id of the rows and by_source (a JSON key) -> its line: "In [3], line 5"
     by_source: list[list[int]]  # per line: [source, *TOTALS], the most bytes moved first; at most BY_SOURCE_LIMIT
     by_source_others: int  # lines of the window not in by_source
+
+
+class TimelineRows(_TimelineAnswer):
+    type: Literal["timeline"]
+
+
+class WorkerTimelineRows(_TimelineAnswer):
+    type: Literal["worker_timeline"]
+    worker: str  # whose events: the worker's address
+
+
+class WorkerDevice(TypedDict):
+    # One GPU of a worker: memory as last read; what moved and faulted since the worker joined.
+    gpu: int
+    used: int
+    total: int
+    htod_bytes: int
+    dtoh_bytes: int
+    dtod_bytes: int  # in from a peer GPU
+    gpu_faults: int
+    evicted_bytes: int
+    pages: int  # pages of the worker's live buffers held on this GPU
+
+
+class WorkerInfo(TypedDict):
+    address: str
+    name: str
+    state: Literal["live", "left", "gone"]  # left: closed cleanly; gone: dead, restarted or retired
+    backend: str
+    gpus: int
+    events: int  # since it joined
+    cpu_faults: int
+    allocated: int  # bytes of its live buffers
+    buffers: int
+    lost: int  # deltas that never came
+    latency_ms: float  # its last delta's, from its oldest event to its arrival at the client
+    devices: list[WorkerDevice]  # empty until its first delta
+
+
+class Cluster(TypedDict):
+    type: Literal["cluster"]
+    workers: list[WorkerInfo]  # in the order they joined; at most MAX_CLUSTER_WORKERS
+    workers_left_out: int  # past it: those that stopped (the earliest joined first), then the newest live ones
+
+
+class WorkerBuffer(TypedDict):
+    id: int
+    label: str
+    size: int
+    is_managed: bool
+    copies: dict[str, int]  # pages per place ("host", "gpu:N") holding a copy
+    unknown: int  # pages whose place is not known
+
+
+class WorkerBufferList(TypedDict):
+    type: Literal["worker_buffers"]
+    seq: int
+    worker: str
+    buffers: list[WorkerBuffer]  # the oldest first
+    truncated: bool  # more than MAX_WORKER_BUFFERS: the newest were left out
 
 
 class PageRows(TypedDict):
@@ -393,6 +517,9 @@ COMMANDS: Final[dict[str, tuple[str, ...]]] = {
     "timeline": ("seq", "start", "end", "width", "lanes"),
     "pages": ("seq", "id", "first_page", "pages"),
     "watch": ("seq", "ids"),
+    "worker_command": ("seq", "worker", "command"),
+    "worker_timeline": ("seq", "worker", "start", "end", "width"),
+    "worker_buffers": ("seq", "worker"),
 }
 
 
@@ -429,6 +556,8 @@ def parse_command(data: object) -> Command:
         return _timeline(data, seq)
     if kind == "watch":
         return Watch(type="watch", seq=seq, ids=_ids(data, "ids", "watch ids"))
+    if kind.startswith("worker_"):
+        return _worker_command(data, kind, seq)
     alloc_id = _integer(data, "id", low=1)
     if kind == "pages":
         return Pages(type="pages", seq=seq, id=alloc_id, first_page=_integer(data, "first_page", low=0),
@@ -446,12 +575,40 @@ def parse_command(data: object) -> Command:
 
 
 def _timeline(data: Mapping[str, Any], seq: int) -> Timeline:
-    start, end = _integer(data, "start", low=0), _integer(data, "end", low=0)
-    if end <= start:
-        raise ProtocolError(f"timeline end must be after its start, got start {start} and end {end}", command=data)
-    width = _integer(data, "width", low=1, high=MAX_WIDTH)
+    start, end, width = _window(data, "timeline")
     lanes = _ids(data, "lanes", "timeline lanes", low=0)
     return Timeline(type="timeline", seq=seq, start=start, end=end, width=width, lanes=lanes)
+
+
+def _window(data: Mapping[str, Any], kind: str) -> tuple[int, int, int]:
+    """A timeline query's start, end and width."""
+    start, end = _integer(data, "start", low=0), _integer(data, "end", low=0)
+    if end <= start:
+        raise ProtocolError(f"{kind} end must be after its start, got start {start} and end {end}", command=data)
+    return start, end, _integer(data, "width", low=1, high=MAX_WIDTH)
+
+
+def _worker_command(data: Mapping[str, Any], kind: str, seq: int) -> WorkerCommand | WorkerTimeline | WorkerBuffers:
+    worker = data["worker"]
+    if not isinstance(worker, str) or not 0 < len(worker) <= MAX_WORKER_ADDRESS:
+        raise ProtocolError(f"worker must be a worker's address, a string of 1 to {MAX_WORKER_ADDRESS} characters, "
+                            f"got {shown(worker)}", command=data)
+    if kind == "worker_buffers":
+        return WorkerBuffers(type="worker_buffers", seq=seq, worker=worker)
+    if kind == "worker_timeline":
+        start, end, width = _window(data, kind)
+        return WorkerTimeline(type="worker_timeline", seq=seq, worker=worker, start=start, end=end, width=width)
+    inner = data["command"]
+    # The type first: a worker command inside another is refused here, not parsed to any depth.
+    kind_inside = inner.get("type") if isinstance(inner, Mapping) else None
+    if kind_inside not in ROUTED_COMMANDS:
+        raise ProtocolError(f"a worker_command carries {' or '.join(ROUTED_COMMANDS)}, got "
+                            f"{shown(kind_inside) if isinstance(inner, Mapping) else shown(inner)}", command=data)
+    try:
+        command = parse_command(inner)
+    except ProtocolError as err:
+        raise ProtocolError(f"worker_command's command: {err}", command=data) from err
+    return WorkerCommand(type="worker_command", seq=seq, worker=worker, command=cast(Prefetch | SetAdvice, command))
 
 
 def _ids(data: Mapping[str, Any], name: str, what: str, *, low: int = 1) -> list[int] | None:
