@@ -17,7 +17,7 @@ const SORTS: Record<SortKey, { label: string; value: (a: IAllocation) => number 
   age: { label: 'Oldest first', value: a => -a.info.id },
   size: { label: 'Size', value: a => a.info.size },
   faults: { label: 'Faults', value: a => a.info.traffic.faults },
-  moved: { label: 'Bytes moved', value: a => a.info.traffic.htod_bytes + a.info.traffic.dtoh_bytes }
+  moved: { label: 'Bytes moved', value: a => a.info.traffic.htod_bytes + a.info.traffic.dtoh_bytes + a.info.traffic.dtod_bytes }
 };
 
 const ROW_HEIGHT = 40;
@@ -159,7 +159,7 @@ export class AllocationList {
     name.textContent = info.label;
     const facts = document.createElement('span');
     facts.className = 'jp-UvmLab-rowFacts';
-    const moved = info.traffic.htod_bytes + info.traffic.dtoh_bytes;
+    const moved = info.traffic.htod_bytes + info.traffic.dtoh_bytes + info.traffic.dtod_bytes;
     facts.textContent = `#${info.id} · ${formatBytes(info.size)} · ${info.traffic.faults} faults · ${formatBytes(moved)} moved`;
     title.append(name, facts);
     const bar = div('jp-UvmLab-rowBar');

@@ -218,15 +218,23 @@ export function tableRow(cells: string[], tag: 'td' | 'th'): HTMLTableRowElement
 
 /** An allocation's traffic as table rows: a header, one row per cause that has any, and the totals. */
 export function trafficRows(traffic: Traffic): HTMLTableRowElement[] {
-  const rows = [tableRow(['cause', 'faults', 'to GPU', 'to host'], 'th')];
-  traffic.by_cause.forEach(([faults, htod, dtoh], i) => {
-    if (faults || htod || dtoh) {
-      const row = tableRow([CAUSE_NAMES[i], String(faults), formatBytes(htod), formatBytes(dtoh)], 'td');
+  // The peer column only where a buffer moved between GPUs: a one-GPU buffer's table stays as it was.
+  const peer = traffic.dtod_bytes > 0;
+  const rows = [tableRow(['cause', 'faults', 'to GPU', 'to host', ...(peer ? ['GPU to GPU'] : [])], 'th')];
+  traffic.by_cause.forEach(([faults, htod, dtoh, dtod], i) => {
+    if (faults || htod || dtoh || dtod) {
+      const cells = [CAUSE_NAMES[i], String(faults), formatBytes(htod), formatBytes(dtoh), ...(peer ? [formatBytes(dtod)] : [])];
+      const row = tableRow(cells, 'td');
       row.dataset.cause = CAUSE_NAMES[i];
       rows.push(row);
     }
   });
-  rows.push(tableRow(['all', String(traffic.faults), formatBytes(traffic.htod_bytes), formatBytes(traffic.dtoh_bytes)], 'th'));
+  rows.push(
+    tableRow(
+      ['all', String(traffic.faults), formatBytes(traffic.htod_bytes), formatBytes(traffic.dtoh_bytes), ...(peer ? [formatBytes(traffic.dtod_bytes)] : [])],
+      'th'
+    )
+  );
   return rows;
 }
 

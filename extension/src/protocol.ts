@@ -14,7 +14,7 @@
  */
 
 export const COMM_TARGET = 'uvm_lab';
-export const PROTOCOL_VERSION = 5;
+export const PROTOCOL_VERSION = 6;
 
 /** The update interval a view may ask for, in milliseconds: [least, most]. */
 export const RATE_LIMITS_MS = [50, 10000] as const;
@@ -220,7 +220,9 @@ export type Traffic = {
   faults: number;
   htod_bytes: number;
   dtoh_bytes: number;
-  by_cause: [number, number, number][];
+  /** Moved between GPUs (peer migrations). */
+  dtod_bytes: number;
+  by_cause: [number, number, number, number][];
 };
 
 export type AllocationInfo = {

@@ -531,7 +531,7 @@ def test_two_gpus_samples_give_each_gpu_its_memory_and_moves(two_gpus):
         return sample
 
     try:
-        with bus.subscribe(series.feed), ul.record() as trace:
+        with bus.subscribe(series.feed), bus.subscribe(window.feed), ul.record() as trace:
             buf = ul.DeviceBuffer(size="8MiB", label="peer")
             ul.touch(buf, on="host", mode="write")
             session.handle({"type": "hello", "seq": 0})
@@ -553,6 +553,11 @@ def test_two_gpus_samples_give_each_gpu_its_memory_and_moves(two_gpus):
         # Every byte the trace moved between the GPUs is in the samples, counted once.
         assert sum(s["dtod_bytes"][gpu] for s in (first, second, third) for gpu in (0, 1)) == \
             trace.summary()["bytes_dtod"]
+        # And in the buffer's own traffic: both peer moves, by cause (the prefetch's, then the fault's).
+        traffic = window.traffic(buf.id)
+        assert traffic["dtod_bytes"] == 16 * MiB == trace.summary()["bytes_dtod"]
+        by_cause = dict(zip(CAUSE_NAMES, traffic["by_cause"], strict=True))
+        assert by_cause["prefetch"][3] == 8 * MiB and by_cause["demand fault"][3] == 8 * MiB
     finally:
         session.close()
 
@@ -661,7 +666,8 @@ def test_each_allocation_reports_its_faults_and_bytes_by_cause(device):
         assert by_cause["demand fault"][1] > 0 and by_cause["prefetch"][2] == traffic["dtoh_bytes"]
         requested = {a["label"]: a["requested"] for a in comm.messages[0][0]["allocations"]}
         assert requested == {"t": "host", untouched.label: None}
-        assert infos[untouched.label] == {"faults": 0, "htod_bytes": 0, "dtoh_bytes": 0, "by_cause": [[0, 0, 0]] * 9}
+        assert infos[untouched.label] == {"faults": 0, "htod_bytes": 0, "dtoh_bytes": 0, "dtod_bytes": 0,
+                                      "by_cause": [[0, 0, 0, 0]] * 9}
     finally:
         session.close()
 

@@ -171,7 +171,8 @@ COMM_TARGET: Final = "uvm_lab"
 # 3: maps travel as changed runs; device samples; the timeline query; the update rate.
 # 4: device samples per GPU (lists by ordinal) with peer (DtoD) bytes; DeviceInfo.devices.
 # 5: a Dask cluster's workers x GPUs (cluster); a worker's timeline, buffers and commands, routed to it.
-PROTOCOL_VERSION: Final = 5
+# 6: an allocation's traffic counts bytes moved between GPUs (dtod_bytes, by cause).
+PROTOCOL_VERSION: Final = 6
 
 #: Above this many pages an allocation's map is sent downsampled, in cells of several pages.
 CELL_LIMIT: Final = 16384
@@ -324,7 +325,8 @@ class Traffic(TypedDict):
     faults: int  # GPU and CPU page faults in the allocation
     htod_bytes: int
     dtoh_bytes: int
-    by_cause: list[list[int]]  # per cause (CAUSE_NAMES): [faults, htod_bytes, dtoh_bytes]
+    dtod_bytes: int  # moved between GPUs (peer migrations)
+    by_cause: list[list[int]]  # per cause (CAUSE_NAMES): [faults, htod_bytes, dtoh_bytes, dtod_bytes]
 
 
 class AllocationInfo(TypedDict):

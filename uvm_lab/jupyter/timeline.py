@@ -75,11 +75,14 @@ class _Chunk:
         return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 
-# The counter a record of each kind adds to: 0 faults (its value), 1 bytes to the GPU, 2 to the host; -1 none.
+# The counter a record of each kind adds to: 0 faults (its value), 1 bytes to a GPU from the host, 2 to the host,
+# 3 between GPUs; -1 none.
 _COUNTER = np.full(256, -1, dtype=np.int64)
 _COUNTER[[EventKind.GPU_PAGE_FAULT, EventKind.CPU_PAGE_FAULT]] = 0
 _COUNTER[EventKind.HTOD] = 1
 _COUNTER[EventKind.DTOH] = 2
+_COUNTER[EventKind.DTOD] = 3
+_TRAFFIC_COUNTERS = 4
 
 # A buffer's own records, found by id rather than by address (see _lanes); kinds compared in loops, as ints.
 _OWN = np.zeros(256, dtype=bool)
@@ -121,7 +124,7 @@ class EventWindow:
         # A record's alloc_id names the backend's segment; a lane is a buffer (what the view lists).
         self._buffers = AllocationIndex("buffer", history=0)
         # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
-        self._traffic = _Rows((len(CAUSE_NAMES), 3))
+        self._traffic = _Rows((len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
         self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
         self._stamps: dict[int, int] = {}   # per buffer, the last read-in that changed its traffic or destination
         # The buffers each recent read-in changed, newest last: a reader that keeps up reads these, not _stamps.
@@ -233,9 +236,9 @@ class EventWindow:
             self._read_in()
         with self._lock:
             table = self._traffic.get(lane)
-            rows = table.tolist() if table is not None else [[0, 0, 0] for _ in CAUSE_NAMES]
+            rows = table.tolist() if table is not None else [[0] * _TRAFFIC_COUNTERS for _ in CAUSE_NAMES]
         return Traffic(faults=sum(r[0] for r in rows), htod_bytes=sum(r[1] for r in rows),
-                       dtoh_bytes=sum(r[2] for r in rows), by_cause=rows)
+                       dtoh_bytes=sum(r[2] for r in rows), dtod_bytes=sum(r[3] for r in rows), by_cause=rows)
 
     def requested(self, lane: int, *, read_in: bool = True) -> str | None:
         """Where the last prefetch of buffer ``lane`` sent it: ``"host"``, ``"gpu:N"``, or None if none did
@@ -274,10 +277,11 @@ class EventWindow:
             touched = lanes_counted.astype(np.int64).tolist()
             what = column[counted]
             amount = np.where(what == 0, records["value"][counted], records["bytes"][counted])
-            cell = (row.reshape(-1) * len(CAUSE_NAMES) + causes[counted]) * 3 + what
+            cell = (row.reshape(-1) * len(CAUSE_NAMES) + causes[counted]) * _TRAFFIC_COUNTERS + what
             # Float sums of whole numbers: exact below 2**53 (8 PiB in one read-in).
-            sums = np.rint(np.bincount(cell, weights=amount, minlength=len(touched) * len(CAUSE_NAMES) * 3))
-            sums = sums.astype(np.int64).reshape(len(touched), len(CAUSE_NAMES), 3)
+            sums = np.rint(np.bincount(cell, weights=amount,
+                                       minlength=len(touched) * len(CAUSE_NAMES) * _TRAFFIC_COUNTERS))
+            sums = sums.astype(np.int64).reshape(len(touched), len(CAUSE_NAMES), _TRAFFIC_COUNTERS)
         requested = {}
         if prefetch.any():
             for lane, dst in zip(lanes[prefetch].astype(np.int64).tolist(), records["dst"][prefetch].tolist(),
