@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import time
+import urllib.request
 
 import numpy as np
 import pytest
 
 distributed = pytest.importorskip("distributed")
 
-from uvm_lab.dask import ClusterMonitor, UvmLab, wire  # noqa: E402
+from uvm_lab.dask import ClusterMonitor, ClusterPage, UvmLab, wire  # noqa: E402
+from uvm_lab.dask.page import render  # noqa: E402
 from uvm_lab.errors import InvalidArgumentError, InvalidSizeError, InvalidStateError, ProtocolError  # noqa: E402
 from uvm_lab.events import EventKind  # noqa: E402
 
@@ -50,6 +53,7 @@ def cluster():
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                                   worker_dashboard_address=":0") as local, distributed.Client(local) as client:
         monitor = ClusterMonitor(client)
+        client.register_plugin(ClusterPage())   # Dask's dashboard's page, before the workers say they joined
         client.register_plugin(UvmLab(backend="sim", devices=2, device_memory="256MiB", interval=0.05))
         until(lambda: len([w for w in monitor.workers().values() if w.last is not None]) == 2, "both workers report")
         yield client, monitor
@@ -175,6 +179,31 @@ def test_bad_commands_to_a_worker_are_typed_errors(cluster):
     assert "carries out prefetch and set_advice" in result["error"]["message"]
     with pytest.raises(InvalidArgumentError, match="no worker 'tcp://nowhere:1' here"):
         monitor.prefetch("tcp://nowhere:1", 1, "host")
+
+
+def test_dasks_own_dashboard_has_a_page_of_every_worker_and_gpu(cluster):
+    client, monitor = cluster
+    base = client.dashboard_link.rsplit("/status", 1)[0]
+
+    def page(suffix: str) -> str:
+        with urllib.request.urlopen(f"{base}/uvm_lab{suffix}", timeout=30) as answer:
+            return answer.read().decode()
+
+    rows = until(lambda: (r := json.loads(page(".json"))["rows"]) and
+                 sorted((x["worker"], x["gpu"], x["dtod_bytes"]) for x in r) ==
+                 sorted((x["worker"], x["gpu"], x["dtod_bytes"]) for x in monitor.rows()) and r,
+                 "the page's rows agree with the client's")
+    assert len(rows) == 4 and {r["name"] for r in rows} == {"0", "1"}   # it saw them join
+    text = page("")
+    assert "uvm_lab: 2 worker(s), 4 GPU lane(s)" in text and text.count('<tr class="live">') == 4
+
+
+def test_the_page_escapes_what_workers_send():
+    row = {"name": "<script>x</script>", "worker": "tcp://a:1", "gpu": 0, "state": "gone", "used": 0, "total": 2**30,
+           "htod_bytes": 0, "dtoh_bytes": 0, "dtod_bytes": 0, "gpu_faults": 0, "evicted_bytes": 0, "pages": 0,
+           "events": 0, "lost": 0}
+    text = render([row])
+    assert "<script>x" not in text and "&lt;script&gt;" in text and '<tr class="gone">' in text
 
 
 def test_the_cluster_dashboard_shows_every_worker_and_gpu_and_routes_its_prefetch(cluster):

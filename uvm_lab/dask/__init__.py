@@ -15,13 +15,17 @@ torch allocate from it. Needs ``distributed`` (``pip install uvm_lab[dask]``).
 - :mod:`.worker`: the plugin, and the fixed functions a client runs on a worker;
 - :mod:`.wire`: the binary delta a worker sends each interval;
 - :mod:`.scheduler`: the scheduler plugin that says when a worker is gone;
-- :mod:`.client`: the client's picture of every worker x GPU, and its commands to them.
+- :mod:`.picture`: every worker x GPU, folded from the workers' messages;
+- :mod:`.client`: the client's monitor of that picture, and its commands to the workers;
+- :mod:`.page`: the same picture as a page of Dask's own dashboard (``client.register_plugin(ClusterPage())``).
 """
 
 from __future__ import annotations
 
-from .client import ClusterMonitor, WorkerLanes
+from .client import ClusterMonitor
+from .page import ClusterPage
+from .picture import ClusterPicture, WorkerLanes
 from .scheduler import WorkerExits
 from .worker import TOPIC, UvmLab
 
-__all__ = ["TOPIC", "ClusterMonitor", "UvmLab", "WorkerExits", "WorkerLanes"]
+__all__ = ["TOPIC", "ClusterMonitor", "ClusterPage", "ClusterPicture", "UvmLab", "WorkerExits", "WorkerLanes"]

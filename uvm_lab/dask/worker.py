@@ -28,6 +28,7 @@ from ..backends.base import gpu_memory
 from ..errors import InvalidArgumentError, shown
 from ..events import get_bus
 from ..jupyter.protocol import ROUTED_COMMANDS
+from ..jupyter.timeline import follow
 from ..residency_map import ResidencyMap, residency
 from ..units import parse_size
 from . import wire
@@ -175,18 +176,20 @@ class Reporter:
     """Counts what uvm_lab publishes on this worker and sends it as a delta every ``interval`` seconds.
 
     ``send(topic, message)`` is the worker's ``log_event``: thread-safe, and batched by the worker's stream to
-    the scheduler, which passes it to every client subscribed to the topic. The timeline window it takes
-    (:func:`~uvm_lab.jupyter.timeline.shared`) is what a client's timeline query reads.
+    the scheduler, which passes it to every client subscribed to the topic. Its timeline window (seeded with the
+    bus's history) is what a client's timeline query reads.
     """
 
     def __init__(self, send: Any, *, address: str, name: str, interval: float, routed: dict[str, str] | None = None,
                  start: bool = True) -> None:
         from ..jupyter.dashboard.collect import LiveAllocations
-        from ..jupyter.timeline import shared
+        from ..jupyter.timeline import DeviceSeries, EventWindow
 
         self._send, self.address, self.interval = send, address, interval
         self._lock = threading.Lock()
-        self._window, self._series = shared()
+        # Its own series, closed at every delta, so that a delta's counts and its pages are of the same moment; and
+        # its own window, which a client's timeline query reads.
+        self._window, self._series = EventWindow(), DeviceSeries(capacity=64, interval=0.0)
         self._live = LiveAllocations()
         self._pages: dict[int, tuple[dict[str, Any], np.ndarray]] = {}   # by buffer: its description, its pages
         self._held = np.zeros(0, dtype=np.int64)   # pages per processor, summed over _pages: host, gpu 0, 1, ...
@@ -196,8 +199,7 @@ class Reporter:
         self._next_sample = 0
         self._last_sent = -float("inf")
         self._stop = threading.Event()
-        # Inline: counting is a length and, once an interval, a clock read; a thread woken for it would cost more.
-        self._subscription = get_bus().subscribe(self._count, name="uvm_lab.dask reporter", inline=True)
+        self._subscription = follow(get_bus(), self._window, self._count, "uvm_lab.dask reporter")
         backend = backends.get_backend()
         self._send(TOPIC, {"worker": address, "joined": {
             "name": name, "pid": os.getpid(), "backend": str(backend.name), "gpus": int(backend.device_count()),
@@ -207,6 +209,10 @@ class Reporter:
             self._thread.start()
 
     def _count(self, records: np.ndarray) -> None:
+        # In the publisher's thread (inline): queue for the window and the series, count, and once an interval
+        # read the clock; a thread woken for it would cost more.
+        self._window.feed(records)
+        self._series.feed(records)
         with self._lock:
             if not self._events:
                 self._oldest_ms = time.time() * 1000
@@ -281,10 +287,7 @@ class Reporter:
             self.report(force=True)
             self._send(TOPIC, {"worker": self.address, "left": True})
         finally:
-            from ..jupyter.timeline import release_shared
-
             self._subscription.close()
-            release_shared()
 
     @property
     def window(self) -> Any:

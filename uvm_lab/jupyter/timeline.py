@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import numpy as np
@@ -32,7 +32,7 @@ from ..events.staged import StagedRecords
 from ..tracing.attribution import AllocationIndex
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
 
-__all__ = ["GPU_COUNTERS", "DeviceSeries", "EventWindow", "device_counts", "release_shared", "shared"]
+__all__ = ["GPU_COUNTERS", "DeviceSeries", "EventWindow", "device_counts", "follow", "release_shared", "shared"]
 
 #: A merged row's ``src`` or ``dst`` when its events had several.
 SEVERAL: Final = -3
@@ -616,14 +616,23 @@ def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
                 window.feed(records)
                 series.feed(records)
 
-            # Inline: feeding only queues (bounded by the window's capacity), cheaper in the loop's thread than
-            # a thread woken for it; the window then misses nothing.
-            with bus.locked():
-                window.feed(bus.history())
-                window.subscription = bus.subscribe(feed, name="the live view's timeline", inline=True)
+            follow(bus, window, feed, "the live view's timeline")
             _shared = (window, series)
         _shared_users += 1
         return _shared
+
+
+def follow(bus: EventBus, window: EventWindow, feed: Callable[[np.ndarray], None], name: str) -> Subscription:
+    """Seed ``window`` with ``bus``'s history and subscribe ``feed`` (which feeds the window, and whatever else its
+    taker keeps) with no gap between the two; the subscription is the window's (``missed`` reads it).
+
+    Inline: feeding only queues (bounded by the window's capacity), cheaper in the loop's thread than a thread woken
+    for it; the window then misses nothing.
+    """
+    with bus.locked():
+        window.feed(bus.history())
+        window.subscription = bus.subscribe(feed, name=name, inline=True)
+    return window.subscription
 
 
 def release_shared() -> None:
