@@ -13,13 +13,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .subscribers import Subscribers
+
 __all__ = ["changed", "current", "publish", "subscribe", "withdraw"]
 
 log = logging.getLogger("uvm_lab.cluster_feed")
 
 _lock = threading.Lock()
 _current: Any = None
-_subscribers: list[Callable[[], None]] = []
+_subscribers = Subscribers(log, "a cluster change")
 
 
 def publish(monitor: Any) -> None:
@@ -56,22 +58,8 @@ def current() -> Any:
 
 def subscribe(callback: Callable[[], None]) -> Callable[[], None]:
     """Call ``callback()`` whenever the cluster shown changes; returns what unsubscribes it."""
-    with _lock:
-        _subscribers.append(callback)
-
-    def unsubscribe() -> None:
-        with _lock:
-            if callback in _subscribers:
-                _subscribers.remove(callback)
-
-    return unsubscribe
+    return _subscribers.subscribe(callback)
 
 
 def _tell() -> None:
-    with _lock:
-        subscribers = list(_subscribers)
-    for callback in subscribers:
-        try:
-            callback()
-        except Exception:   # a view must never fail the monitor that feeds it
-            log.exception("a view failed to take a cluster change")
+    _subscribers.tell()

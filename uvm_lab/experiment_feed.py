@@ -11,13 +11,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from .subscribers import Subscribers
+
 __all__ = ["latest", "publish", "subscribe"]
 
 log = logging.getLogger("uvm_lab.experiment_feed")
 
 _lock = threading.Lock()
 _latest: Any = None
-_subscribers: list[Callable[[Any], None]] = []
+_subscribers = Subscribers(log, "an experiment's result")
 
 
 def publish(result: Any) -> None:
@@ -26,12 +28,7 @@ def publish(result: Any) -> None:
     global _latest
     with _lock:
         _latest = result
-        subscribers = list(_subscribers)
-    for callback in subscribers:
-        try:
-            callback(result)
-        except Exception:
-            log.exception("a view failed to take an experiment's result")
+    _subscribers.tell(result)
 
 
 def latest() -> Any:
@@ -42,12 +39,4 @@ def latest() -> Any:
 
 def subscribe(callback: Callable[[Any], None]) -> Callable[[], None]:
     """Call ``callback(result)`` with each result published from now on; returns what unsubscribes it."""
-    with _lock:
-        _subscribers.append(callback)
-
-    def unsubscribe() -> None:
-        with _lock:
-            if callback in _subscribers:
-                _subscribers.remove(callback)
-
-    return unsubscribe
+    return _subscribers.subscribe(callback)
