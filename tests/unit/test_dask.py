@@ -284,3 +284,26 @@ def test_what_is_not_a_worker_message_is_refused_and_leaves_no_lanes(cluster):
 def test_a_monitor_needs_a_client():
     with pytest.raises(InvalidArgumentError, match=r"client must be a distributed\.Client"):
         ClusterMonitor(object())
+
+
+def test_a_delta_never_names_a_gpu_a_page_state_cannot(sim_backend):
+    """The simulator has up to 7 GPUs; a page state names 6. GPU 6's copies read as unknown, never as some GPU's."""
+    import uvm_lab as ul
+    from uvm_lab.dask.worker import Reporter
+
+    ul.use_backend("sim", devices=7, device_memory="64MiB")
+    sent = []
+    reporter = Reporter(lambda topic, message: sent.append(message), address="tcp://w:1", name="w", interval=10,
+                        start=False)
+    try:
+        buf = ul.DeviceBuffer(size="2MiB")
+        ul.touch(buf, on="host", mode="write")
+        buf.prefetch("gpu:6")
+        assert reporter.report(force=True)
+        delta = wire.decode(sent[-1]["delta"])
+        assert len(delta.rows) == 7 and delta.rows["pages"].tolist() == [0] * 7
+        assert delta.header["unknown_pages"] == 512 and delta.rows["dtod_bytes"].sum() == 0
+        assert delta.rows["htod_bytes"][6] == 2 * MiB   # the bytes are known, and whose they were
+        buf.close()
+    finally:
+        reporter.close()

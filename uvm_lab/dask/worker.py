@@ -29,6 +29,7 @@ from ..errors import InvalidArgumentError, shown
 from ..events import get_bus
 from ..jupyter.protocol import ROUTED_COMMANDS
 from ..jupyter.timeline import follow
+from ..page_states import MAX_GPUS
 from ..residency_map import ResidencyMap, residency
 from ..units import parse_size
 from . import wire
@@ -234,17 +235,20 @@ class Reporter:
         backend = backends.get_backend()
         gpus = backend.device_count()
         memory = gpu_memory(backend)
+        # Pages first, then the counts: a move made between the two is counted in this delta and seen in the pages
+        # of the next, never seen in the pages before the bytes that made it are counted.
+        held = self._refresh_pages()
         self._series.close_interval(backend.now_ns(), [total - free for free, total in memory],
                                     [total for _, total in memory], self._live.managed_bytes)
         samples, self._next_sample = self._series.since(self._next_sample)
-        held = self._refresh_pages()
         rows = np.zeros(gpus, dtype=wire.ROW)
         rows["total"] = [total for _, total in memory]
         rows["used"] = [total - free for free, total in memory]
-        for sample in samples:   # usually one; more when another reader closed intervals in between
+        for sample in samples:   # one: the series closes at every delta
             for field in ("htod_bytes", "dtoh_bytes", "dtod_bytes", "gpu_faults", "evicted_bytes"):
                 rows[field] += np.asarray(sample[field][:gpus], dtype=np.uint64)   # type: ignore[literal-required]
-        rows["pages"] = held[1:1 + gpus]
+        named = min(gpus, MAX_GPUS)   # a page state names MAX_GPUS GPUs; copies past them read as unknown
+        rows["pages"][:named] = held[1:1 + named]
         self._seq += 1
         header = {"seq": self._seq, "time_ns": backend.now_ns(), "wall_ms": time.time() * 1000, "oldest_ms": oldest,
                   "events": events, "cpu_faults": sum(int(s["cpu_faults"]) for s in samples),
@@ -257,8 +261,6 @@ class Reporter:
 
     def _refresh_pages(self) -> np.ndarray:
         """Pages per processor over the live buffers (host, each GPU, then unknown), kept by what changed."""
-        from ..page_states import MAX_GPUS
-
         self._live.refresh()
         if not len(self._held):
             self._held = np.zeros(MAX_GPUS + 2, dtype=np.int64)
@@ -296,8 +298,6 @@ class Reporter:
 
 def _held_pages(plain: dict[str, Any]) -> np.ndarray:
     """One buffer's pages per processor: the host, each GPU (:meth:`ResidencyMap.copies`), then unknown."""
-    from ..page_states import MAX_GPUS
-
     where = ResidencyMap(plain["address"], plain["size"], plain["states"], plain["page_size"])
     copies = where.copies()
     return np.array([copies.get("host", 0), *(copies.get(f"gpu:{d}", 0) for d in range(MAX_GPUS)),
