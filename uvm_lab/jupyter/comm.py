@@ -218,9 +218,7 @@ class PanelSession:
             if command["type"] in _ON_WORKERS:
                 # The worker's work, over Dask: it takes none of the kernel's share, and no lock is held while
                 # the answer comes (tens of ms; longer from a worker that just died).
-                refused = self._ask_worker(cast(WorkerCommand | WorkerTimeline | WorkerBuffers, command))
-                if refused is not None:
-                    result["ok"], result["error"] = False, refused
+                self._ask_worker(cast(WorkerCommand | WorkerTimeline | WorkerBuffers, command))
             else:
                 if command["type"] == "timeline":
                     # An answer reads every event held: it waits for its own share of the kernel (see __init__).
@@ -437,33 +435,27 @@ class PanelSession:
     def _answer_timeline(self, query: Timeline) -> None:
         self._send(*answer_timeline(self._window, query))
 
-    def _ask_worker(self, command: WorkerCommand | WorkerTimeline | WorkerBuffers) -> ErrorInfo | None:
-        """Carry ``command`` out on the worker it names, through the cluster's monitor, and send the answer.
-        Returns the worker's refusal of a prefetch or advice (the error of its result), or None; a query that
-        fails raises, as any command's failure does."""
+    def _ask_worker(self, command: WorkerCommand | WorkerTimeline | WorkerBuffers) -> None:
+        """Carry ``command`` out on the worker it names, through the cluster's monitor, and send the answer. The
+        worker's refusal (its typed error, pickled back) raises here, and is the command's result as any failure."""
         monitor = cluster_feed.current()
         if monitor is None:
             raise InvalidStateError(f"{command['type']} needs a Dask cluster: make a "
                                     "uvm_lab.dask.ClusterMonitor(client) in this kernel first")
         worker = command["worker"]
         if command["type"] == "worker_command":
-            answer = monitor.command(worker, command["command"])
-            if answer.get("ok"):
-                return None
-            error = answer.get("error") or {}
-            return ErrorInfo(type=str(error.get("type", "Error")), message=_reply_text(str(error.get("message", ""))))
-        if command["type"] == "worker_timeline":
+            monitor.run(worker, command["command"])
+        elif command["type"] == "worker_timeline":
             rows, columns = monitor.timeline(worker, command["start"], command["end"], command["width"])
             self._send(cast(WorkerTimelineRows, {**rows, "type": "worker_timeline", "seq": command["seq"],
                                                  "worker": worker}),
                        [columns[name] for name, _ in TIMELINE_COLUMNS])
-            return None
-        # One more than is sent: whether there were more is said, not guessed.
-        listed = monitor.buffers(worker, MAX_WORKER_BUFFERS + 1)
-        self._send(WorkerBufferList(type="worker_buffers", seq=command["seq"], worker=worker,
-                                    buffers=[_worker_buffer(b) for b in listed[:MAX_WORKER_BUFFERS]],
-                                    truncated=len(listed) > MAX_WORKER_BUFFERS))
-        return None
+        else:
+            # One more than is sent: whether there were more is said, not guessed.
+            listed = monitor.buffers(worker, MAX_WORKER_BUFFERS + 1)
+            self._send(WorkerBufferList(type="worker_buffers", seq=command["seq"], worker=worker,
+                                        buffers=[_worker_buffer(b) for b in listed[:MAX_WORKER_BUFFERS]],
+                                        truncated=len(listed) > MAX_WORKER_BUFFERS))
 
     def _flush_cluster(self) -> bool:
         """Send the cluster if it changed and its turn came (``CLUSTER_INTERVAL``); whether it went."""
