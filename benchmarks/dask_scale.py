@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import msgpack
 from distributed import Client, LocalCluster
 
-from uvm_lab.dask import ClusterMonitor, UvmLab
+from uvm_lab.dask import ClusterMonitor, UvmLab, wire
 
 #: The scheduler's envelope around a topic's message to a client, in bytes: ``{"op": "event", "topic": ...,
 #: "event": [timestamp, msg]}`` packed, less the message itself.
@@ -129,8 +129,10 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
         latencies = [arrived - float(d.header["oldest_ms"]) for arrived, d, _ in deltas if d.header["oldest_ms"]]
         # What the recording loops made (and the buffers' frees) is counted too: the loops' records are known.
         counted = sum(int(d.header["events"]) for _, d, _ in deltas)
-        payload = sum(len(_encoded(d)) for _, d, _ in deltas)
-        framing = sum(len(msgpack.packb({"worker": a, "delta": _encoded(d)})) + ENVELOPE for _, d, a in deltas)
+        sizes = [(wire.HEADER.itemsize + len(d.rows) * wire.ROW.itemsize, a) for _, d, a in deltas]
+        payload = sum(n for n, _ in sizes)
+        # The message as the worker logs it, with a payload of the delta's length (msgpack frames bytes by length).
+        framing = sum(len(msgpack.packb({"worker": a, "delta": bytes(n)})) + ENVELOPE for n, a in sizes)
         window = (end_ms - start_ms) / 1000
         published = sum(m["published"] for m in made)
         recorded = sum(m["recorded"] for m in made)
@@ -149,12 +151,6 @@ def scale(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         client.close()
         local.close()
-
-
-def _encoded(delta: Any) -> bytes:
-    from uvm_lab.dask import wire
-
-    return wire.encode({k: v for k, v in delta.header.items() if k not in ("version", "gpus")}, delta.rows)
 
 
 def _spread(values: list[float]) -> dict[str, float] | None:
