@@ -41,6 +41,16 @@ def test_history_ring_keeps_the_newest_and_counts_what_fell_out():
     assert bus.history()["address"].tolist() == [15, 16, 17, 18] and bus.published == 15
 
 
+def test_history_of_many_small_batches_is_every_record_in_order_and_a_copy():
+    bus = EventBus(capacity=1000)
+    for start in range(0, 1200, 3):   # as a loop publishes: many batches of a few records
+        bus.publish(make_events(3, address=np.arange(start, start + 3), kind=EventKind.HTOD))
+    history = bus.history()
+    assert history.dtype == EVENT_DTYPE and history["address"].tolist() == list(range(200, 1200))
+    history["address"] = 0   # the caller's own copy: writing to it leaves the bus's as it was
+    assert bus.history()["address"].tolist() == list(range(200, 1200))
+
+
 def test_a_subscriber_that_raises_is_detached_and_logged(caplog):
     bus = EventBus()
     good = []

@@ -510,7 +510,10 @@ class EventBus:
         with self._locked():
             if not self._history:
                 return np.zeros(0, dtype=EVENT_DTYPE)
-            return np.concatenate(self._history)[-self._capacity :]
+            # Joined as bytes: np.concatenate works out the structured dtype's promotion for each of what may be
+            # tens of thousands of small batches, about ten times slower. A bytearray: the copy is the caller's.
+            joined = bytearray().join([batch.tobytes() for batch in self._history])
+            return np.frombuffer(joined, dtype=EVENT_DTYPE)[-self._capacity :]
 
     def _append(self, records: np.ndarray) -> None:
         self._history.append(records)
