@@ -60,6 +60,16 @@ def cluster():
         monitor.close()
 
 
+@pytest.fixture(scope="module")
+def held(cluster):
+    """The cluster, with one buffer made and kept by a task on each worker (:func:`hold_buffer`): each test that
+    reads what tasks did asks for it, so it runs alone or in any order."""
+    client, monitor = cluster
+    for worker in sorted(monitor.workers()):
+        client.submit(hold_buffer, f"held on {worker}", workers=[worker], pure=False).result()
+    return client, monitor
+
+
 def rows_of(monitor: ClusterMonitor, worker: str) -> dict[int, dict]:
     return {row["gpu"]: row for row in monitor.rows() if row["worker"] == worker}
 
@@ -117,11 +127,9 @@ def test_the_plugin_says_what_it_was_given():
 # -- a cluster ----------------------------------------------------------------------------------------------------
 
 
-def test_every_worker_and_gpu_shows_what_its_tasks_did(cluster):
-    client, monitor = cluster
+def test_every_worker_and_gpu_shows_what_its_tasks_did(held):
+    _, monitor = held
     workers = sorted(monitor.workers())
-    for worker in workers:
-        client.submit(hold_buffer, f"held on {worker}", workers=[worker], pure=False).result()
     for worker in workers:
         lanes = monitor.workers()[worker]
         assert lanes.backend == "sim" and lanes.gpus == 2 and lanes.state == "live"
@@ -141,9 +149,10 @@ def test_every_worker_and_gpu_shows_what_its_tasks_did(cluster):
     assert len(table) == 2 * len(workers) and set(table["gpu"]) == {0, 1}
 
 
-def test_a_workers_timeline_is_a_query_away_and_shows_the_peer_migration(cluster):
-    _, monitor = cluster
+def test_a_workers_timeline_is_a_query_away_and_shows_the_peer_migration(held):
+    _, monitor = held
     worker = sorted(monitor.workers())[0]
+    until(lambda: rows_of(monitor, worker)[1]["pages"] == PAGES, f"{worker}'s buffer on gpu:1")
     rows, columns = monitor.timeline(worker, 0, 2**53 - 1, 1000)
     assert rows["rows"] == len(columns["kind"]) > 0
     peer = columns["kind"] == EventKind.DTOD
@@ -151,12 +160,12 @@ def test_a_workers_timeline_is_a_query_away_and_shows_the_peer_migration(cluster
     assert set(columns["src"][peer].tolist()) == {0} and set(columns["dst"][peer].tolist()) == {1}
 
 
-def test_a_command_reaches_the_worker_that_owns_the_buffer(cluster):
-    _, monitor = cluster
+def test_a_command_reaches_the_worker_that_owns_the_buffer(held):
+    _, monitor = held
     worker, other = sorted(monitor.workers())
     buffers = until(lambda: [b for b in monitor.buffers(worker) if b["label"] == f"held on {worker}"], "the buffer")
     assert buffers[0]["copies"] == {"gpu:1": PAGES}
-    before = rows_of(monitor, other)
+    before = until(lambda: (r := rows_of(monitor, other)) and r[1]["pages"] == PAGES and r, f"{other} on gpu:1")
     monitor.prefetch(worker, buffers[0]["id"], "host")
     rows = until(lambda: (r := rows_of(monitor, worker)) and r[1]["pages"] == 0 and r, "the pages leave gpu:1")
     assert rows[1]["dtoh_bytes"] >= 8 * MiB
