@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -354,6 +355,40 @@ def test_the_timeline_holds_a_bounded_number_of_events_and_counts_the_rest():
     window.feed(_events(range(7, 20), 1, 1))
     assert (window.held, window.dropped) == (5, 15)
     assert window.extent() == (15, 20)     # the oldest held starts at 15; the newest ends at 19 + 1
+
+
+def test_what_updates_read_in_and_no_query_built_is_bounded_and_still_counted():
+    window = _window_with_buffers(1, capacity=5)
+    cursor = 0
+    for start in range(0, 3000, 3):   # a view's updates, and no timeline query, while a loop runs
+        window.feed(_events([start, start + 1, start + 2], 1, 1))
+        cursor, lanes = window.changed_lanes(cursor)
+        assert lanes == {1}
+    assert window.traffic(1)["htod_bytes"] == 3000 * PAGE   # every record counted, those dropped too
+    cols, events, _ = window.query(0, 10_000, 10_000, None)
+    assert cols["start"].tolist() == [2995, 2996, 2997, 2998, 2999] and events == 5
+    assert (window.held, window.dropped) == (5, 3001 - 5)   # the buffer's ALLOC was read in too
+
+
+def test_a_window_that_no_query_builds_holds_no_more_than_its_capacity():
+    window = _window_with_buffers(1, capacity=5)
+
+    def updates(start: int, stop: int) -> None:
+        cursor = 0
+        for at in range(start, stop, 3):
+            window.feed(_events([at, at + 1, at + 2], 1, 1))
+            cursor, _ = window.changed_lanes(cursor)
+
+    updates(0, 3000)
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        updates(3000, 30_000)   # 27,000 records more (1.7 MB as records), none of them asked for by a query
+        after, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after - before < 64_000
+    assert window.traffic(1)["htod_bytes"] == 30_000 * PAGE
 
 
 def test_an_answer_carries_at_most_max_rows(monkeypatch):

@@ -105,8 +105,9 @@ class EventWindow:
     """The newest ``capacity`` events as columns, for timeline queries. Thread-safe.
 
     Feeding only queues the records (on the subscription's thread: cheap, so it keeps up with a loop);
-    they are sorted into lanes, causes and columns when something reads, on the reader's thread, which a
-    live view throttles (:mod:`.throttle`).
+    they are sorted into lanes and causes, and their traffic counted, when something reads, on the reader's
+    thread, which a live view throttles (:mod:`.throttle`). The timeline's columns are built only when a query
+    asks for them, so a view's updates never carry that cost.
     """
 
     #: The most rows one answer carries; past it the earliest rows are kept and the rest counted.
@@ -131,7 +132,7 @@ class EventWindow:
         self._changes: deque[tuple[int, list[int]]] = deque(maxlen=_CHANGES_KEPT)
         self._read_ins = 0
         self._pending = StagedRecords()     # fed, not yet read in
-        self._unbuilt: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []   # read in: records, lanes, causes
+        self._unbuilt: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()   # read in: records, lanes, causes
         self._unbuilt_rows = 0
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
         self.subscription: Subscription | None = None   # what feeds it, where that is a bus (see shared)
@@ -166,8 +167,11 @@ class EventWindow:
 
     def _read_in(self, *, build: bool = False) -> None:
         """Read what was fed in: each record's lane and cause, and the traffic they add (what a view's update
-        reads). The timeline's columns are built from them when a query needs them (``build``), or once enough
-        wait: a view's updates read often and its queries seldom, and a read-in's cost is mostly per call."""
+        reads). The timeline's columns are built from them only when a query needs them (``build``): a view's
+        updates read often and its queries seldom, and a build of what a busy loop publishes in a few seconds costs
+        many updates' worth, which an update would have carried (and the throttle then held the next ones back).
+        Read in and not built, the records past what the window holds go, oldest first, as a build
+        would have dropped them (their traffic is counted already)."""
         with self._reading:
             with self._lock:
                 pending = self._pending.take()
@@ -176,12 +180,24 @@ class EventWindow:
                 self._count_traffic(pending, lanes, causes)
                 self._unbuilt.append((pending, lanes, causes))
                 self._unbuilt_rows += len(pending)
-            if self._unbuilt and (build or self._unbuilt_rows >= _CHUNK_ROWS):
+                self._drop_unbuilt()
+            if self._unbuilt and build:
                 self._build()
+
+    def _drop_unbuilt(self) -> None:
+        """Drop whole parts read in and not built, oldest first, while the newer ones alone fill the window."""
+        parts, gone = self._unbuilt, 0
+        while len(parts) > 1 and self._unbuilt_rows - len(parts[0][0]) >= self._capacity:
+            rows = len(parts.popleft()[0])
+            self._unbuilt_rows -= rows
+            gone += rows
+        if gone:   # every built chunk is older than what is left: the next build drops them too
+            with self._lock:
+                self._seen += gone
 
     def _build(self) -> None:
         """The records read in since the last build as one more chunk of columns; the oldest past capacity go."""
-        parts, self._unbuilt, self._unbuilt_rows = self._unbuilt, [], 0
+        parts, self._unbuilt, self._unbuilt_rows = self._unbuilt, deque(), 0
         records, lanes, causes = (np.concatenate(column) for column in zip(*parts, strict=True))
         seen = len(records)
         records, lanes, causes = records[-self._capacity:], lanes[-self._capacity:], causes[-self._capacity:]
