@@ -50,6 +50,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import uvm_lab as ul
 
 ALLOCATIONS = 1000
+#: The share of a core the yardstick threads (Busy) take: the issue's bound on a view's cost.
+BUSY_SHARE = 0.05
+BUSY = ("busy", "busy_numpy")
+COSTED = ("view", "dashboard", *BUSY)   # what --pairs and --concurrent measure against none
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -165,8 +169,14 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
         finally:
             dashboard.close()
         return {**run, "refreshes": dashboard.refreshes}
+    if mode in BUSY:
+        busy = Attached(mode, buffers, settle=0.0)
+        try:
+            return watched_loop(buffers, ops, seed)[0]
+        finally:
+            busy.close()
     raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, view_10hz, panel, dashboard, paused, "
-                     "subscriber")
+                     f"subscriber, {', '.join(BUSY)}")
 
 
 def attach(mode: str, buffers: list[ul.DeviceBuffer]) -> tuple[Any, CountingComm]:
@@ -196,15 +206,48 @@ class Attached:
             from uvm_lab.jupyter.dashboard import Dashboard
 
             self.dashboard = Dashboard(live=True)
+        elif mode in BUSY:
+            self.busy = Busy(released=mode == "busy_numpy")
         else:
-            raise SystemExit(f"--pairs measures view or dashboard, not {mode!r}")
+            raise SystemExit(f"--pairs and --concurrent measure {', '.join(COSTED)}, not {mode!r}")
         time.sleep(settle)   # what attaching set going ends before the block's clock starts
 
     def close(self) -> None:
         if self.mode == "view":
             self.session.close()
-        else:
+        elif self.mode == "dashboard":
             self.dashboard.close()
+        else:
+            self.busy.close()
+
+
+class Busy:
+    """The yardstick for a view's cost: a thread that takes :data:`BUSY_SHARE` of a core from the loop, in pieces of
+    2.5 ms every 50 ms (a view's pace), as pure Python that holds the interpreter's lock throughout, or (``released``)
+    with a small numpy sort every 0.1 ms, each of which lets the lock go, as a view's numpy calls do. What each costs
+    the loop says what any thread at that share costs under the lock, and what the lock's hand-offs add."""
+
+    def __init__(self, released: bool) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(released,), name="view_scale's busy thread",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, released: bool) -> None:
+        small = np.random.default_rng(0).random(64)
+        piece = 0.05 * BUSY_SHARE
+        while not self._stop.is_set():
+            until = time.thread_time() + piece
+            step = time.thread_time() + 1e-4
+            while (now := time.thread_time()) < until:
+                if released and now >= step:
+                    np.sort(small)   # numpy lets the lock go around its sort
+                    step = now + 1e-4
+            self._stop.wait(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int) -> dict[str, float]:
@@ -390,14 +433,14 @@ def main() -> None:
         print(f"{mode:12} {best:8.3f} {median:9.3f} {ratio:>8}  {shown}")
     if args.pairs:
         print(f"\n{'mode':12} {'pairs':>6} {'ops':>5} {'vs none':>8} {'95% interval':>16} {'median':>8}")
-        for mode in (m for m in modes if m in ("view", "dashboard")):
+        for mode in (m for m in modes if m in COSTED):
             cost = table.setdefault(f"{mode}_alternating", alternating(mode, buffers, args.pairs, args.block_ops))
             print(f"{mode:12} {args.pairs:6} {args.block_ops:5} {cost['ratio']:7.3f}x "
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x", flush=True)
     if args.concurrent:
         print(f"\n{'mode':12} {'procs':>6} {'slots':>6} {'vs none':>8} {'95% interval':>16} {'median':>8} "
               f"{'its threads':>12}")
-        for mode in (m for m in modes if m in ("view", "dashboard")):
+        for mode in (m for m in modes if m in COSTED):
             cost = table.setdefault(f"{mode}_concurrent", concurrent(mode, args.concurrent, args.slots,
                                                                      args.slot_seconds, settle_s=1.0))
             print(f"{mode:12} {args.concurrent:6} {args.slots:6} {cost['ratio']:7.3f}x "
