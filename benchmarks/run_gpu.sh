@@ -73,3 +73,9 @@ if python3 -c "import distributed" 2>/dev/null; then
 else
     echo "distributed is not installed: the uvm_lab.dask benchmarks did not run"
 fi
+# The live view's cost to a loop, on this host's cores (simulated device): 8 processes side by side, half with the
+# view or the dashboard and half without, swapping every slot, beside two yardstick threads that take 5% of a core,
+# as in view_cost_h100.json and view_cost_yardsticks_h100.json (about 8 minutes; the dashboard needs bokeh and
+# ipywidgets, from .whl/).
+python3 benchmarks/view_scale.py --repeats 0 --modes view,dashboard,busy,busy_numpy --concurrent 8 --slots 36 \
+    --json "$out/view_cost.json"
