@@ -510,8 +510,8 @@ class EventBus:
         with self._locked():
             if not self._history:
                 return np.zeros(0, dtype=EVENT_DTYPE)
-            # Joined as bytes: np.concatenate works out the structured dtype's promotion for each of what may be
-            # tens of thousands of small batches, about ten times slower. A bytearray: the copy is the caller's.
+            # Joined as bytes: np.concatenate works out the structured dtype's promotion for each piece, and a loop
+            # leaves tens of thousands of small batches here. A bytearray: the copy is the caller's to write to.
             joined = bytearray().join([batch.tobytes() for batch in self._history])
             return np.frombuffer(joined, dtype=EVENT_DTYPE)[-self._capacity :]
 
