@@ -62,6 +62,7 @@ from ..clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
 from ..errors import InvalidArgumentError, shown
 from .schema import EVENT_DTYPE, EventKind
 from .sources import stamp
+from .staged import joined
 
 __all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "PENDING_LIMIT", "EventBus", "Subscription", "get_bus",
            "new_alloc_id"]
@@ -510,10 +511,7 @@ class EventBus:
         with self._locked():
             if not self._history:
                 return np.zeros(0, dtype=EVENT_DTYPE)
-            # Joined as bytes: np.concatenate works out the structured dtype's promotion for each piece, and a loop
-            # leaves tens of thousands of small batches here. A bytearray: the copy is the caller's to write to.
-            joined = bytearray().join([batch.tobytes() for batch in self._history])
-            return np.frombuffer(joined, dtype=EVENT_DTYPE)[-self._capacity :]
+            return joined(self._history)[-self._capacity :]   # tens of thousands of small batches, from a loop
 
     def _append(self, records: np.ndarray) -> None:
         self._history.append(records)

@@ -28,7 +28,7 @@ from ..events.bus import EventBus, Subscription
 from ..events.causes import CAUSE_NAMES, cause_codes
 from ..events.schema import INFERRED_BIT
 from ..events.sources import totals
-from ..events.staged import StagedRecords
+from ..events.staged import StagedRecords, joined
 from ..tracing.attribution import AllocationIndex
 from .protocol import TIMELINE_COLUMNS, DeviceSample, Traffic
 
@@ -198,7 +198,9 @@ class EventWindow:
     def _build(self) -> None:
         """The records read in since the last build as one more chunk of columns; the oldest past capacity go."""
         parts, self._unbuilt, self._unbuilt_rows = self._unbuilt, deque(), 0
-        records, lanes, causes = (np.concatenate(column) for column in zip(*parts, strict=True))
+        # Up to one part a read-in since the last query: the records joined as bytes (.events.staged.joined).
+        records = joined(part[0] for part in parts)
+        lanes, causes = np.concatenate([part[1] for part in parts]), np.concatenate([part[2] for part in parts])
         seen = len(records)
         records, lanes, causes = records[-self._capacity:], lanes[-self._capacity:], causes[-self._capacity:]
         chunk = _Chunk({
