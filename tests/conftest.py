@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import settings
 
 import uvm_lab as ul
+
+# No deadline: tests assert results, not times (and a compiled path's first call compiles it, which may take
+# seconds on a fresh clone).
+settings.register_profile("uvm_lab", deadline=None)
+settings.load_profile("uvm_lab")
 
 
 @pytest.fixture(autouse=True)

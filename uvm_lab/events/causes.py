@@ -22,10 +22,12 @@ from enum import IntEnum
 from typing import Final
 
 import numpy as np
+from numba import njit, types
 
 from ..errors import InvalidArgumentError
 from .schema import (
     EVENT_DTYPE,
+    EVENTS_TYPE,
     INFERRED_BIT,
     AccessType,
     Advice,
@@ -62,10 +64,10 @@ _BY_KIND[EventKind.INVALIDATE] = _COHERENCE
 _BY_KIND[[EventKind.SEGMENT_ALLOC, EventKind.SEGMENT_FREE, EventKind.ALLOC, EventKind.FREE,
           EventKind.ALLOC_FAILURE, EventKind.POOL_GROW]] = _ALLOCATION
 
-_UNOBSERVED, _COLLAPSE = int(EventKind.UNOBSERVED), int(UnobservedCause.COLLAPSE)   # as ints: compared per call
-
 _MIGRATIONS = np.zeros(256, dtype=bool)
 _MIGRATIONS[[EventKind.HTOD, EventKind.DTOH, EventKind.DTOD]] = True
+# UNOBSERVED's collapse is a coherence; the numbers the compiled pass (_codes) compares with.
+_RULE = (INFERRED_BIT, _INFERRED, int(EventKind.UNOBSERVED), int(UnobservedCause.COLLAPSE), _COHERENCE)
 
 
 def cause_codes(records: np.ndarray) -> np.ndarray:
@@ -73,14 +75,26 @@ def cause_codes(records: np.ndarray) -> np.ndarray:
     if not isinstance(records, np.ndarray) or records.dtype != EVENT_DTYPE:
         raise InvalidArgumentError("records must be an EVENT_DTYPE array", value=records,
                                    expected="a numpy array of uvm_lab.events.EVENT_DTYPE")
-    kinds, flags = records["kind"], records["flags"]
-    out = _BY_KIND[kinds]
-    migration = _MIGRATIONS[kinds]
-    # An inferred migration is inferred whatever cause it was inferred for.
-    out[migration] = np.where(flags[migration] & INFERRED_BIT, _INFERRED, _MIGRATION[flags[migration]])
-    collapse = (kinds == _UNOBSERVED) & (flags == _COLLAPSE)
-    out[collapse] = _COHERENCE
+    out = np.empty(records.shape, dtype=np.uint8)
+    _codes(np.ascontiguousarray(records).reshape(-1), _BY_KIND, _MIGRATIONS, _MIGRATION, _RULE, out.reshape(-1))
     return out
+
+
+@njit((EVENTS_TYPE, types.uint8[::1], types.bool_[::1], types.uint8[::1], types.UniTuple(types.int64, 5),
+       types.uint8[::1]), cache=True)
+def _codes(records: np.ndarray, by_kind: np.ndarray, migrations: np.ndarray, migration: np.ndarray,
+           rule: tuple[int, int, int, int, int], out: np.ndarray) -> None:
+    # One pass, compiled: a live view reads in every record a loop publishes. The tables and numbers come in as
+    # arguments: numba would freeze globals into its cache, stale once they change.
+    inferred_bit, inferred, unobserved, collapse, coherence = rule
+    for i in range(len(records)):
+        kind, flags = records[i].kind, records[i].flags
+        if migrations[kind]:   # an inferred migration is inferred whatever cause it was inferred for
+            out[i] = inferred if flags & inferred_bit else migration[flags]
+        elif kind == unobserved and flags == collapse:
+            out[i] = coherence
+        else:
+            out[i] = by_kind[kind]
 
 
 # What a record's ``flags`` mean, by kind: (its cause's enum, or its detail's enum). CUPTI's flags are a

@@ -24,6 +24,7 @@ from __future__ import annotations
 from enum import IntEnum
 
 import numpy as np
+from numba import typeof
 
 from ..errors import InvalidArgumentError
 
@@ -32,6 +33,7 @@ __all__ = [
     "ACCESS_RUN",
     "ACCESS_STREAM",
     "ACCESS_UNIFORM",
+    "EVENTS_TYPE",
     "EVENT_DTYPE",
     "EVENT_DTYPE_WITHOUT_SOURCE",
     "INFERRED_BIT",
@@ -64,6 +66,10 @@ EVENT_DTYPE = np.dtype([
     ("source", np.uint32),
 ])
 
+
+#: An EVENT_DTYPE array as the compiled passes take it (one-dimensional, contiguous): their signatures name it, so
+#: each is compiled once, when its module is imported (and cached), not at a first call in a view's thread.
+EVENTS_TYPE = typeof(np.empty(0, EVENT_DTYPE))
 
 #: The record before events carried their ``source``: traces saved then still load (:func:`as_events`).
 EVENT_DTYPE_WITHOUT_SOURCE = np.dtype([field for field in EVENT_DTYPE.descr if field[0] != "source"])

@@ -104,11 +104,12 @@ from collections.abc import Mapping
 from typing import Any, Final, Literal, TypedDict, cast
 
 import numpy as np
+from numba import njit, types
 
 from ..errors import InvalidArgumentError, ProtocolError, shown
 from ..events.causes import CAUSE_NAMES
 from ..page_states import CATEGORY_NAMES
-from .dashboard.collect import bin_pages, bin_states, category_pages
+from .dashboard.collect import bin_pages, rebin
 
 __all__ = [
     "ADVICE_NAMES",
@@ -713,35 +714,16 @@ def pack_states(states: np.ndarray, limit: int = CELL_LIMIT, *,
     cell_pages = bin_pages(len(states), limit)
     if since is not None and len(since[0]) == len(states) and np.asarray(states).dtype == np.uint8:
         before, cells, held = since
-        changed = np.flatnonzero(before != states)
-        if not len(changed):
+        # Only the cells holding pages that changed are binned again (one pass over the pages, compiled).
+        fresh, gained = rebin(states, limit, (before, cells))
+        if fresh is cells:
             return cell_pages, cells, held
-        if 2 * len(changed) > len(states):   # most pages moved (a whole prefetch): packing anew costs less
-            return pack_states(states, limit, counts=counts)
-        cells = cells.copy()
-        for first, stop in _spans(changed // cell_pages):   # sorted, as the pages are
-            cells[first:stop] = bin_states(states, limit, bins=(first, stop), counts=False)["category"]
         if counts is None:
-            gone, came = category_pages(before[changed]), category_pages(states[changed])
-            counts = {name: held[name] - gone[name] + came[name] for name in CATEGORY_NAMES}  # type: ignore[literal-required]
-        return cell_pages, cells, cast(PageCounts, dict(counts))
-    cells = bin_states(states, limit, counts=False)["category"]
-    return cell_pages, cells, cast(PageCounts, dict(counts) if counts is not None else category_pages(states))
-
-
-# Changed cells this close together are binned again as one slice (the cells between cost less than a call).
-_SPAN_GAP = 64
-# Past this many slices, one slice from the first changed cell to the last.
-_MAX_SPANS = 32
-
-
-def _spans(cells: np.ndarray) -> list[tuple[int, int]]:
-    """Sorted cell numbers (repeats allowed) as ``[first, stop)`` slices that cover them."""
-    breaks = np.flatnonzero(np.diff(cells) > _SPAN_GAP)
-    firsts, lasts = cells[np.concatenate([[0], breaks + 1])], cells[np.append(breaks, len(cells) - 1)]
-    if len(firsts) > _MAX_SPANS:
-        return [(int(cells[0]), int(cells[-1]) + 1)]
-    return list(zip(firsts.tolist(), (lasts + 1).tolist(), strict=True))
+            counts = {name: held[name] + int(gained[i]) for i, name in enumerate(CATEGORY_NAMES)}  # type: ignore[literal-required]
+        return cell_pages, fresh, cast(PageCounts, dict(counts))
+    cells, gained = rebin(states, limit)
+    return cell_pages, cells, cast(PageCounts, dict(counts) if counts is not None else
+                                   dict(zip(CATEGORY_NAMES, gained.tolist(), strict=True)))
 
 
 # --- map changes --------------------------------------------------------------------------------
@@ -762,17 +744,39 @@ def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     if len(old) != len(new):
         raise InvalidArgumentError(f"runs compare maps of one size, got {len(old)} and {len(new)} cells",
                                    value=(len(old), len(new)), expected="two maps of the same number of cells")
-    changed = np.flatnonzero(old != new)
-    if not len(changed):
-        return np.zeros(4, dtype=np.uint8)
-    breaks = np.flatnonzero(np.diff(changed) > _RUN_GAP + 1)
-    starts = changed[np.concatenate([[0], breaks + 1])]
-    ends = changed[np.append(breaks, len(changed) - 1)] + 1
-    inside = np.zeros(len(new) + 1, dtype=np.int8)
-    inside[starts] = 1    # runs are apart, so no start is another run's end: plain stores, not np.add.at
-    inside[ends] = -1
-    header = np.concatenate([[len(starts)], starts, ends - starts]).astype("<u4")
-    return np.concatenate([header.view(np.uint8), new[np.cumsum(inside[:-1]) > 0]])
+    return _runs(np.ascontiguousarray(old), np.ascontiguousarray(new), _RUN_GAP)
+
+
+@njit((types.uint8[::1], types.uint8[::1], types.int64), cache=True)
+def _runs(old: np.ndarray, new: np.ndarray, gap: int) -> np.ndarray:
+    # Compiled, two passes (the runs, then their bytes): a live view encodes every map it shows that changed, and
+    # numpy's passes over a large map let the interpreter's lock go, which a busy loop then keeps for a while.
+    n = len(new)
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    runs, body, last = 0, 0, -gap - 2
+    for i in range(n):
+        if old[i] != new[i]:
+            if i - last > gap + 1:   # too far from the last change: a run of its own
+                if runs:
+                    body += ends[runs - 1] - starts[runs - 1]
+                starts[runs] = i
+                runs += 1
+            ends[runs - 1] = i + 1
+            last = i
+    if runs:
+        body += ends[runs - 1] - starts[runs - 1]
+    out = np.empty(4 + 8 * runs + body, np.uint8)
+    header = np.empty(1 + 2 * runs, np.uint32)
+    header[0] = runs
+    at = 4 + 8 * runs
+    for r in range(runs):
+        header[1 + r] = starts[r]
+        header[1 + runs + r] = ends[r] - starts[r]
+        out[at:at + ends[r] - starts[r]] = new[starts[r]:ends[r]]
+        at += ends[r] - starts[r]
+    out[:4 + 8 * runs] = header.view(np.uint8)   # little-endian, as the hosts numpy and the view run on
+    return out
 
 
 def apply_runs(cells: np.ndarray, runs: bytes | np.ndarray) -> np.ndarray:

@@ -20,13 +20,14 @@ from collections.abc import Callable, Sequence
 from typing import Final
 
 import numpy as np
+from numba import njit, types
 
 from ..clock import SYSTEM_CLOCK, Clock, checked_clock
 from ..errors import InvalidArgumentError, InvalidStateError
 from ..events import EventKind, MigrationCause, get_bus
 from ..events.bus import EventBus, Subscription
 from ..events.causes import CAUSE_NAMES, cause_codes
-from ..events.schema import INFERRED_BIT
+from ..events.schema import EVENTS_TYPE, INFERRED_BIT
 from ..events.sources import totals
 from ..events.staged import StagedRecords, joined
 from ..tracing.attribution import AllocationIndex
@@ -282,31 +283,12 @@ class EventWindow:
             return self._read_ins, {lane for lane, at in self._stamps.items() if at > since}
 
     def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray) -> None:
-        kinds = records["kind"]
-        # Per kind, which of the three counters (faults, bytes to the GPU, bytes to the host) a record adds to.
-        column = _COUNTER[kinds]
-        live = lanes != 0
-        counted = (column >= 0) & live
-        prefetch = (kinds == _PREFETCH) & live
-        touched: list[int] = []
-        if counted.any():
-            # Summed for every lane at once (one pass), then added to each lane's table.
-            lanes_counted, row = np.unique(lanes[counted], return_inverse=True)
-            touched = lanes_counted.astype(np.int64).tolist()
-            what = column[counted]
-            amount = np.where(what == 0, records["value"][counted], records["bytes"][counted])
-            cell = (row.reshape(-1) * len(CAUSE_NAMES) + causes[counted]) * _TRAFFIC_COUNTERS + what
-            # Float sums of whole numbers: exact below 2**53 (8 PiB in one read-in).
-            sums = np.rint(np.bincount(cell, weights=amount,
-                                       minlength=len(touched) * len(CAUSE_NAMES) * _TRAFFIC_COUNTERS))
-            sums = sums.astype(np.int64).reshape(len(touched), len(CAUSE_NAMES), _TRAFFIC_COUNTERS)
-        requested = {}
-        if prefetch.any():
-            for lane, dst in zip(lanes[prefetch].astype(np.int64).tolist(), records["dst"][prefetch].tolist(),
-                                 strict=True):
-                requested[lane] = dst   # the last prefetch of each lane wins
+        touched, sums, prefetched, destinations = _sum_traffic(records, lanes, causes, _COUNTER, _PREFETCH,
+                                                               (len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
+        touched = touched.tolist()
+        requested = dict(zip(prefetched.tolist(), destinations.tolist(), strict=True))   # the last of each lane wins
         changed = sorted({*touched, *requested})   # the lanes whose traffic or last prefetch moved
-        freed = records["alloc_id"][kinds == _FREE].tolist()
+        freed = records["alloc_id"][records["kind"] == _FREE].tolist()
         with self._lock:
             self._read_ins += 1
             stamp = self._read_ins
@@ -408,6 +390,61 @@ class EventWindow:
             events, truncated
 
 
+@njit((EVENTS_TYPE, types.float64[::1], types.uint8[::1], types.int64[::1], types.int64,
+       types.UniTuple(types.int64, 2)), cache=True)
+def _sum_traffic(records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, counter: np.ndarray, prefetch: int,
+                 shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What ``records`` (in ``lanes``, with ``causes``) add to each lane's traffic: the lanes they count for, with
+    their sums, ``shape`` (causes, counters) each (``counter``: by kind, the counter a record adds to, or -1); and the
+    lanes prefetched, each once, with the destination of its last prefetch.
+
+    Compiled, one pass: a live view reads in every record a loop publishes. It keeps the interpreter's lock (so do
+    the view's other compiled passes): let go, the lock would wait on a busy loop to give it back. Lanes are found
+    in a small open-addressed table (a sort costs more than the pass)."""
+    n = len(records)
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    slots = np.full(size, -1, np.int64)   # by the lane's hash: its number among the lanes found, or -1
+    found = np.empty(n, np.int64)         # the lanes found, in the order found
+    group = np.empty(n, np.int64)         # each counted record's lane number (-1: not counted)
+    last = np.full(n, -1, np.int64)       # per lane number: its last prefetch record, or -1
+    groups = 0
+    for i in range(n):
+        group[i] = -1
+        if lanes[i] == 0:
+            continue
+        what = counter[records[i].kind]
+        if what < 0 and records[i].kind != prefetch:
+            continue
+        lane = np.int64(lanes[i])
+        h = (lane * 0x9E3779B97F4A7C15) & (size - 1)
+        while slots[h] >= 0 and found[slots[h]] != lane:
+            h = (h + 1) & (size - 1)
+        if slots[h] < 0:
+            slots[h] = groups
+            found[groups] = lane
+            groups += 1
+        if what >= 0:
+            group[i] = slots[h]
+        else:
+            last[slots[h]] = i
+    sums = np.zeros((groups, shape[0], shape[1]), np.int64)
+    counted = np.zeros(groups, np.bool_)
+    for i in range(n):
+        g = group[i]
+        if g >= 0:
+            what = counter[records[i].kind]
+            sums[g, causes[i], what] += np.int64(records[i].value) if what == 0 else np.int64(records[i].bytes)
+            counted[g] = True
+    touched = found[:groups][counted]
+    prefetched = np.flatnonzero(last[:groups] >= 0)
+    destinations = np.empty(len(prefetched), np.int64)
+    for j in range(len(prefetched)):
+        destinations[j] = records[last[prefetched[j]]].dst
+    return touched, sums[counted], found[prefetched], destinations
+
+
 class _Rows:
     """Counters of one ``shape`` per key (a buffer), as rows of one array: a read-in adds to every buffer it touched
     in one step. A popped key's row is zeroed and reused. Not thread-safe."""
@@ -505,20 +542,41 @@ def device_counts(records: np.ndarray, gpus: int = 1) -> tuple[np.ndarray, int]:
     for plus one where that is more, so no record is lost. A record that names no GPU where its kind needs one (made by
     hand: the backends always name it) counts for GPU 0.
     """
-    counter = _COUNTER_OF[(records["kind"].astype(np.intp) << 8) | records["flags"]]
-    counted = np.flatnonzero(counter >= 0)
-    counter = counter[counted]
-    amount = np.where(_BY_VALUE[counter], records["value"][counted], records["bytes"][counted])
-    on_cpu = counter == _CPU_FAULT
-    cpu_faults = int(amount[on_cpu].sum())
-    counter, amount = counter[~on_cpu], amount[~on_cpu]
-    gpu = np.where(_FOR_SOURCE[counter], records["src"][counted[~on_cpu]], records["dst"][counted[~on_cpu]])
-    gpu = np.maximum(gpu.astype(np.int64), 0)
-    n = max(gpus, int(gpu.max(initial=-1)) + 1)
-    # Float sums of whole numbers: exact below 2**53.
-    table = np.bincount(counter * n + gpu, weights=amount, minlength=len(GPU_COUNTERS) * n).round()
-    table = table.astype(np.int64).reshape(len(GPU_COUNTERS), n)
-    table[_DTOH] += table[_EVICTED]   # an eviction is a transfer to the host too
+    table, cpu_faults = _count_device(np.ascontiguousarray(records).reshape(-1), int(gpus), _COUNTER_OF,
+                                      _FOR_SOURCE, _BY_VALUE, _EVICTED_RULE)
+    return table, int(cpu_faults)
+
+
+# The rows that come out of the table (an eviction, a transfer to the host too) and the CPU's: for _count_device.
+_EVICTED_RULE = (_DTOH, _EVICTED, _CPU_FAULT, len(GPU_COUNTERS))
+
+
+@njit((EVENTS_TYPE, types.int64, types.int64[::1], types.bool_[::1], types.bool_[::1],
+       types.UniTuple(types.int64, 4)), cache=True)
+def _count_device(records: np.ndarray, gpus: int, counter_of: np.ndarray, for_source: np.ndarray,
+                  by_value: np.ndarray, rule: tuple[int, int, int, int]) -> tuple[np.ndarray, np.int64]:
+    # Compiled, two passes: a live view's every update reads what the loop published since the last. The tables
+    # come in as arguments: numba would freeze globals into its cache.
+    dtoh, evicted, cpu_fault, rows = rule
+    n = gpus
+    for i in range(len(records)):   # the GPUs the table needs: those asked for, and any a record counts for
+        counter = counter_of[(np.int64(records[i].kind) << 8) | records[i].flags]
+        if counter >= 0 and counter != cpu_fault:
+            gpu = np.int64(records[i].src if for_source[counter] else records[i].dst)
+            n = max(n, max(int(gpu), 0) + 1)   # one naming no GPU (-1, made by hand) counts for GPU 0
+    table = np.zeros((rows, n), np.int64)
+    cpu_faults = np.int64(0)
+    for i in range(len(records)):
+        counter = counter_of[(np.int64(records[i].kind) << 8) | records[i].flags]
+        if counter < 0:
+            continue
+        amount = np.int64(records[i].value) if by_value[counter] else np.int64(records[i].bytes)
+        if counter == cpu_fault:
+            cpu_faults += amount
+            continue
+        gpu = np.int64(records[i].src if for_source[counter] else records[i].dst)
+        table[counter, max(int(gpu), 0)] += amount
+    table[dtoh] += table[evicted]   # an eviction is a transfer to the host too
     return table, cpu_faults
 
 

@@ -23,6 +23,7 @@ from collections import deque
 from typing import Literal
 
 import numpy as np
+from numba import njit, types
 
 from ..errors import InvalidArgumentError
 from ..events.bus import EventBus, Subscription
@@ -147,13 +148,7 @@ class AllocationIndex:
             freed = list(self._freed) if times is not None else []
         out = np.zeros(len(addresses), dtype=np.uint64)
         if len(starts):
-            i = np.searchsorted(starts, addresses, side="right") - 1
-            ok = i >= 0
-            j = np.where(ok, i, 0)
-            ok &= addresses < ends[j]
-            if times is not None:
-                ok &= times >= born[j]
-            out[ok] = ids[j[ok]]
+            _find(starts, ends, ids, born, addresses, times if times is not None else born[:0], out)
         if freed:
             missing = np.flatnonzero(out == 0)
             if len(missing):
@@ -163,6 +158,27 @@ class AllocationIndex:
                     if hit.any():
                         out[missing[hit]] = alloc_id
         return out
+
+
+@njit((types.uint64[::1], types.uint64[::1], types.uint64[::1], types.int64[::1], types.uint64[:], types.int64[:],
+       types.uint64[::1]), cache=True)
+def _find(starts: np.ndarray, ends: np.ndarray, ids: np.ndarray, born: np.ndarray, addresses: np.ndarray,
+          times: np.ndarray, out: np.ndarray) -> None:
+    # Per address, the live range that starts at or before it (a binary search), if the address is inside it (and,
+    # with times, the allocation was made by then). Compiled: a live view looks up every record a loop publishes,
+    # and numpy's searches let the interpreter's lock go, which a busy loop then keeps for a switch interval.
+    for k in range(len(addresses)):
+        address = addresses[k]
+        lo, hi = 0, len(starts)
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if starts[mid] <= address:
+                lo = mid + 1
+            else:
+                hi = mid
+        j = lo - 1
+        if j >= 0 and address < ends[j] and (len(times) == 0 or times[k] >= born[j]):
+            out[k] = ids[j]
 
 
 def attribute(events: np.ndarray, index: AllocationIndex, *, overwrite: bool = False) -> np.ndarray:

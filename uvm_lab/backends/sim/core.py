@@ -39,9 +39,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, typeof, types
+from numba import njit, types
 
-from ...events.schema import EVENT_DTYPE, AccessType, EventKind, MigrationCause, RemoteMapCause
+from ...events.schema import EVENTS_TYPE, AccessType, EventKind, MigrationCause, RemoteMapCause
 
 __all__ = ["COSTS", "MEMORY_COUNTERS", "STATS", "THRASHING_COUNTERS", "claim", "migrate",
            "release_blocks", "reset_pages", "run_stream"]
@@ -57,7 +57,7 @@ YES, NO = np.ones(1, np.bool_)[0], np.zeros(1, np.bool_)[0]
 _TABLE = types.Tuple((types.uint8[::1], types.boolean[::1], types.int8[::1], types.uint8[::1], types.uint8[::1],
                       types.uint8[::1], types.boolean[:, ::1], types.int64[:, ::1], types.int32[:, ::1],
                       types.uint64[::1], types.uint64[::1], types.int16[::1]))
-_RECORDS = types.ListType(typeof(np.empty(1, EVENT_DTYPE)))
+_RECORDS = types.ListType(EVENTS_TYPE)
 
 PAGES = 512          # 4 KiB pages of a 2 MiB VA block (R1)
 SHIFT = 9

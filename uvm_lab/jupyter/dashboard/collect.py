@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
+from numba import njit, types
 
 import uvm_lab as ul
 from uvm_lab.backends.base import gpu_memory
@@ -47,8 +48,7 @@ from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories
 from uvm_lab.residency_map import get_tracker
 
 __all__ = ["EventTotals", "LiveAllocations", "bin_pages", "bin_states", "category_pages", "category_table",
-           "collect_snapshot",
-           "describe_buffer", "shown_categories"]
+           "collect_snapshot", "describe_buffer", "rebin", "shown_categories"]
 
 class EventTotals:
     """Running totals of ``Trace.summary()`` over every batch the bus delivers: events, counts per kind,
@@ -363,11 +363,14 @@ def bin_states(states: np.ndarray, n_bins: int, *, bins: tuple[int, int] | None 
                                    value=bins, expected=f"0 <= first <= stop <= {total}")
     starts = np.arange(first_bin * per_bin, min(stop_bin * per_bin, n), per_bin, dtype=np.int64)
     out = {"first": starts, "last": np.minimum(starts + per_bin, n) - 1}
-    codes = categories(states[first_bin * per_bin: stop_bin * per_bin])
-    if per_bin == 1:   # a page a bin: each bin's counts are one-hot, its category the page's
-        if counts:
-            out.update({name: (codes == i).astype(np.int64) for i, name in enumerate(CATEGORY_NAMES)})
-        return {**out, "category": np.ascontiguousarray(codes, dtype=np.uint8)}
+    pages = states[first_bin * per_bin: stop_bin * per_bin]
+    category = _rebin(pages, pages[:0], np.zeros(len(starts), np.uint8), per_bin, _STATE_CATEGORY, k)[0]
+    if not counts:
+        return {**out, "category": category}
+    codes = categories(pages)
+    if per_bin == 1:   # a page a bin: each bin's counts are one-hot
+        return {**out, **{name: (codes == i).astype(np.int64) for i, name in enumerate(CATEGORY_NAMES)},
+                "category": category}
     # One pass per category present (a map mostly holds two or three), over the full bins as rows.
     table = np.zeros((len(starts), k), dtype=np.int64)
     full = len(codes) // per_bin
@@ -376,9 +379,67 @@ def bin_states(states: np.ndarray, n_bins: int, *, bins: tuple[int, int] | None 
         table[:full, code] = np.count_nonzero(rows == code, axis=1)
     if full < len(starts):
         table[full] = np.bincount(codes[full * per_bin:], minlength=k)
-    if counts:
-        out.update({name: table[:, i] for i, name in enumerate(CATEGORY_NAMES)})
-    return {**out, "category": np.ascontiguousarray(table.argmax(axis=1), dtype=np.uint8)}
+    return {**out, **{name: table[:, i] for i, name in enumerate(CATEGORY_NAMES)}, "category": category}
+
+
+def rebin(states: np.ndarray, n_bins: int, since: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[
+        np.ndarray, np.ndarray]:
+    """Each bin's majority category (:func:`bin_states`' ``category`` column: ties go to the lower code), and the
+    pages each category gained, less those it lost, by code.
+
+    ``since=(states, cells)`` is an earlier map of the same pages and what this gave for it: then only the bins
+    holding a page whose state changed are binned again, ``cells`` itself comes back where none did, and the gains
+    are the changed pages'. Without it, every bin, and the gains are every page's category.
+    """
+    states = _page_states(states)
+    per_bin = bin_pages(len(states), n_bins)
+    if since is None:
+        before, cells = states[:0], np.zeros(-(-len(states) // per_bin), np.uint8)
+    else:
+        before, cells = _page_states(since[0]), _page_states(since[1])
+        if len(before) != len(states) or len(cells) != -(-len(states) // per_bin):
+            raise InvalidArgumentError(f"since must be a map of the same {len(states)} pages and its "
+                                       f"{-(-len(states) // per_bin)} bins, got {len(before)} and {len(cells)}",
+                                       value=(len(before), len(cells)), expected="the same map's earlier states")
+    return _rebin(states, before, cells, per_bin, _STATE_CATEGORY, len(CATEGORY_NAMES))
+
+
+@njit((types.uint8[::1], types.uint8[::1], types.uint8[::1], types.int64, types.uint8[::1], types.int64),
+      cache=True)
+def _rebin(states: np.ndarray, before: np.ndarray, cells: np.ndarray, per_bin: int, category: np.ndarray,
+           k: int) -> tuple[np.ndarray, np.ndarray]:
+    # One compiled pass over the pages (rebin): a live view bins every map it shows that changed, and numpy's passes
+    # over a large map let the interpreter's lock go, which a busy loop then keeps for a while.
+    n, everything = len(states), len(before) == 0
+    out = cells
+    gained = np.zeros(k, np.int64)
+    tally = np.zeros(k, np.int64)
+    for c in range(len(cells)):
+        lo, hi = c * per_bin, min(c * per_bin + per_bin, n)
+        changed = everything
+        for i in range(lo, hi):
+            if everything:
+                gained[category[states[i]]] += 1
+            elif before[i] != states[i]:
+                changed = True
+                gained[category[before[i]]] -= 1
+                gained[category[states[i]]] += 1
+        if not changed:
+            continue
+        if out is cells and not everything:   # the first change: the earlier cells stay as they were
+            out = cells.copy()
+        if per_bin == 1:
+            out[c] = category[states[lo]]
+            continue
+        tally[:] = 0
+        for i in range(lo, hi):
+            tally[category[states[i]]] += 1
+        best = 0
+        for j in range(1, k):
+            if tally[j] > tally[best]:
+                best = j
+        out[c] = best
+    return out, gained
 
 
 def bin_pages(pages: int, n_bins: int) -> int:
@@ -395,4 +456,4 @@ def _page_states(states: Any) -> np.ndarray:
                                                            int(array.min()) >= 0 and int(array.max()) <= 255)):
         raise InvalidArgumentError("page states must be a 1-D array of bytes (0..255), one per page; got "
                                    f"{array.ndim}-D {array.dtype}", value=states, expected="a 1-D uint8 array")
-    return array.astype(np.uint8, copy=False)
+    return np.ascontiguousarray(array, dtype=np.uint8)   # as the compiled passes (_rebin) take it
