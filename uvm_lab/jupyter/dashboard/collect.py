@@ -404,41 +404,60 @@ def rebin(states: np.ndarray, n_bins: int, since: tuple[np.ndarray, np.ndarray] 
     return _rebin(states, before, cells, per_bin, _STATE_CATEGORY, len(CATEGORY_NAMES))
 
 
-@njit((types.uint8[::1], types.uint8[::1], types.uint8[::1], types.int64, types.uint8[::1], types.int64),
-      cache=True)
-def _rebin(states: np.ndarray, before: np.ndarray, cells: np.ndarray, per_bin: int, category: np.ndarray,
-           k: int) -> tuple[np.ndarray, np.ndarray]:
-    # One compiled pass over the pages (rebin): a live view bins every map it shows that changed, and numpy's passes
-    # over a large map let the interpreter's lock go, which a busy loop then keeps for a while.
-    n, everything = len(states), len(before) == 0
-    out = cells
-    gained = np.zeros(k, np.int64)
+@njit((types.uint8[::1], types.uint8[::1], types.bool_[::1], types.int64, types.uint8[::1], types.int64), cache=True)
+def _majorities(states: np.ndarray, out: np.ndarray, dirty: np.ndarray, per_bin: int, category: np.ndarray,
+                k: int) -> None:
+    # The category of each dirty bin: the one most of its pages are in, ties to the lower code.
+    n = len(states)
+    if per_bin == 1:
+        for c in range(len(out)):
+            if dirty[c]:
+                out[c] = category[states[c]]
+        return
     tally = np.zeros(k, np.int64)
-    for c in range(len(cells)):
-        lo, hi = c * per_bin, min(c * per_bin + per_bin, n)
-        changed = everything
-        for i in range(lo, hi):
-            if everything:
-                gained[category[states[i]]] += 1
-            elif before[i] != states[i]:
-                changed = True
-                gained[category[before[i]]] -= 1
-                gained[category[states[i]]] += 1
-        if not changed:
-            continue
-        if out is cells and not everything:   # the first change: the earlier cells stay as they were
-            out = cells.copy()
-        if per_bin == 1:
-            out[c] = category[states[lo]]
+    for c in range(len(out)):
+        if not dirty[c]:
             continue
         tally[:] = 0
-        for i in range(lo, hi):
+        for i in range(c * per_bin, min(c * per_bin + per_bin, n)):
             tally[category[states[i]]] += 1
         best = 0
         for j in range(1, k):
             if tally[j] > tally[best]:
                 best = j
         out[c] = best
+
+
+@njit((types.uint8[::1], types.uint8[::1], types.uint8[::1], types.int64, types.uint8[::1], types.int64),
+      cache=True)
+def _rebin(states: np.ndarray, before: np.ndarray, cells: np.ndarray, per_bin: int, category: np.ndarray,
+           k: int) -> tuple[np.ndarray, np.ndarray]:
+    # Compiled (rebin): a live view bins every map it shows that changed, and numpy's passes over a large map let the
+    # interpreter's lock go, which a busy loop then keeps for a while. Pages are counted by state (256 counters) and
+    # turned into categories once; a loop without branches between its stores is what makes a pass cheap.
+    n = len(states)
+    gone, came = np.zeros(256, np.int64), np.zeros(256, np.int64)   # pages that left, and came to, each state
+    dirty = np.zeros(len(cells), np.bool_)
+    if len(before) == 0:   # everything
+        for i in range(n):
+            came[states[i]] += 1
+        dirty[:] = True
+    else:
+        for i in range(n):
+            was, now = before[i], states[i]
+            if was != now:
+                gone[was] += 1
+                came[now] += 1
+                dirty[i if per_bin == 1 else i // per_bin] = True   # a division costs more than the test
+    gained = np.zeros(k, np.int64)
+    changed = False
+    for state in range(256):
+        gained[category[state]] += came[state] - gone[state]
+        changed |= came[state] > 0
+    if not changed:
+        return cells, gained
+    out = cells.copy()
+    _majorities(states, out, dirty, per_bin, category, k)
     return out, gained
 
 
