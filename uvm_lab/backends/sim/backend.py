@@ -37,6 +37,7 @@ from ...events.sources import capture
 from ...location import HOST_ID, Location
 from ...units import BLOCK_SIZE, PAGE_SIZE, format_bytes, parse_size
 from ..base import AccessMode, AccessResult, Capabilities, RangeAdvice
+from .core import advice_of
 from .engine import FaultEngine, StreamStats
 from .eviction import EVICTION_POLICIES, GpuMemory
 from .model import BLOCK_SHIFT, NO_LOCATION, EventLog, PageTable, Segment, bit
@@ -333,17 +334,13 @@ class SimBackend:
             first, last = seg.page_range(ptr, size)
             t = self._table
             sl = slice(seg.base + first, seg.base + last)
-
-            def uniform(values: np.ndarray) -> Location | None:
-                v = int(values[0]) if len(values) else NO_LOCATION
-                return Location(v) if v != NO_LOCATION and (values == v).all() else None
-
             if seg.kind is not MemoryKind.MANAGED:
                 return RangeAdvice(False, None, (), None)
-            mapped = int(np.bitwise_and.reduce(t.accessed_by[sl])) if last > first else 0
+            read_mostly, preferred, mapped, prefetched = advice_of(t.read_mostly[sl], t.preferred[sl],
+                                                                   t.accessed_by[sl], t.last_prefetch[sl])
             accessed = tuple(Location(p) for p in [HOST_ID, *range(self._devices)] if mapped & bit(p))
-            return RangeAdvice(bool(t.read_mostly[sl].all()), uniform(t.preferred[sl]), accessed,
-                               uniform(t.last_prefetch[sl]))
+            return RangeAdvice(bool(read_mostly), None if preferred == NO_LOCATION else Location(preferred), accessed,
+                               None if prefetched == NO_LOCATION else Location(prefetched))
 
     # -- access ------------------------------------------------------------------------------------------------
     def access(self, ptr: int, size: int, processor: Location, mode: AccessMode, *, stream: int = 0) -> AccessResult:

@@ -43,7 +43,7 @@ from numba import njit, types
 
 from ...events.schema import EVENTS_TYPE, AccessType, EventKind, MigrationCause, RemoteMapCause
 
-__all__ = ["COSTS", "MEMORY_COUNTERS", "STATS", "THRASHING_COUNTERS", "claim", "migrate",
+__all__ = ["COSTS", "MEMORY_COUNTERS", "STATS", "THRASHING_COUNTERS", "advice_of", "claim", "migrate",
            "release_blocks", "reset_pages", "run_stream"]
 
 _jit = njit(cache=True, nogil=True)
@@ -120,6 +120,28 @@ DONE, NEED_SLOTS = 0, 1
 # The page table's arrays, in the order of the tuple ``PageTable.arrays()`` gives.
 (T_STATE, T_READ_MOSTLY, T_PREFERRED, T_ACCESSED_BY, T_REMOTE, T_WRITABLE, T_CHUNK, T_LAST_USE, T_COUNTERS,
  T_BLOCK_ADDRESS, T_BLOCK_ALLOC, T_BLOCK_PAGES) = range(12)
+
+
+@njit(types.UniTuple(types.int64, 4)(types.boolean[::1], types.int8[::1], types.uint8[::1], types.int8[::1]),
+      cache=True)
+def advice_of(read_mostly, preferred, accessed_by, last_prefetch):
+    """The advice in force on every page of a range, in one pass: (1 if ReadMostly on all, the preferred location
+    if all share one else NO_LOCATION, the AccessedBy bits all share, the last prefetch's destination if all share
+    one else NO_LOCATION). A live view reads it for every map it shows that changed."""
+    n = len(read_mostly)
+    if n == 0:   # as numpy's all() of nothing: ReadMostly, and no one location
+        return 1, NO_LOCATION, 0, NO_LOCATION
+    all_read_mostly, shared = 1, 0xFF
+    pref, last = np.int64(preferred[0]), np.int64(last_prefetch[0])
+    for i in range(n):
+        if not read_mostly[i]:
+            all_read_mostly = 0
+        shared &= accessed_by[i]
+        if preferred[i] != pref:
+            pref = NO_LOCATION
+        if last_prefetch[i] != last:
+            last = NO_LOCATION
+    return all_read_mostly, pref, shared, last
 
 
 @_jit
