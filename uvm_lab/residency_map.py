@@ -95,7 +95,7 @@ def _where(states: np.ndarray) -> dict[str, np.ndarray]:
             "unknown": unknown}
 
 
-@njit(types.int64[::1](types.uint8[::1]), cache=True)
+@njit(types.int64[::1](types.uint8[::1]), cache=True, nogil=True)
 def _count_states(states: np.ndarray) -> np.ndarray:
     # Compiled: np.bincount widens every byte to a machine word first, and a live view counts every map it shows
     # that changed. Four tables, so that a run of one state does not wait on its own last count.

@@ -747,7 +747,7 @@ def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return _runs(np.ascontiguousarray(old), np.ascontiguousarray(new), _RUN_GAP)
 
 
-@njit((types.uint8[::1], types.uint8[::1], types.int64), cache=True)
+@njit((types.uint8[::1], types.uint8[::1], types.int64), cache=True, nogil=True)
 def _runs(old: np.ndarray, new: np.ndarray, gap: int) -> np.ndarray:
     # Compiled, two passes (the runs, then their bytes): a live view encodes every map it shows that changed, and
     # numpy's passes over a large map let the interpreter's lock go, which a busy loop then keeps for a while.

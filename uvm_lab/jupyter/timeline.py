@@ -391,7 +391,7 @@ class EventWindow:
 
 
 @njit((EVENTS_TYPE, types.float64[::1], types.uint8[::1], types.int64[::1], types.int64,
-       types.UniTuple(types.int64, 2)), cache=True)
+       types.UniTuple(types.int64, 2)), cache=True, nogil=True)
 def _sum_traffic(records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, counter: np.ndarray, prefetch: int,
                  shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What ``records`` (in ``lanes``, with ``causes``) add to each lane's traffic: the lanes they count for, with
@@ -552,7 +552,7 @@ _EVICTED_RULE = (_DTOH, _EVICTED, _CPU_FAULT, len(GPU_COUNTERS))
 
 
 @njit((EVENTS_TYPE, types.int64, types.int64[::1], types.bool_[::1], types.bool_[::1],
-       types.UniTuple(types.int64, 4)), cache=True)
+       types.UniTuple(types.int64, 4)), cache=True, nogil=True)
 def _count_device(records: np.ndarray, gpus: int, counter_of: np.ndarray, for_source: np.ndarray,
                   by_value: np.ndarray, rule: tuple[int, int, int, int]) -> tuple[np.ndarray, np.int64]:
     # Compiled, two passes: a live view's every update reads what the loop published since the last. The tables

@@ -123,7 +123,7 @@ DONE, NEED_SLOTS = 0, 1
 
 
 @njit(types.UniTuple(types.int64, 4)(types.boolean[::1], types.int8[::1], types.uint8[::1], types.int8[::1]),
-      cache=True)
+      cache=True, nogil=True)
 def advice_of(read_mostly, preferred, accessed_by, last_prefetch):
     """The advice in force on every page of a range, in one pass: (1 if ReadMostly on all, the preferred location
     if all share one else NO_LOCATION, the AccessedBy bits all share, the last prefetch's destination if all share

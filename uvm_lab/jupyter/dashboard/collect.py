@@ -404,7 +404,8 @@ def rebin(states: np.ndarray, n_bins: int, since: tuple[np.ndarray, np.ndarray] 
     return _rebin(states, before, cells, per_bin, _STATE_CATEGORY, len(CATEGORY_NAMES))
 
 
-@njit((types.uint8[::1], types.uint8[::1], types.bool_[::1], types.int64, types.uint8[::1], types.int64), cache=True)
+@njit((types.uint8[::1], types.uint8[::1], types.bool_[::1], types.int64, types.uint8[::1], types.int64),
+      cache=True, nogil=True)
 def _majorities(states: np.ndarray, out: np.ndarray, dirty: np.ndarray, per_bin: int, category: np.ndarray,
                 k: int) -> None:
     # The category of each dirty bin: the one most of its pages are in, ties to the lower code.
@@ -429,7 +430,7 @@ def _majorities(states: np.ndarray, out: np.ndarray, dirty: np.ndarray, per_bin:
 
 
 @njit((types.uint8[::1], types.uint8[::1], types.uint8[::1], types.int64, types.uint8[::1], types.int64),
-      cache=True)
+      cache=True, nogil=True)
 def _rebin(states: np.ndarray, before: np.ndarray, cells: np.ndarray, per_bin: int, category: np.ndarray,
            k: int) -> tuple[np.ndarray, np.ndarray]:
     # Compiled (rebin): a live view bins every map it shows that changed, and numpy's passes over a large map let the
