@@ -749,8 +749,8 @@ def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
 
 @njit((types.uint8[::1], types.uint8[::1], types.int64), cache=True, nogil=True)
 def _runs(old: np.ndarray, new: np.ndarray, gap: int) -> np.ndarray:
-    # Compiled, two passes (the runs, then their bytes): a live view encodes every map it shows that changed, and
-    # numpy's passes over a large map let the interpreter's lock go, which a busy loop then keeps for a while.
+    # Compiled, two passes (the runs, then their bytes), in place of numpy's six: a live view encodes every map it
+    # shows that changed.
     n = len(new)
     starts = np.empty(n, np.int64)
     ends = np.empty(n, np.int64)

@@ -165,8 +165,8 @@ class AllocationIndex:
 def _find(starts: np.ndarray, ends: np.ndarray, ids: np.ndarray, born: np.ndarray, addresses: np.ndarray,
           times: np.ndarray, out: np.ndarray) -> None:
     # Per address, the live range that starts at or before it (a binary search), if the address is inside it (and,
-    # with times, the allocation was made by then). Compiled: a live view looks up every record a loop publishes,
-    # and numpy's searches let the interpreter's lock go, which a busy loop then keeps for a switch interval.
+    # with times, the allocation was made by then). Compiled, one call for the batch: a live view looks up every
+    # record a loop publishes.
     for k in range(len(addresses)):
         address = addresses[k]
         lo, hi = 0, len(starts)

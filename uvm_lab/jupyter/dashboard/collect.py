@@ -433,9 +433,8 @@ def _majorities(states: np.ndarray, out: np.ndarray, dirty: np.ndarray, per_bin:
       cache=True, nogil=True)
 def _rebin(states: np.ndarray, before: np.ndarray, cells: np.ndarray, per_bin: int, category: np.ndarray,
            k: int) -> tuple[np.ndarray, np.ndarray]:
-    # Compiled (rebin): a live view bins every map it shows that changed, and numpy's passes over a large map let the
-    # interpreter's lock go, which a busy loop then keeps for a while. Pages are counted by state (256 counters) and
-    # turned into categories once; a loop without branches between its stores is what makes a pass cheap.
+    # Compiled (rebin): a live view bins every map it shows that changed. Pages are counted by state (256 counters)
+    # and turned into categories once; a loop without branches between its stores is what makes a pass cheap.
     n = len(states)
     gone, came = np.zeros(256, np.int64), np.zeros(256, np.int64)   # pages that left, and came to, each state
     dirty = np.zeros(len(cells), np.bool_)
