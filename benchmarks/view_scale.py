@@ -53,7 +53,7 @@ ALLOCATIONS = 1000
 #: The share of a core the yardstick threads (Busy) take: the issue's bound on a view's cost.
 BUSY_SHARE = 0.05
 BUSY = ("busy", "busy_numpy")
-COSTED = ("view", "dashboard", *BUSY)   # what --pairs and --concurrent measure against none
+COSTED = ("view", "paused", "dashboard", *BUSY)   # what --pairs and --concurrent measure against none
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -200,7 +200,7 @@ class Attached:
 
     def __init__(self, mode: str, buffers: list[ul.DeviceBuffer], settle: float = 0.3) -> None:
         self.mode = mode
-        if mode == "view":
+        if mode in ("view", "paused"):   # paused: what feeding the view costs the loop, with no update made
             self.session, _ = attach(mode, buffers)
         elif mode == "dashboard":
             from uvm_lab.jupyter.dashboard import Dashboard
@@ -213,7 +213,7 @@ class Attached:
         time.sleep(settle)   # what attaching set going ends before the block's clock starts
 
     def close(self) -> None:
-        if self.mode == "view":
+        if self.mode in ("view", "paused"):
             self.session.close()
         elif self.mode == "dashboard":
             self.dashboard.close()

@@ -202,7 +202,7 @@ class ResidencyOverview(DashboardComponent):
         """The allocation's pages as ``bins`` cells: each the category most of its pages are in."""
         if not len(alloc["states"]):
             return np.zeros(self.bins, dtype=np.uint8)
-        cells = bin_states(alloc["states"], self.bins)["category"]
+        cells = bin_states(alloc["states"], self.bins, counts=False)["category"]
         return cells[np.arange(self.bins) * len(cells) // self.bins]   # stretched to the full width
 
     def update(self, snapshot: Mapping[str, Any]) -> None:
