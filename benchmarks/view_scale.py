@@ -369,6 +369,50 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
             "none_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == "none"]))}
 
 
+def lock_waits(buffers: list[ul.DeviceBuffer], flushes: int, ops: int = 120) -> dict[str, float]:
+    """How often a view's update lets the interpreter's lock go: each of ``flushes`` updates (of ``ops`` operations'
+    changes, a 20th of a second of the loop) made beside a thread of pure Python that never lets it go by itself.
+    Each time the update lets it go, the spinner takes it and keeps it until it is asked for it, a switch interval
+    later: the update's wall time less its CPU, in switch intervals, counts those times. Alternate updates are made
+    alone, for their quiet CPU."""
+    from uvm_lab.jupyter.comm import PanelSession
+
+    session = PanelSession(CountingComm(), start=False)
+    session.handle({"type": "hello", "seq": 0})
+    session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
+    for k in range(5):
+        loop(buffers, ops, seed=k)
+        session.flush()
+    spinning = threading.Event()
+    walls, cpus, quiet = [], [], []
+
+    def spin() -> None:
+        while spinning.is_set():
+            pass
+
+    for k in range(2 * flushes):
+        loop(buffers, ops, seed=100 + k)
+        if k % 2:
+            started = time.thread_time()
+            session.flush()
+            quiet.append(time.thread_time() - started)
+            continue
+        spinning.set()
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        time.sleep(0.01)
+        wall, cpu = time.perf_counter(), time.thread_time()
+        session.flush()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.thread_time() - cpu)
+        spinning.clear()
+        spinner.join()
+    session.close()
+    wall, cpu = statistics.mean(walls), statistics.mean(cpus)
+    return {"ops": ops, "quiet_cpu_ms": statistics.mean(quiet) * 1e3, "beside_cpu_ms": cpu * 1e3,
+            "beside_wall_ms": wall * 1e3, "lock_let_go": (wall - cpu) / sys.getswitchinterval()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000)
@@ -384,6 +428,8 @@ def main() -> None:
                              "(an even number; see concurrent)")
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--slot-seconds", type=float, default=3.0)
+    parser.add_argument("--lock-waits", type=int, default=0, metavar="UPDATES",
+                        help="then this many of the view's updates beside a pure-Python thread (see lock_waits)")
     args = parser.parse_args()
     modes = args.modes.split(",")
 
@@ -447,6 +493,11 @@ def main() -> None:
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x "
                   f"{cost['other_threads_cpu_share']:11.1%}  ({cost['slots_counted']} slots counted, "
                   f"{cost['worker_slots_left_out']} worker-slots left out)", flush=True)
+    if args.lock_waits:
+        waits = table["lock_waits"] = lock_waits(buffers, args.lock_waits)
+        print(f"\nan update of {waits['ops']} operations' changes: {waits['quiet_cpu_ms']:.2f} ms of CPU alone; beside "
+              f"a pure-Python thread {waits['beside_cpu_ms']:.2f} ms of CPU in {waits['beside_wall_ms']:.1f} ms, "
+              f"the lock let go about {waits['lock_let_go']:.1f} times", flush=True)
     if args.json:
         args.json.write_text(json.dumps(table, indent=2))
 
