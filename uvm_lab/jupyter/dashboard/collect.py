@@ -401,7 +401,10 @@ def rebin(states: np.ndarray, n_bins: int, since: tuple[np.ndarray, np.ndarray] 
             raise InvalidArgumentError(f"since must be a map of the same {len(states)} pages and its "
                                        f"{-(-len(states) // per_bin)} bins, got {len(before)} and {len(cells)}",
                                        value=(len(before), len(cells)), expected="the same map's earlier states")
-    return _rebin(states, before, cells, per_bin, _STATE_CATEGORY, len(CATEGORY_NAMES))
+    out, gained = _rebin(states, before, cells, per_bin, _STATE_CATEGORY, len(CATEGORY_NAMES))
+    if since is not None and out is cells and isinstance(since[1], np.ndarray):
+        out = since[1]   # nothing changed: the caller's very cells (an empty map's were made anew above)
+    return out, gained
 
 
 @njit((types.uint8[::1], types.uint8[::1], types.bool_[::1], types.int64, types.uint8[::1], types.int64),
