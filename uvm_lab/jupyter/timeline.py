@@ -292,8 +292,7 @@ class EventWindow:
         with self._lock:
             self._read_ins += 1
             stamp = self._read_ins
-            for lane in changed:
-                self._stamps[lane] = stamp
+            self._stamps.update(dict.fromkeys(changed, stamp))
             self._changes.append((stamp, changed))
             if touched:
                 self._traffic.add(touched, sums)
@@ -460,10 +459,11 @@ class _Rows:
 
     def add(self, keys: list[int], values: np.ndarray) -> None:
         """Add ``values[i]`` to the row of ``keys[i]`` (distinct keys); a key without one gets a zeroed row."""
-        slots = [self._slots.get(key) for key in keys]
-        for i, slot in enumerate(slots):
-            if slot is None:
-                slots[i] = self._slots[keys[i]] = self._take_row()
+        slots = list(map(self._slots.get, keys))
+        if None in slots:   # a key seen for the first time
+            for i, slot in enumerate(slots):
+                if slot is None:
+                    slots[i] = self._slots[keys[i]] = self._take_row()
         self._rows[np.array(slots, dtype=np.intp)] += values
 
     def pop(self, key: int) -> None:

@@ -186,7 +186,8 @@ class LiveAllocations:
         if first is None or others is None:
             todo = list(waiting)
         else:   # the favoured ones and the `others` that waited longest: not the whole backlog
-            todo = [i for i in first if i in pending or i in touched]
+            touched_ids = set(touched)   # asked once per favoured buffer
+            todo = [i for i in first if i in pending or i in touched_ids]
             todo += itertools.islice((i for i in waiting if i not in first), others)
         fresh = self._describe([i for i in todo if i in buffers], first, others)
         pending.update(dict.fromkeys(touched))
@@ -256,7 +257,7 @@ def _touched(by_address: tuple[np.ndarray, np.ndarray, list[int]], ranges: np.nd
     # Buffers do not overlap: those a range meets are a slice of the sorted ones, found by two searches.
     first = np.searchsorted(ends, ranges[:, 0], side="right")
     stop = np.searchsorted(starts, ranges[:, 1], side="left")
-    return {ids[i] for a, b in zip(first.tolist(), stop.tolist(), strict=True) for i in range(a, b)}
+    return set(itertools.chain.from_iterable(ids[a:b] for a, b in zip(first.tolist(), stop.tolist(), strict=True)))
 
 
 def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | None = None, *,
