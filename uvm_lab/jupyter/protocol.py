@@ -775,7 +775,7 @@ def _runs(old: np.ndarray, new: np.ndarray, gap: int) -> np.ndarray:
         header[1 + runs + r] = ends[r] - starts[r]
         out[at:at + ends[r] - starts[r]] = new[starts[r]:ends[r]]
         at += ends[r] - starts[r]
-    out[:4 + 8 * runs] = header.view(np.uint8)   # little-endian, as the hosts numpy and the view run on
+    out[:4 + 8 * runs] = header.view(np.uint8)   # the host's order: little-endian wherever numba runs
     return out
 
 

@@ -438,7 +438,8 @@ def _majorities(states: np.ndarray, out: np.ndarray, dirty: np.ndarray, per_bin:
 def _rebin(states: np.ndarray, before: np.ndarray, cells: np.ndarray, per_bin: int, category: np.ndarray,
            k: int) -> tuple[np.ndarray, np.ndarray]:
     # Compiled (rebin): a live view bins every map it shows that changed. Pages are counted by state (256 counters)
-    # and turned into categories once; a loop without branches between its stores is what makes a pass cheap.
+    # and turned into categories once, and the dirty bins are binned in a pass of their own (_majorities): kept
+    # apart, each loop stays short and cheap.
     n = len(states)
     gone, came = np.zeros(256, np.int64), np.zeros(256, np.int64)   # pages that left, and came to, each state
     dirty = np.zeros(len(cells), np.bool_)
