@@ -397,9 +397,9 @@ def _sum_traffic(records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, cou
     their sums, ``shape`` (causes, counters) each (``counter``: by kind, the counter a record adds to, or -1); and the
     lanes prefetched, each once, with the destination of its last prefetch.
 
-    Compiled, one pass: a live view reads in every record a loop publishes. Like the view's other compiled passes it
-    lets the interpreter's lock go, so the loop runs beside it. Lanes are found in a small open-addressed table (a
-    sort costs more than the pass)."""
+    Compiled, two passes (find the lanes, then sum): a live view reads in every record a loop publishes. Like the
+    view's other compiled passes it lets the interpreter's lock go, so the loop runs beside it. Lanes are found in a
+    small open-addressed table (a sort costs more than the passes)."""
     n = len(records)
     size = 16
     while size < 2 * n:
