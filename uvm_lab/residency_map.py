@@ -45,7 +45,6 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
-from numba import njit, types
 
 from .buffer import DeviceBuffer, find_buffer, page_range
 from .errors import BufferClosedError, InvalidArgumentError
@@ -60,7 +59,20 @@ from .events.schema import (
     UnobservedCause,
 )
 from .location import HOST_ID
-from .page_states import BOTH, GPU, HOST, MAX_GPUS, NOWHERE, UNKNOWN, bit, bits, categories, gpu_bits, state_name
+from .page_states import (
+    BOTH,
+    GPU,
+    HOST,
+    MAX_GPUS,
+    NOWHERE,
+    UNKNOWN,
+    bit,
+    bits,
+    categories,
+    count_states,
+    gpu_bits,
+    state_name,
+)
 from .tracing.density import BLOCK_PAGES, serviced_region
 from .tracing.inference import moves, prefetch_result
 from .units import PAGE_SIZE, format_bytes
@@ -95,22 +107,6 @@ def _where(states: np.ndarray) -> dict[str, np.ndarray]:
             "unknown": unknown}
 
 
-@njit(types.int64[::1](types.uint8[::1]), cache=True, nogil=True)
-def _count_states(states: np.ndarray) -> np.ndarray:
-    # Compiled: np.bincount widens every byte to a machine word first, and a live view counts every map it shows
-    # that changed. Four tables, so that a run of one state does not wait on its own last count.
-    tables = np.zeros((4, 256), np.int64)
-    whole = len(states) - len(states) % 4
-    for i in range(0, whole, 4):
-        tables[0, states[i]] += 1
-        tables[1, states[i + 1]] += 1
-        tables[2, states[i + 2]] += 1
-        tables[3, states[i + 3]] += 1
-    for i in range(whole, len(states)):
-        tables[0, states[i]] += 1
-    return tables[0] + tables[1] + tables[2] + tables[3]
-
-
 _WHERE_NAMES = tuple(_where(np.zeros(1, np.uint8)))
 _WHERE_BY_STATE = np.array(list(_where(np.arange(256, dtype=np.uint8)).values()), dtype=np.int64)
 
@@ -136,7 +132,7 @@ class ResidencyMap:
     def pages_by_state(self) -> np.ndarray:
         """How many pages are in each of the 256 page states (``int64``): one pass over the pages, which every
         count of the map (:meth:`counts`, a view's categories) then reads. The map is a snapshot: read once."""
-        counts = _count_states(np.ascontiguousarray(self.states, dtype=np.uint8))
+        counts = count_states(self.states)
         counts.flags.writeable = False
         return counts
 

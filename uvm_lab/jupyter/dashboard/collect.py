@@ -44,7 +44,7 @@ from uvm_lab.buffer import live_generation
 from uvm_lab.errors import BufferClosedError, InvalidArgumentError
 from uvm_lab.events import get_bus
 from uvm_lab.events.staged import StagedRecords
-from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories
+from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories, count_states
 from uvm_lab.residency_map import get_tracker
 
 __all__ = ["EventTotals", "LiveAllocations", "bin_pages", "bin_states", "category_pages", "category_table",
@@ -293,7 +293,7 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
 def category_pages(states: np.ndarray) -> dict[str, int]:
     """Pages in each category (:data:`~uvm_lab.page_states.CATEGORY_NAMES`, every one, in order) of ``states``."""
     # Pages by state first (256 counters), then each state's pages to its category: one pass over the pages.
-    return _category_pages(np.bincount(_page_states(states), minlength=256))
+    return _category_pages(count_states(_page_states(states)))
 
 
 def category_table(allocations: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -394,13 +394,14 @@ def rebin(states: np.ndarray, n_bins: int, since: tuple[np.ndarray, np.ndarray] 
     """
     states = _page_states(states)
     per_bin = bin_pages(len(states), n_bins)
+    bins = -(-len(states) // per_bin)
     if since is None:
-        before, cells = states[:0], np.zeros(-(-len(states) // per_bin), np.uint8)
+        before, cells = states[:0], np.zeros(bins, np.uint8)
     else:
         before, cells = _page_states(since[0]), _page_states(since[1])
-        if len(before) != len(states) or len(cells) != -(-len(states) // per_bin):
+        if len(before) != len(states) or len(cells) != bins:
             raise InvalidArgumentError(f"since must be a map of the same {len(states)} pages and its "
-                                       f"{-(-len(states) // per_bin)} bins, got {len(before)} and {len(cells)}",
+                                       f"{bins} bins, got {len(before)} and {len(cells)}",
                                        value=(len(before), len(cells)), expected="the same map's earlier states")
     out, gained = _rebin(states, before, cells, per_bin, _STATE_CATEGORY, len(CATEGORY_NAMES))
     if since is not None and out is cells and isinstance(since[1], np.ndarray):
