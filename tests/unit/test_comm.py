@@ -373,6 +373,35 @@ def test_pause_stops_updates_and_resume_sends_a_snapshot(session, device):
     assert session.flush() is False  # the snapshot covered what changed while paused
 
 
+def test_a_paused_view_sleeps_through_a_loops_events_and_wakes_only_for_its_idle_sample(device):
+    # Each wake of the view's thread takes the interpreter's lock from the loop; paused, it has nothing to send.
+    clock = ManualClock(cpu_per_read=0.001)   # each wake of the thread reads its CPU time twice
+    session = PanelSession(RecordingComm(), clock=clock, idle=1.0,
+                           timeline=(EventWindow(), DeviceSeries(clock=ManualClock())))
+    try:
+        buf = ul.DeviceBuffer(size="1MiB")
+        session.handle({"type": "hello", "seq": 1})
+        session.handle({"type": "pause", "seq": 2, "paused": True})
+        for step in (1.0, 0.05):   # an idle sample, and its turn in the throttle past: the thread waits for news
+            clock.advance(step)
+            clock.settle(threads=1)
+        before = clock.thread_time()
+        for i in range(40):   # a loop's events, while the view is hidden
+            buf.prefetch("gpu" if i % 2 else "host")
+        ul.events.get_bus().flush()
+        clock.settle(threads=1)
+        assert clock.thread_time() == pytest.approx(before + 0.001)   # the thread was not woken: no reads between
+        clock.advance(1.0)   # the idle sample's turn: woken once, and still nothing sent
+        clock.settle(threads=1)
+        assert clock.thread_time() == pytest.approx(before + 0.004)
+        assert session.comm.of_type("update") == []
+        session.handle({"type": "pause", "seq": 3, "paused": False})   # shown again: what it missed, at once
+        (_, buffers), = session.comm.of_type("snapshot")[-1:]
+        assert buffers == [drawn(buf)]
+    finally:
+        session.close()
+
+
 def test_huge_allocations_are_sent_in_cells_with_exact_counts(session, device):
     buf = ul.DeviceBuffer(size="96MiB")  # 24576 pages: two per cell
     ul.touch(buf, on="gpu", size="40MiB")

@@ -511,8 +511,10 @@ class PanelSession:
 
     def _on_events(self, records: np.ndarray) -> None:
         # Wake the sender, nothing more: what changed is the residency tracker's journal to say when the
-        # sender reads it.
-        self._wake.set()
+        # sender reads it. Not while paused: a paused view sends nothing, and each wake takes the interpreter's lock
+        # from the loop; unpausing sends a snapshot. Set once: setting a set Event still takes its lock and notifies.
+        if not self._paused and not self._wake.is_set():
+            self._wake.set()
 
     def _run(self) -> None:
         failing = False

@@ -168,7 +168,8 @@ class Dashboard:
         # In the publisher's thread, under the bus's lock: stage and wake, never render here (a refresh reads
         # what was counted).
         self.totals.feed(records)
-        self._wake.set()
+        if not self._wake.is_set():   # setting a set Event still takes its lock and notifies
+            self._wake.set()
 
     def _run(self) -> None:
         clock = self._clock
