@@ -27,8 +27,11 @@ swapping every slot (``concurrent``).
 
 ``view`` watches the maps a view shows (a screenful of the list's rows), at the view's default rate;
 ``view_10hz`` does so with the view's rate set to 10 updates a second; ``panel`` watches none, as the
-sidebar panel does, and reads every changed map. Two more modes take the view apart: ``paused`` (a view attached
-and paused: fed, sending nothing) and ``subscriber`` (a bus subscriber that does nothing, on a thread of its own).
+sidebar panel does, and reads every changed map. More modes take the view apart: ``paused`` (a view attached
+and paused: fed, sending nothing), ``view_inline`` (the same updates made on the loop's own thread between its
+operations, with no hand-off of the interpreter's lock) and ``subscriber`` (a bus subscriber that does nothing, on
+a thread of its own). The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core
+in other ways. ``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +52,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uvm_lab as ul
+from uvm_lab.events import get_bus
 
 ALLOCATIONS = 1000
 #: The share of a core the yardstick threads (Busy) take: the issue's bound on a view's cost.
 BUSY_SHARE = 0.05
-BUSY = ("busy", "busy_numpy")
-COSTED = ("view", "paused", "dashboard", *BUSY)   # what --pairs and --concurrent measure against none
+BUSY = ("busy", "busy_numpy", "busy_inline")
+COSTED = ("view", "view_inline", "paused", "dashboard", *BUSY)   # what --pairs and --concurrent measure against none
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -90,8 +95,10 @@ class CountingComm:
             return self.bytes, self.messages
 
 
-def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> tuple[float, list[float]]:
-    """The user's loop: seconds for ``ops`` touches and prefetches, and the wall clock (ms) at which each returned."""
+def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int,
+         tick: Callable[[], None] | None = None) -> tuple[float, list[float]]:
+    """The user's loop: seconds for ``ops`` touches and prefetches, and the wall clock (ms) at which each returned;
+    ``tick`` is called after each operation (``view_inline``)."""
     rng = np.random.default_rng(seed)
     picks = rng.integers(len(buffers), size=ops).tolist()
     offsets = (rng.integers(SIZE // (1 << 20) - 1, size=ops) << 20).tolist()
@@ -103,6 +110,8 @@ def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> tuple[float, li
             buf.prefetch("gpu" if i % 4 == 1 else "host")
         else:
             ul.touch(buf, on="gpu", mode="read", offset=offset, size=1 << 20)
+        if tick is not None:
+            tick()
         done.append(time.time() * 1000)
     return time.perf_counter() - start, done
 
@@ -179,12 +188,13 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
                      f"subscriber, {', '.join(BUSY)}")
 
 
-def attach(mode: str, buffers: list[ul.DeviceBuffer]) -> tuple[Any, CountingComm]:
-    """A lab view's session in ``mode`` (view, view_10hz, panel or paused), its snapshot sent, and what it sends to."""
+def attach(mode: str, buffers: list[ul.DeviceBuffer], start: bool = True) -> tuple[Any, CountingComm]:
+    """A lab view's session in ``mode`` (view, view_10hz, panel or paused), its snapshot sent, and what it sends to;
+    with ``start=False``, no thread of its own sends its updates."""
     from uvm_lab.jupyter.comm import PanelSession
 
     comm = CountingComm()
-    session = PanelSession(comm)
+    session = PanelSession(comm, start=start)
     session.handle({"type": "hello", "seq": 0})   # the snapshot is sent before handle returns
     if mode.startswith("view"):   # as the view does: the maps on screen (a screenful of the list's rows) first
         session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
@@ -200,20 +210,30 @@ class Attached:
 
     def __init__(self, mode: str, buffers: list[ul.DeviceBuffer], settle: float = 0.3) -> None:
         self.mode = mode
+        self.tick: Callable[[], None] | None = None
         if mode in ("view", "paused"):   # paused: what feeding the view costs the loop, with no update made
-            self.session, _ = attach(mode, buffers)
+            self.session, self.comm = attach(mode, buffers)
+        elif mode == "view_inline":
+            self.session, self.comm = attach("view", buffers, start=False)
+            self.tick = InlineUpdates(self.session).tick
         elif mode == "dashboard":
             from uvm_lab.jupyter.dashboard import Dashboard
 
             self.dashboard = Dashboard(live=True)
         elif mode in BUSY:
-            self.busy = Busy(released=mode == "busy_numpy")
+            self.busy = Busy(released=mode == "busy_numpy", inline=mode == "busy_inline")
         else:
             raise SystemExit(f"--pairs and --concurrent measure {', '.join(COSTED)}, not {mode!r}")
         time.sleep(settle)   # what attaching set going ends before the block's clock starts
 
+    def refreshes(self) -> int:
+        """The updates sent (the view) or the refreshes drawn (the dashboard) so far; 0 for the others."""
+        if self.mode in ("view", "view_inline", "paused"):
+            return len(self.comm.updates)
+        return self.dashboard.refreshes if self.mode == "dashboard" else 0
+
     def close(self) -> None:
-        if self.mode in ("view", "paused"):
+        if self.mode in ("view", "view_inline", "paused"):
             self.session.close()
         elif self.mode == "dashboard":
             self.dashboard.close()
@@ -221,31 +241,71 @@ class Attached:
             self.busy.close()
 
 
-class Busy:
-    """The yardstick for a view's cost: a thread that takes :data:`BUSY_SHARE` of a core from the loop, in pieces of
-    2.5 ms every 50 ms (a view's pace), as pure Python that holds the interpreter's lock throughout, or (``released``)
-    with a small numpy sort every 0.1 ms, each of which lets the lock go, as a view's numpy calls do. What each costs
-    the loop says what any thread at that share costs under the lock, and what the lock's hand-offs add."""
+class InlineUpdates:
+    """``view_inline``: the view's updates made on the loop's own thread, between two of its operations, as a
+    progress bar's are, instead of on the session's thread: at most one an interval and the updates' share of the
+    kernel's time, as the session's thread makes them. A measure of what the hand-offs of the interpreter's lock
+    between the loop's thread and the view's cost, not a way the kernel makes updates."""
 
-    def __init__(self, released: bool) -> None:
+    def __init__(self, session: Any) -> None:
+        from uvm_lab.jupyter.comm import UPDATES_SHARE
+        from uvm_lab.jupyter.throttle import Budget
+
+        self.session = session
+        self.budget = Budget(UPDATES_SHARE)
+        self.next = 0.0
+
+    def tick(self) -> None:
+        if (started := time.monotonic()) < self.next:
+            return
+        cpu = time.thread_time()
+        self.session.flush()
+        self.budget.spend(started, time.thread_time() - cpu)
+        self.next = max(started + self.session.interval, self.budget.ready_at())
+
+
+class Busy:
+    """The yardstick for a view's cost: work that takes :data:`BUSY_SHARE` of a core from the loop, in pieces of
+    2.5 ms every 50 ms (a view's pace). On a thread of its own, as pure Python that holds the interpreter's lock
+    throughout, or (``released``) with a small numpy sort every 0.1 ms, each of which lets the lock go, as a view's
+    numpy calls do; or (``inline``) as pure Python on the loop's own thread, as the loop publishes its events. What
+    each costs the loop says what any work at that share costs under the lock, and what the lock's hand-offs add."""
+
+    def __init__(self, released: bool, inline: bool = False) -> None:
         self._stop = threading.Event()
+        self._subscription = None
+        if inline:
+            self._next = 0.0
+            self._subscription = get_bus().subscribe(self._on_events, inline=True, name="view_scale's busy pieces")
+            return
         self._thread = threading.Thread(target=self._run, args=(released,), name="view_scale's busy thread",
                                         daemon=True)
         self._thread.start()
 
+    @staticmethod
+    def _piece(released: bool, small: np.ndarray | None = None) -> None:
+        until = time.thread_time() + 0.05 * BUSY_SHARE
+        step = time.thread_time() + 1e-4
+        while (now := time.thread_time()) < until:
+            if released and now >= step:
+                np.sort(small)   # numpy lets the lock go around its sort
+                step = now + 1e-4
+
+    def _on_events(self, records: np.ndarray) -> None:
+        if (now := time.monotonic()) >= self._next:
+            self._next = now + 0.05
+            self._piece(False)
+
     def _run(self, released: bool) -> None:
         small = np.random.default_rng(0).random(64)
-        piece = 0.05 * BUSY_SHARE
         while not self._stop.is_set():
-            until = time.thread_time() + piece
-            step = time.thread_time() + 1e-4
-            while (now := time.thread_time()) < until:
-                if released and now >= step:
-                    np.sort(small)   # numpy lets the lock go around its sort
-                    step = now + 1e-4
+            self._piece(released, small)
             self._stop.wait(0.05)
 
     def close(self) -> None:
+        if self._subscription is not None:
+            self._subscription.close()
+            return
         self._stop.set()
         self._thread.join()
 
@@ -269,7 +329,8 @@ def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int)
             try:
                 if attached is None:
                     time.sleep(0.3)   # as long as an attached view is given to settle
-                seconds[which] = loop(buffers, ops, seed=1_000_000 + pair)[0]
+                seconds[which] = loop(buffers, ops, seed=1_000_000 + pair,
+                                      tick=attached.tick if attached is not None else None)[0]
             finally:
                 if attached is not None:
                     attached.close()
@@ -287,7 +348,18 @@ def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int)
 def _slot_worker(worker: int, mode: str, slots: int, slot_s: float, settle_s: float,
                  ready: Any, start: Any, results: Any) -> None:
     """One process of :func:`concurrent`: its own simulated device and 1,000 buffers; in each slot, the loop with
-    ``mode`` attached or with none (every other worker the other way round), counting the operations done."""
+    ``mode`` attached or with none (every other worker the other way round), counting the operations done. A
+    failure is put where the results go, so that the parent stops with it instead of waiting for ever."""
+    try:
+        _slots(worker, mode, slots, slot_s, settle_s, ready, start, results)
+    except BaseException as err:
+        ready.put(worker)
+        results.put((worker, f"{type(err).__name__}: {err}"))
+        raise
+
+
+def _slots(worker: int, mode: str, slots: int, slot_s: float, settle_s: float,
+           ready: Any, start: Any, results: Any) -> None:
     ul.use_backend("sim", device_memory="80GiB")
     buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
     loop(buffers, 400, seed=5)   # the compiled core loaded and warm before any slot
@@ -308,16 +380,20 @@ def _slot_worker(worker: int, mode: str, slots: int, slot_s: float, settle_s: fl
         time.sleep(max(0.0, max(opens + settle_s, time.time() + 0.3) - time.time()))
         closes = opens + slot_s - 0.05
         done, started, chunk = 0, time.perf_counter(), 0
+        refreshed = attached.refreshes() if attached is not None else 0
         cpu_process, cpu_loop = time.process_time(), time.thread_time()
         while time.time() < closes:
-            loop(buffers, 50, seed=1_000_000 + slot * 1000 + chunk)   # the same operations in every worker
+            loop(buffers, 50, seed=1_000_000 + slot * 1000 + chunk,   # the same operations in every worker
+                 tick=attached.tick if attached is not None else None)
             done, chunk = done + 50, chunk + 1
         seconds = time.perf_counter() - started
         others = (time.process_time() - cpu_process) - (time.thread_time() - cpu_loop)
+        refreshes = 0
         if attached is not None:
+            refreshes = attached.refreshes() - refreshed
             attached.close()
         out.append({"slot": slot, "mode": which, "ops": done, "seconds": seconds,
-                    "other_threads_cpu_share": others / seconds})
+                    "other_threads_cpu_share": others / seconds, "refreshes_per_s": refreshes / seconds})
     results.put((worker, out))
 
 
@@ -344,7 +420,10 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
     begin = time.time() + 1.0
     for _ in procs:
         start.put(begin)
-    rows = [row for _ in procs for row in results.get()[1]]
+    answers = [results.get()[1] for _ in procs]
+    if failed := [answer for answer in answers if isinstance(answer, str)]:
+        raise SystemExit(f"a worker failed: {failed[0]}")
+    rows = [row for answer in answers for row in answer]
     for proc in procs:
         proc.join()
     logs, shares = [], []
@@ -366,7 +445,8 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
             "ratio_low": float(np.exp(mean - error)), "ratio_high": float(np.exp(mean + error)),
             "median_ratio": float(np.exp(np.median(logs))), "other_threads_cpu_share": float(np.median(shares)),
             "slots_counted": len(logs), "worker_slots_left_out": len(short),
-            "none_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == "none"]))}
+            "none_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == "none"])),
+            "refreshes_per_s": float(np.median([r["refreshes_per_s"] for r in rows if r["mode"] == mode]))}
 
 
 def lock_waits(buffers: list[ul.DeviceBuffer], flushes: int, ops: int = 120) -> dict[str, float]:
@@ -413,6 +493,38 @@ def lock_waits(buffers: list[ul.DeviceBuffer], flushes: int, ops: int = 120) -> 
             "beside_wall_ms": wall * 1e3, "lock_let_go": (wall - cpu) / sys.getswitchinterval()}
 
 
+def publish_cost(buffers: list[ul.DeviceBuffer], rounds: int) -> dict[str, float]:
+    """What a paused view adds to each of the loop's publishes, on the loop's thread: the batches 200 of the loop's
+    operations publish, captured and published again ``rounds`` times with nothing attached and with a paused view
+    (the best round of each, in CPU time per batch)."""
+    bus = get_bus()
+    batches: list[np.ndarray] = []
+    publish = bus.publish
+    bus.publish = lambda records: (batches.append(records.copy()), publish(records))[1]   # type: ignore[method-assign]
+    try:
+        loop(buffers, 200, seed=0)
+    finally:
+        del bus.publish   # the bound method again
+
+    def best() -> float:
+        times = []
+        for _ in range(rounds):
+            started = time.thread_time()
+            for batch in batches:
+                bus.publish(batch)
+            times.append((time.thread_time() - started) / len(batches))
+        return min(times) * 1e6
+
+    alone = best()
+    attached = Attached("paused", buffers, settle=0.2)
+    try:
+        paused = best()
+    finally:
+        attached.close()
+    return {"batches": len(batches), "records_per_batch": sum(map(len, batches)) / len(batches),
+            "alone_us": alone, "paused_view_us": paused}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ops", type=int, default=2000)
@@ -428,6 +540,8 @@ def main() -> None:
                              "(an even number; see concurrent)")
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--slot-seconds", type=float, default=3.0)
+    parser.add_argument("--publish-cost", type=int, default=0, metavar="ROUNDS",
+                        help="then what a paused view adds to each publish of the loop's (see publish_cost)")
     parser.add_argument("--lock-waits", type=int, default=0, metavar="UPDATES",
                         help="then this many of the view's updates beside a pure-Python thread (see lock_waits)")
     args = parser.parse_args()
@@ -485,19 +599,24 @@ def main() -> None:
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x", flush=True)
     if args.concurrent:
         print(f"\n{'mode':12} {'procs':>6} {'slots':>6} {'vs none':>8} {'95% interval':>16} {'median':>8} "
-              f"{'its threads':>12}")
+              f"{'its threads':>12} {'updates':>11}")
         for mode in (m for m in modes if m in COSTED):
             cost = table.setdefault(f"{mode}_concurrent", concurrent(mode, args.concurrent, args.slots,
                                                                      args.slot_seconds, settle_s=1.0))
             print(f"{mode:12} {args.concurrent:6} {args.slots:6} {cost['ratio']:7.3f}x "
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x "
-                  f"{cost['other_threads_cpu_share']:11.1%}  ({cost['slots_counted']} slots counted, "
+                  f"{cost['other_threads_cpu_share']:11.1%} {cost['refreshes_per_s']:9.1f}/s  "
+                  f"({cost['slots_counted']} slots counted, "
                   f"{cost['worker_slots_left_out']} worker-slots left out)", flush=True)
     if args.lock_waits:
         waits = table["lock_waits"] = lock_waits(buffers, args.lock_waits)
         print(f"\nan update of {waits['ops']} operations' changes: {waits['quiet_cpu_ms']:.2f} ms of CPU alone; beside "
               f"a pure-Python thread {waits['beside_cpu_ms']:.2f} ms of CPU in {waits['beside_wall_ms']:.1f} ms, "
               f"the lock let go about {waits['lock_let_go']:.1f} times", flush=True)
+    if args.publish_cost:
+        cost = table["publish_cost"] = publish_cost(buffers, args.publish_cost)
+        print(f"\na publish of {cost['records_per_batch']:.1f} records: {cost['alone_us']:.1f} us of the loop's CPU "
+              f"alone, {cost['paused_view_us']:.1f} us with a paused view attached", flush=True)
     if args.json:
         args.json.write_text(json.dumps(table, indent=2))
 
