@@ -29,8 +29,10 @@ swapping every slot (``concurrent``).
 ``view_10hz`` does so with the view's rate set to 10 updates a second; ``panel`` watches none, as the
 sidebar panel does, and reads every changed map. More modes take the view apart: ``paused`` (a view attached
 and paused: fed, sending nothing), ``view_inline`` (the same updates made on the loop's own thread between its
-operations, with no hand-off of the interpreter's lock) and ``subscriber`` (a bus subscriber that does nothing, on
-a thread of its own). The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core
+operations, with no hand-off of the interpreter's lock), ``window`` (the timeline window and device series that
+views share, fed the loop's events, with no session), ``snapshot`` (a view's snapshot made and the view closed
+before the loop starts: what attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a
+thread of its own). The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core
 in other ways. ``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second.
 """
 
@@ -58,7 +60,8 @@ ALLOCATIONS = 1000
 #: The share of a core the yardstick threads (Busy) take: the issue's bound on a view's cost.
 BUSY_SHARE = 0.05
 BUSY = ("busy", "busy_numpy", "busy_inline")
-COSTED = ("view", "view_inline", "paused", "dashboard", *BUSY)   # what --pairs and --concurrent measure against none
+#: What --pairs and --concurrent measure against none.
+COSTED = ("view", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -216,6 +219,13 @@ class Attached:
         elif mode == "view_inline":
             self.session, self.comm = attach("view", buffers, start=False)
             self.tick = InlineUpdates(self.session).tick
+        elif mode == "window":   # the timeline window and device series views share, fed, and no session
+            from uvm_lab.jupyter.timeline import shared
+
+            shared()
+        elif mode == "snapshot":   # a view's snapshot made and the view closed: what attaching leaves behind
+            session, _ = attach("paused", buffers)
+            session.close()
         elif mode == "dashboard":
             from uvm_lab.jupyter.dashboard import Dashboard
 
@@ -237,7 +247,11 @@ class Attached:
             self.session.close()
         elif self.mode == "dashboard":
             self.dashboard.close()
-        else:
+        elif self.mode == "window":
+            from uvm_lab.jupyter.timeline import release_shared
+
+            release_shared()
+        elif self.mode in BUSY:
             self.busy.close()
 
 
@@ -337,28 +351,27 @@ def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int)
         logs.append(float(np.log(seconds[mode] / seconds["none"])))
         print(f"pair {pair + 1}/{pairs} {mode:10} none {seconds['none']:.3f} s, {mode} {seconds[mode]:.3f} s, "
               f"{seconds[mode] / seconds['none']:.3f}x", flush=True)
-    mean = float(np.mean(logs))
-    error = 2 * float(np.std(logs, ddof=1)) / np.sqrt(len(logs)) if len(logs) > 1 else float("nan")
+    mean, error = _log_mean(logs)
     return {"pairs": pairs, "ops_per_block": ops, "ratio": float(np.exp(mean)),
             "ratio_low": float(np.exp(mean - error)), "ratio_high": float(np.exp(mean + error)),
             "median_ratio": float(np.exp(np.median(logs)))}
 
 
 
-def _slot_worker(worker: int, mode: str, slots: int, slot_s: float, settle_s: float,
+def _slot_worker(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
                  ready: Any, start: Any, results: Any) -> None:
     """One process of :func:`concurrent`: its own simulated device and 1,000 buffers; in each slot, the loop with
-    ``mode`` attached or with none (every other worker the other way round), counting the operations done. A
+    ``mode`` attached or with ``baseline`` (every other worker the other way round), counting the operations done. A
     failure is put where the results go, so that the parent stops with it instead of waiting for ever."""
     try:
-        _slots(worker, mode, slots, slot_s, settle_s, ready, start, results)
+        _slots(worker, mode, baseline, slots, slot_s, settle_s, ready, start, results)
     except BaseException as err:
         ready.put(worker)
         results.put((worker, f"{type(err).__name__}: {err}"))
         raise
 
 
-def _slots(worker: int, mode: str, slots: int, slot_s: float, settle_s: float,
+def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
            ready: Any, start: Any, results: Any) -> None:
     ul.use_backend("sim", device_memory="80GiB")
     buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
@@ -370,11 +383,11 @@ def _slots(worker: int, mode: str, slots: int, slot_s: float, settle_s: float,
     out = []
     for slot in range(slots):
         opens = begin + slot * slot_s
-        which = mode if (slot + worker) % 2 == 0 else "none"
+        which = mode if (slot + worker) % 2 == 0 else baseline
         time.sleep(max(0.0, opens - time.time()))
         for buf in buffers:   # every slot starts from the same map
             buf.prefetch("host")
-        attached = Attached(mode, buffers, settle=0.0) if which != "none" else None
+        attached = Attached(which, buffers, settle=0.0) if which != "none" else None
         # Attached (its snapshot sent, and what that set going given time to end) before the clock starts; an
         # attach that outlasts the settle (a view made once the bus's history is full reads all of it) is waited for.
         time.sleep(max(0.0, max(opens + settle_s, time.time() + 0.3) - time.time()))
@@ -387,31 +400,36 @@ def _slots(worker: int, mode: str, slots: int, slot_s: float, settle_s: float,
                  tick=attached.tick if attached is not None else None)
             done, chunk = done + 50, chunk + 1
         seconds = time.perf_counter() - started
-        others = (time.process_time() - cpu_process) - (time.thread_time() - cpu_loop)
+        mine = time.thread_time() - cpu_loop
+        others = (time.process_time() - cpu_process) - mine
         refreshes = 0
         if attached is not None:
             refreshes = attached.refreshes() - refreshed
             attached.close()
-        out.append({"slot": slot, "mode": which, "ops": done, "seconds": seconds,
+        out.append({"slot": slot, "mode": which, "ops": done, "seconds": seconds, "loop_cpu_s": mine,
                     "other_threads_cpu_share": others / seconds, "refreshes_per_s": refreshes / seconds})
     results.put((worker, out))
 
 
-def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: float) -> dict[str, float]:
+def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: float,
+               baseline: str = "none") -> dict[str, Any]:
     """The loop's cost with ``mode`` against none, measured at the same moments: ``workers`` processes (an even
     number) run the loop side by side in slots of ``slot_s`` seconds; in each slot half of them have ``mode``
     attached and half have none, and the halves swap every slot. A slot's ratio is the none half's operations a
     second over the ``mode`` half's: the machine's phases (its speed moves by more than 5% over seconds) fall on
     both halves alike, and the swap cancels what differs between processes. Reported: the mean of the slots' log
-    ratios, as a ratio, with a 95% interval (two standard errors), their median, and the attached half's other
-    threads' CPU over its loop's time."""
+    ratios, as a ratio, with a 95% interval (two standard errors), their median, the attached half's other
+    threads' CPU over its loop's time, and its loop thread's own CPU an operation against the bare half's
+    (``loop_cpu_ratio``, with its interval): whether the loop did more (or slower) work, or waited."""
     import multiprocessing
 
     if workers < 2 or workers % 2:
         raise SystemExit(f"--concurrent takes an even number of processes >= 2, not {workers}")
+    if baseline == mode or baseline not in ("none", *COSTED):
+        raise SystemExit(f"--baseline takes none or one of {', '.join(COSTED)} other than the mode, not {baseline!r}")
     context = multiprocessing.get_context("spawn")
     ready, start, results = context.Queue(), context.Queue(), context.Queue()
-    procs = [context.Process(target=_slot_worker, args=(w, mode, slots, slot_s, settle_s, ready, start,
+    procs = [context.Process(target=_slot_worker, args=(w, mode, baseline, slots, slot_s, settle_s, ready, start,
                                                         results)) for w in range(workers)]
     for proc in procs:
         proc.start()
@@ -426,27 +444,41 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
     rows = [row for answer in answers for row in answer]
     for proc in procs:
         proc.join()
-    logs, shares = [], []
+    logs, cpu_logs, shares = [], [], []
     # A worker whose slot left it under half a second of loop (its attach or reset ran long) is left out of that slot.
     short = [r for r in rows if r["seconds"] < 0.5]
     rows = [r for r in rows if r["seconds"] >= 0.5]
     for slot in range(slots):
         rate = {which: [r["ops"] / r["seconds"] for r in rows if r["slot"] == slot and r["mode"] == which]
-                for which in ("none", mode)}
-        if not rate["none"] or not rate[mode]:
+                for which in (baseline, mode)}
+        if not rate[baseline] or not rate[mode]:
             continue
-        logs.append(float(np.log(np.mean(rate["none"]) / np.mean(rate[mode]))))
+        logs.append(float(np.log(np.mean(rate[baseline]) / np.mean(rate[mode]))))
+        # The loop thread's own CPU an operation, each half's: where the loop's time went up with its CPU, it did
+        # more work or ran slower (caches); where its time went up and its CPU did not, it waited.
+        per_op = {which: [r["loop_cpu_s"] / r["ops"] for r in rows if r["slot"] == slot and r["mode"] == which]
+                  for which in (baseline, mode)}
+        cpu_logs.append(float(np.log(np.mean(per_op[mode]) / np.mean(per_op[baseline]))))
         shares += [r["other_threads_cpu_share"] for r in rows if r["slot"] == slot and r["mode"] == mode]
-        print(f"slot {slot + 1}/{slots} {mode:10} none {np.mean(rate['none']):.0f} ops/s, {mode} "
+        print(f"slot {slot + 1}/{slots} {mode:10} {baseline} {np.mean(rate[baseline]):.0f} ops/s, {mode} "
               f"{np.mean(rate[mode]):.0f} ops/s, {np.exp(logs[-1]):.3f}x", flush=True)
-    mean = float(np.mean(logs))
-    error = 2 * float(np.std(logs, ddof=1)) / np.sqrt(len(logs)) if len(logs) > 1 else float("nan")
+    mean, error = _log_mean(logs)
+    cpu_mean, cpu_error = _log_mean(cpu_logs)
     return {"workers": workers, "slots": slots, "slot_s": slot_s, "ratio": float(np.exp(mean)),
             "ratio_low": float(np.exp(mean - error)), "ratio_high": float(np.exp(mean + error)),
+            "loop_cpu_ratio": float(np.exp(cpu_mean)), "loop_cpu_ratio_low": float(np.exp(cpu_mean - cpu_error)),
+            "loop_cpu_ratio_high": float(np.exp(cpu_mean + cpu_error)),
             "median_ratio": float(np.exp(np.median(logs))), "other_threads_cpu_share": float(np.median(shares)),
             "slots_counted": len(logs), "worker_slots_left_out": len(short),
-            "none_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == "none"])),
+            "baseline": baseline,
+            "baseline_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == baseline])),
             "refreshes_per_s": float(np.median([r["refreshes_per_s"] for r in rows if r["mode"] == mode]))}
+
+
+def _log_mean(logs: list[float]) -> tuple[float, float]:
+    """The mean of ``logs`` and two standard errors of it (a 95% interval; NaN from fewer than two)."""
+    error = 2 * float(np.std(logs, ddof=1)) / np.sqrt(len(logs)) if len(logs) > 1 else float("nan")
+    return float(np.mean(logs)), error
 
 
 def lock_waits(buffers: list[ul.DeviceBuffer], flushes: int, ops: int = 120) -> dict[str, float]:
@@ -538,6 +570,10 @@ def main() -> None:
     parser.add_argument("--concurrent", type=int, default=0, metavar="PROCESSES",
                         help="then, for each of view and dashboard among --modes, this many processes side by side "
                              "(an even number; see concurrent)")
+    parser.add_argument("--baseline", default="none",
+                        help="what the other half of --concurrent has attached: none, or one of the modes; snapshot "
+                             "gives it the attaching half's history (a view's snapshot made and closed before each "
+                             "slot), so that the two differ only in the view attached while the loop runs")
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--slot-seconds", type=float, default=3.0)
     parser.add_argument("--publish-cost", type=int, default=0, metavar="ROUNDS",
@@ -598,14 +634,17 @@ def main() -> None:
             print(f"{mode:12} {args.pairs:6} {args.block_ops:5} {cost['ratio']:7.3f}x "
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x", flush=True)
     if args.concurrent:
-        print(f"\n{'mode':12} {'procs':>6} {'slots':>6} {'vs none':>8} {'95% interval':>16} {'median':>8} "
-              f"{'its threads':>12} {'updates':>11}")
-        for mode in (m for m in modes if m in COSTED):
-            cost = table.setdefault(f"{mode}_concurrent", concurrent(mode, args.concurrent, args.slots,
-                                                                     args.slot_seconds, settle_s=1.0))
+        against = f"vs {args.baseline}"
+        print(f"\n{'mode':12} {'procs':>6} {'slots':>6} {against:>8} {'95% interval':>16} {'median':>8} "
+              f"{'its threads':>12} {'updates':>11} {'loop CPU':>9}")
+        suffix = "" if args.baseline == "none" else f"_vs_{args.baseline}"
+        for mode in (m for m in modes if m in COSTED and m != args.baseline):
+            cost = table.setdefault(f"{mode}{suffix}_concurrent", concurrent(
+                mode, args.concurrent, args.slots, args.slot_seconds, settle_s=1.0, baseline=args.baseline))
             print(f"{mode:12} {args.concurrent:6} {args.slots:6} {cost['ratio']:7.3f}x "
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x "
-                  f"{cost['other_threads_cpu_share']:11.1%} {cost['refreshes_per_s']:9.1f}/s  "
+                  f"{cost['other_threads_cpu_share']:11.1%} {cost['refreshes_per_s']:9.1f}/s "
+                  f"{cost['loop_cpu_ratio']:8.3f}x  "
                   f"({cost['slots_counted']} slots counted, "
                   f"{cost['worker_slots_left_out']} worker-slots left out)", flush=True)
     if args.lock_waits:
