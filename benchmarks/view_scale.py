@@ -387,7 +387,10 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
         time.sleep(max(0.0, opens - time.time()))
         for buf in buffers:   # every slot starts from the same map
             buf.prefetch("host")
-        attached = Attached(which, buffers, settle=0.0) if which != "none" else None
+        attached = Attached(mode if which == "closed" else which, buffers, settle=0.0) if which != "none" else None
+        if which == "closed":   # the same opened and closed before the loop: its after-effects, and nothing running
+            attached.close()
+            attached = None
         # Attached (its snapshot sent, and what that set going given time to end) before the clock starts; an
         # attach that outlasts the settle (a view made once the bus's history is full reads all of it) is waited for.
         time.sleep(max(0.0, max(opens + settle_s, time.time() + 0.3) - time.time()))
@@ -425,8 +428,9 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
 
     if workers < 2 or workers % 2:
         raise SystemExit(f"--concurrent takes an even number of processes >= 2, not {workers}")
-    if baseline == mode or baseline not in ("none", *COSTED):
-        raise SystemExit(f"--baseline takes none or one of {', '.join(COSTED)} other than the mode, not {baseline!r}")
+    if baseline == mode or baseline not in ("none", "closed", *COSTED):
+        raise SystemExit(f"--baseline takes none, closed or one of {', '.join(COSTED)} other than the mode, "
+                         f"not {baseline!r}")
     context = multiprocessing.get_context("spawn")
     ready, start, results = context.Queue(), context.Queue(), context.Queue()
     procs = [context.Process(target=_slot_worker, args=(w, mode, baseline, slots, slot_s, settle_s, ready, start,
@@ -571,9 +575,9 @@ def main() -> None:
                         help="then, for each of view and dashboard among --modes, this many processes side by side "
                              "(an even number; see concurrent)")
     parser.add_argument("--baseline", default="none",
-                        help="what the other half of --concurrent has attached: none, or one of the modes; snapshot "
-                             "gives it the attaching half's history (a view's snapshot made and closed before each "
-                             "slot), so that the two differ only in the view attached while the loop runs")
+                        help="what the other half of --concurrent has attached: none, one of the modes, or closed "
+                             "(the mode itself, opened and closed before each slot): the attaching half's history, "
+                             "so that the two differ only in what is attached while the loop runs")
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--slot-seconds", type=float, default=3.0)
     parser.add_argument("--publish-cost", type=int, default=0, metavar="ROUNDS",
