@@ -61,7 +61,7 @@ ALLOCATIONS = 1000
 BUSY_SHARE = 0.05
 BUSY = ("busy", "busy_numpy", "busy_inline")
 #: What --pairs and --concurrent measure against none.
-COSTED = ("view", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
+COSTED = ("view", "view_10hz", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -214,7 +214,7 @@ class Attached:
     def __init__(self, mode: str, buffers: list[ul.DeviceBuffer], settle: float = 0.3) -> None:
         self.mode = mode
         self.tick: Callable[[], None] | None = None
-        if mode in ("view", "paused"):   # paused: what feeding the view costs the loop, with no update made
+        if mode in ("view", "view_10hz", "paused"):   # paused: what feeding the view costs, no update
             self.session, self.comm = attach(mode, buffers)
         elif mode == "view_inline":
             self.session, self.comm = attach("view", buffers, start=False)
@@ -238,12 +238,12 @@ class Attached:
 
     def refreshes(self) -> int:
         """The updates sent (the view) or the refreshes drawn (the dashboard) so far; 0 for the others."""
-        if self.mode in ("view", "view_inline", "paused"):
+        if self.mode in ("view", "view_10hz", "view_inline", "paused"):
             return len(self.comm.updates)
         return self.dashboard.refreshes if self.mode == "dashboard" else 0
 
     def close(self) -> None:
-        if self.mode in ("view", "view_inline", "paused"):
+        if self.mode in ("view", "view_10hz", "view_inline", "paused"):
             self.session.close()
         elif self.mode == "dashboard":
             self.dashboard.close()

@@ -546,6 +546,27 @@ def test_maps_on_screen_are_read_first_and_the_others_a_few_a_refresh(sim):
     assert new.id in {d["id"] for d in live.refresh(first=set(), others=0)}
 
 
+def test_maps_waiting_keep_their_turn_when_a_buffer_is_made(sim):
+    live = LiveAllocations()
+    first, second, third = (ul.DeviceBuffer(size="1MiB", label=f"b{i}") for i in range(3))
+    live.refresh()
+    ul.touch(third, on="gpu", mode="write")   # changed first: it has waited longest
+    live.refresh(first=set(), others=0)
+    ul.touch(first, on="gpu", mode="write")
+    ul.touch(second, on="gpu", mode="write")
+    new = ul.DeviceBuffer(size="1MiB", label="new")   # the list is read again: the waiting ones keep their order
+    live.refresh(first=set(), others=1)
+    assert live.changed == {new.id, third.id}
+    live.refresh(first=set(), others=1)
+    assert live.changed == {first.id}
+    live.refresh(first=set(), others=1)
+    assert live.changed == {second.id}
+    live.refresh(first=set(), others=1)
+    assert live.changed == set()
+    assert {d["id"]: d["category_pages"]["gpu:0"] for d in live.described.values()} == {
+        first.id: 256, second.id: 256, third.id: 256, new.id: 0}
+
+
 def test_the_overview_patches_the_rows_that_changed(sim):
     overview = ResidencyOverview(bins=8)
     live = LiveAllocations()

@@ -129,10 +129,12 @@ class LiveAllocations:
         self._cursor: int | None = None
         self._generation: int | None = None
         self._buffers: dict[int, weakref.ref[Any]] = {}   # by id, oldest first
-        self._by_address: tuple[np.ndarray, np.ndarray, list[int]] = (np.zeros(0, np.int64), np.zeros(0, np.int64),
-                                                                      [])
+        self._by_address = _ByAddress.of([])
         self._described: dict[int, dict[str, Any]] = {}   # by id, in the order of _buffers
-        self._pending: dict[int, None] = {}   # changed since described, not described again yet: oldest first
+        # Per buffer of _by_address: the refresh at which its pages changed and it waited to be described again, or
+        # -1. As an array: a loop changes a hundred maps between two refreshes, each kept at array speed.
+        self._waiting = np.zeros(0, np.int64)
+        self._refreshes = 0
         self._changed: frozenset[int] = frozenset()
         self._relisted = False
         self._managed_bytes = 0
@@ -180,23 +182,24 @@ class LiveAllocations:
                 others: int | None) -> None:
         """:meth:`refresh` for the same buffers as last time: only the changed ones are visited, and nothing is
         noted until all are described, so a refresh that fails part way reports the same changes again."""
-        buffers, pending = self._buffers, self._pending
-        touched = [i for i in sorted(_touched(self._by_address, ranges)) if i not in pending]
-        waiting = itertools.chain(pending, touched)   # the order they wait in: one waiting keeps its place
+        by_address = self._by_address
+        waiting = by_address.wait(ranges, self._waiting, self._refreshes)
+        ids = by_address.ids
         if first is None or others is None:
-            todo = list(waiting)
+            todo = [ids[p] for p in _longest_waiting(waiting, len(waiting))]
         else:   # the favoured ones and the `others` that waited longest: not the whole backlog
-            touched_ids = set(touched)   # asked once per favoured buffer
-            todo = [i for i in first if i in pending or i in touched_ids]
-            todo += itertools.islice((i for i in waiting if i not in first), others)
-        fresh = self._describe([i for i in todo if i in buffers], first, others)
-        pending.update(dict.fromkeys(touched))
+            todo = [i for i in first if (p := by_address.position.get(i)) is not None and waiting[p] >= 0]
+            if others > 0:   # of the longest waiting, enough that `others` of them are not favoured
+                oldest = (ids[p] for p in _longest_waiting(waiting, others + len(todo)))
+                todo += itertools.islice((i for i in oldest if i not in first), others)
+        fresh = self._describe(todo, first, others)
         for alloc_id, plain in fresh.items():
-            pending.pop(alloc_id, None)
+            waiting[by_address.position[alloc_id]] = -1
             if plain is None:
                 self._described.pop(alloc_id, None)   # freed since it was listed (the list is read again once it is)
             else:
                 self._described[alloc_id] = plain
+        self._waiting, self._refreshes = waiting, self._refreshes + 1
         self._cursor, self._changed, self._relisted = cursor, frozenset(i for i, p in fresh.items() if p), False
 
     def _relist(self, cursor: int, ranges: np.ndarray | None, generation: int, first: Collection[int] | None,
@@ -204,21 +207,29 @@ class LiveAllocations:
         """:meth:`refresh` when buffers were made or freed: the list read again, every new one described."""
         live = ul.live_buffers()
         buffers = {buf.id: weakref.ref(buf) for buf in live}
-        order = sorted((buf for buf in live if buf.size), key=lambda buf: buf.ptr)   # an empty one holds no page
-        by_address = (np.array([b.ptr for b in order], dtype=np.int64),
-                      np.array([b.ptr + b.size for b in order], dtype=np.int64), [b.id for b in order])
-        pending = dict(self._pending)
-        for alloc_id in sorted(_touched(by_address, ranges)):
-            pending.setdefault(alloc_id)   # one waiting already keeps its place
+        by_address = _ByAddress.of([buf for buf in live if buf.size])   # an empty one holds no page
+        # Those waiting still, in the order they wait, then those changed since, in address order.
+        before = self._by_address.ids
+        pending = {before[p]: int(self._waiting[p]) for p in np.flatnonzero(self._waiting >= 0).tolist()}
+        changed = by_address.wait(ranges, np.full(len(by_address.ids), -1, np.int64), self._refreshes)
+        for p in np.flatnonzero(changed >= 0).tolist():
+            pending.setdefault(by_address.ids[p], self._refreshes)
         # A description is kept unless its buffer was renamed meanwhile (renaming bumps the generation too).
         kept = {i: plain for i in buffers if (plain := self._described.get(i)) is not None
                 and (buf := buffers[i]()) is not None and plain["label"] == str(buf.label or "")}
-        fresh = self._describe([i for i in buffers if i not in kept or i in pending], first, others, buffers, kept)
+        todo = [i for i in sorted(pending, key=pending.__getitem__) if i in buffers]
+        fresh = self._describe(todo + [i for i in buffers if i not in kept and i not in pending], first, others,
+                               buffers, kept)
         described = {i: plain for i in buffers if (plain := fresh[i] if i in fresh else kept.get(i)) is not None}
+        waiting = np.full(len(by_address.ids), -1, np.int64)
+        for alloc_id, at in pending.items():
+            where = by_address.position.get(alloc_id)
+            if where is not None and alloc_id in described and alloc_id not in fresh:
+                waiting[where] = at
         # Only now: a refresh that failed part way reports the same changes again next time.
         self._described, self._cursor, self._changed = described, cursor, frozenset(i for i, p in fresh.items() if p)
         self._buffers, self._by_address, self._generation, self._relisted = buffers, by_address, generation, True
-        self._pending = {i: None for i in pending if i in described and i not in fresh}
+        self._waiting, self._refreshes = waiting, self._refreshes + 1
         self._managed_bytes = sum(plain["size"] for plain in described.values() if plain["is_managed"])
 
     def _describe(self, todo: list[int], first: Collection[int] | None, others: int | None,
@@ -246,18 +257,54 @@ class LiveAllocations:
         return fresh
 
 
-def _touched(by_address: tuple[np.ndarray, np.ndarray, list[int]], ranges: np.ndarray | None) -> set[int]:
-    """The ids of the buffers (``(starts, ends, ids)``, sorted by start) that overlap one of ``ranges`` (sorted,
-    disjoint ``[start, end)``); every one, for None."""
-    starts, ends, ids = by_address
-    if ranges is None:
-        return set(ids)
-    if not len(ranges) or not ids:
-        return set()
-    # Buffers do not overlap: those a range meets are a slice of the sorted ones, found by two searches.
-    first = np.searchsorted(ends, ranges[:, 0], side="right")
-    stop = np.searchsorted(starts, ranges[:, 1], side="left")
-    return set(itertools.chain.from_iterable(ids[a:b] for a, b in zip(first.tolist(), stop.tolist(), strict=True)))
+class _ByAddress:
+    """The live buffers that hold pages, sorted by address (they do not overlap): which ones a range of addresses
+    meets is then a slice, found by two searches."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray, ids: list[int]) -> None:
+        self.starts, self.ends, self.ids = starts, ends, ids
+        self.position = {alloc_id: p for p, alloc_id in enumerate(ids)}
+
+    @classmethod
+    def of(cls, buffers: Iterable[Any]) -> _ByAddress:
+        order = sorted(buffers, key=lambda buf: buf.ptr)
+        return cls(np.array([b.ptr for b in order], dtype=np.int64),
+                   np.array([b.ptr + b.size for b in order], dtype=np.int64), [b.id for b in order])
+
+    def wait(self, ranges: np.ndarray | None, waiting: np.ndarray, now: int) -> np.ndarray:
+        """A copy of ``waiting`` (per buffer, the refresh since which it waits, or -1) where each buffer that
+        overlaps one of ``ranges`` (sorted, disjoint ``[start, end)``; None: every one) and was not waiting waits
+        since ``now``."""
+        waiting = waiting.copy()
+        if ranges is None:
+            waiting[waiting < 0] = now
+        elif len(ranges) and len(self.ids):
+            _wait(self.starts, self.ends, np.ascontiguousarray(ranges, dtype=np.int64), waiting, now)
+        return waiting
+
+
+@njit((types.int64[::1], types.int64[::1], types.int64[:, ::1], types.int64[::1], types.int64), cache=True)
+def _wait(starts: np.ndarray, ends: np.ndarray, ranges: np.ndarray, waiting: np.ndarray, now: int) -> None:
+    # Per range, the buffers it meets are a slice of those sorted by address: from the first that ends past its
+    # start to the last that starts before its end. Compiled: a loop changes a hundred maps between two refreshes.
+    for r in range(len(ranges)):
+        p = np.searchsorted(ends, ranges[r, 0], side="right")
+        stop = np.searchsorted(starts, ranges[r, 1], side="left")
+        while p < stop:
+            if waiting[p] < 0:
+                waiting[p] = now
+            p += 1
+
+
+def _longest_waiting(waiting: np.ndarray, k: int) -> list[int]:
+    """The positions of the ``k`` buffers (at most) that waited longest (``waiting``: since when, or -1), in order;
+    of two that wait since one refresh, the first by address."""
+    queue = np.flatnonzero(waiting >= 0)
+    keys = waiting[queue] * len(waiting) + queue   # distinct: since when, then where
+    if k < len(queue):   # the k least, found without sorting the backlog
+        keep = np.argpartition(keys, k)[:k]
+        queue, keys = queue[keep], keys[keep]
+    return queue[np.argsort(keys)].tolist()
 
 
 def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | None = None, *,
