@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, KeysView, Sequence
 from typing import Final
 
 import numpy as np
@@ -90,7 +90,7 @@ _OWN = np.zeros(256, dtype=bool)
 _OWN[[EventKind.ALLOC, EventKind.FREE]] = True
 _PREFETCH, _FREE = int(EventKind.PREFETCH), int(EventKind.FREE)
 
-#: Read-ins whose changed buffers are kept for changed_lanes (a reader further behind scans every buffer).
+#: Read-ins whose changed buffers are kept for changed_lanes (a reader further behind is given every buffer).
 _CHANGES_KEPT = 256
 
 #: A chunk of at least this many rows finds a view's lanes through its rows sorted by lane.
@@ -128,9 +128,8 @@ class EventWindow:
         # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
         self._traffic = _Rows((len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
         self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
-        self._stamps: dict[int, int] = {}   # per buffer, the last read-in that changed its traffic or destination
-        # The buffers each recent read-in changed, newest last: a reader that keeps up reads these, not _stamps.
-        self._changes: deque[tuple[int, list[int]]] = deque(maxlen=_CHANGES_KEPT)
+        # The buffers each recent read-in changed (sorted ids), newest last: what a reader that keeps up reads.
+        self._changes: deque[tuple[int, np.ndarray]] = deque(maxlen=_CHANGES_KEPT)
         self._read_ins = 0
         self._pending = StagedRecords()     # fed, not yet read in
         self._unbuilt: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()   # read in: records, lanes, causes
@@ -274,33 +273,29 @@ class EventWindow:
         with self._lock:
             changes = self._changes
             if changes and changes[0][0] <= since + 1:   # every read-in after `since` is in the log
-                lanes: set[int] = set()
+                recent = []
                 for stamp, changed in reversed(changes):
                     if stamp <= since:
                         break
-                    lanes.update(changed)
-                return self._read_ins, lanes
-            return self._read_ins, {lane for lane, at in self._stamps.items() if at > since}
+                    recent.append(changed)
+                return self._read_ins, set(np.concatenate(recent).tolist()) if recent else set()
+            # A reader further behind than the log: any buffer the window counted for, or saw prefetched, may have.
+            return self._read_ins, {*self._traffic.keys(), *self._requested}
 
     def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray) -> None:
         touched, sums, prefetched, destinations = _sum_traffic(records, lanes, causes, _COUNTER, _PREFETCH,
                                                                (len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
-        touched = touched.tolist()
-        requested = dict(zip(prefetched.tolist(), destinations.tolist(), strict=True))   # the last of each lane wins
-        changed = sorted({*touched, *requested})   # the lanes whose traffic or last prefetch moved
+        changed = np.union1d(touched, prefetched)   # the lanes whose traffic or last prefetch moved
         freed = records["alloc_id"][records["kind"] == _FREE].tolist()
         with self._lock:
             self._read_ins += 1
-            stamp = self._read_ins
-            self._stamps.update(dict.fromkeys(changed, stamp))
-            self._changes.append((stamp, changed))
-            if touched:
-                self._traffic.add(touched, sums)
-            self._requested.update(requested)
+            self._changes.append((self._read_ins, changed))
+            if len(touched):
+                self._traffic.add(touched.tolist(), sums)
+            self._requested.update(zip(prefetched.tolist(), destinations.tolist(), strict=True))   # each lane once
             for lane in freed:
                 self._traffic.pop(int(lane))
                 self._requested.pop(int(lane), None)
-                self._stamps.pop(int(lane), None)
 
     def _lanes(self, records: np.ndarray) -> np.ndarray:
         """The buffer each record concerns (0: none live then): by address, but a buffer's own ALLOC and FREE
@@ -452,6 +447,9 @@ class _Rows:
         self._rows = np.zeros((16, *shape), dtype=np.int64)
         self._slots: dict[int, int] = {}
         self._free: list[int] = []
+
+    def keys(self) -> KeysView[int]:
+        return self._slots.keys()
 
     def get(self, key: int) -> np.ndarray | None:
         slot = self._slots.get(key)
