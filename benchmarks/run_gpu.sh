@@ -82,9 +82,10 @@ python3 benchmarks/view_scale.py --repeats 0 --modes view,dashboard,busy,busy_nu
 # and the view's cost taken apart, each set in one run so that its modes meet the same machine (about 1.5 minutes a
 # mode): a paused view (fed, no update), the updates made on the loop's own thread, 5% of pure Python there, the
 # shared timeline window alone, and a view's snapshot made and closed before the loop (view_cost_h100_parts.json);
-# then the view, a paused one and the dashboard each against itself opened and closed before the loop, so that the
-# halves differ only in what is attached while the loop runs.
+# then the view, the view with no map on screen, a paused one and the dashboard, each against itself opened and
+# closed before the loop, so that the halves differ only in what is attached while the loop runs
+# (view_cost_h100_vs_closed.json, view_cost_h100_split.json; about 6.5 minutes).
 python3 benchmarks/view_scale.py --repeats 0 --modes view,view_inline,paused,busy_inline,window,snapshot \
     --concurrent 8 --slots 24 --json "$out/view_cost_parts.json"
-python3 benchmarks/view_scale.py --repeats 0 --modes view,paused,dashboard --baseline closed --concurrent 8 \
-    --slots 24 --json "$out/view_cost_vs_closed.json"
+python3 benchmarks/view_scale.py --repeats 0 --modes view,view_no_maps,paused,dashboard --baseline closed \
+    --concurrent 8 --slots 24 --json "$out/view_cost_vs_closed.json"

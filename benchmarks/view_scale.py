@@ -26,7 +26,8 @@ moments, for a machine with cores to spare: processes side by side, half of them
 swapping every slot (``concurrent``).
 
 ``view`` watches the maps a view shows (a screenful of the list's rows), at the view's default rate;
-``view_10hz`` does so with the view's rate set to 10 updates a second; ``panel`` watches none, as the
+``view_10hz`` does so with the view's rate set to 10 updates a second, ``view_no_maps`` with no map on screen (its
+updates carry counts, one map read a refresh and the device lanes); ``panel`` watches none, as the
 sidebar panel does, and reads every changed map. More modes take the view apart: ``paused`` (a view attached
 and paused: fed, sending nothing), ``view_inline`` (the same updates made on the loop's own thread between its
 operations, with no hand-off of the interpreter's lock), ``window`` (the timeline window and device series that
@@ -61,7 +62,7 @@ ALLOCATIONS = 1000
 BUSY_SHARE = 0.05
 BUSY = ("busy", "busy_numpy", "busy_inline")
 #: What --pairs and --concurrent measure against none.
-COSTED = ("view", "view_10hz", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
+COSTED = ("view", "view_10hz", "view_no_maps", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -200,7 +201,8 @@ def attach(mode: str, buffers: list[ul.DeviceBuffer], start: bool = True) -> tup
     session = PanelSession(comm, start=start)
     session.handle({"type": "hello", "seq": 0})   # the snapshot is sent before handle returns
     if mode.startswith("view"):   # as the view does: the maps on screen (a screenful of the list's rows) first
-        session.handle({"type": "watch", "seq": 1, "ids": [b.id for b in buffers[:ON_SCREEN]]})
+        shown = [] if mode == "view_no_maps" else [b.id for b in buffers[:ON_SCREEN]]
+        session.handle({"type": "watch", "seq": 1, "ids": shown})
     if mode == "view_10hz":   # the view's rate control set to 10 updates a second (the default is 20)
         session.handle({"type": "rate", "seq": 2, "interval_ms": 100})
     elif mode == "paused":   # attached but paused: what it costs the loop to be fed, with no update sent
@@ -214,7 +216,7 @@ class Attached:
     def __init__(self, mode: str, buffers: list[ul.DeviceBuffer], settle: float = 0.3) -> None:
         self.mode = mode
         self.tick: Callable[[], None] | None = None
-        if mode in ("view", "view_10hz", "paused"):   # paused: what feeding the view costs, no update
+        if mode in ("view", "view_10hz", "view_no_maps", "paused"):   # paused: what feeding the view costs, no update
             self.session, self.comm = attach(mode, buffers)
         elif mode == "view_inline":
             self.session, self.comm = attach("view", buffers, start=False)
@@ -238,12 +240,12 @@ class Attached:
 
     def refreshes(self) -> int:
         """The updates sent (the view) or the refreshes drawn (the dashboard) so far; 0 for the others."""
-        if self.mode in ("view", "view_10hz", "view_inline", "paused"):
+        if self.mode in ("view", "view_10hz", "view_no_maps", "view_inline", "paused"):
             return len(self.comm.updates)
         return self.dashboard.refreshes if self.mode == "dashboard" else 0
 
     def close(self) -> None:
-        if self.mode in ("view", "view_10hz", "view_inline", "paused"):
+        if self.mode in ("view", "view_10hz", "view_no_maps", "view_inline", "paused"):
             self.session.close()
         elif self.mode == "dashboard":
             self.dashboard.close()
