@@ -35,6 +35,8 @@ views share, fed the loop's events, with no session), ``snapshot`` (a view's sna
 before the loop starts: what attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a
 thread of its own). The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core
 in other ways. ``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second.
+``--reads`` takes an update apart the other way: one of its reads at a time, on a thread beside the loop
+(:func:`read_costs`).
 """
 
 from __future__ import annotations
@@ -531,6 +533,82 @@ def lock_waits(buffers: list[ul.DeviceBuffer], flushes: int, ops: int = 120) -> 
             "beside_wall_ms": wall * 1e3, "lock_let_go": (wall - cpu) / sys.getswitchinterval()}
 
 
+def read_costs(buffers: list[ul.DeviceBuffer], pairs: int, ops: int = 600) -> dict[str, dict[str, float]]:
+    """Which of an update's reads slows the loop's own work: ``pairs`` pairs of blocks of ``ops`` operations, one with
+    a thread that makes one read every update interval and one without (in turn first), for each read: the shown
+    maps read again where they changed (``maps``), the loop's records read into the timeline window (``read_in``),
+    and 0.8 ms of pure Python (``busy``). Per read, the loop thread's CPU an operation and its seconds against the
+    block without, with 95% intervals, and the reader's share of a core."""
+    from uvm_lab.jupyter.comm import UPDATE_INTERVAL
+    from uvm_lab.jupyter.dashboard.collect import LiveAllocations
+    from uvm_lab.jupyter.timeline import release_shared, shared
+
+    window, _ = shared()   # fed in every block, as a paused view's is: what differs is the reads
+    shown = frozenset(b.id for b in buffers[:ON_SCREEN])
+    live = LiveAllocations()
+    cursor = 0
+
+    def maps() -> None:
+        live.refresh(shown, 0)
+
+    def read_in() -> None:
+        nonlocal cursor
+        cursor, _ = window.changed_lanes(cursor)
+
+    def busy() -> None:
+        started = time.thread_time()
+        while time.thread_time() - started < 0.0008:
+            pass
+
+    reads = {"maps": maps, "read_in": read_in, "busy": busy}
+    logs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
+    shares: dict[str, list[float]] = {name: [] for name in reads}
+    try:
+        for pair in range(-1, pairs):   # the first round unrecorded: each read's first time costs more
+            for name, read in reads.items():
+                block: dict[bool, tuple[float, float]] = {}
+                for reading in ((True, False), (False, True))[pair % 2]:
+                    for buf in buffers:   # both blocks of a pair run the same operations from the same map
+                        buf.prefetch("host")
+                    maps()   # caught up, so that a block's reads are its own operations'
+                    read_in()
+                    stop, spent = threading.Event(), [0.0]
+
+                    def reader(read: Callable[[], None] = read, stop: threading.Event = stop,
+                               spent: list[float] = spent) -> None:
+                        while not stop.wait(UPDATE_INTERVAL):
+                            started = time.thread_time()
+                            read()
+                            spent[0] += time.thread_time() - started
+
+                    thread = threading.Thread(target=reader) if reading else None
+                    if thread is not None:
+                        thread.start()
+                    cpu, wall = time.thread_time(), time.perf_counter()
+                    loop(buffers, ops, seed=10_000 + pair)
+                    block[reading] = (time.thread_time() - cpu, time.perf_counter() - wall)
+                    if thread is not None:
+                        stop.set()
+                        thread.join()
+                        shares[name].append(spent[0] / block[True][1])
+                if pair < 0:
+                    shares[name].clear()
+                    continue
+                logs[name].append((float(np.log(block[True][0] / block[False][0])),
+                                   float(np.log(block[True][1] / block[False][1]))))
+    finally:
+        release_shared()
+    out = {}
+    for name, pairs_logs in logs.items():
+        (cpu_mean, cpu_error), (mean, error) = (_log_mean([p[i] for p in pairs_logs]) for i in (0, 1))
+        out[name] = {"pairs": pairs, "ops_per_block": ops, "reader_cpu_share": float(np.mean(shares[name])),
+                     "loop_cpu_ratio": float(np.exp(cpu_mean)),
+                     "loop_cpu_ratio_low": float(np.exp(cpu_mean - cpu_error)),
+                     "loop_cpu_ratio_high": float(np.exp(cpu_mean + cpu_error)), "ratio": float(np.exp(mean)),
+                     "ratio_low": float(np.exp(mean - error)), "ratio_high": float(np.exp(mean + error))}
+    return out
+
+
 def publish_cost(buffers: list[ul.DeviceBuffer], rounds: int) -> dict[str, float]:
     """What a paused view adds to each of the loop's publishes, on the loop's thread: the batches 200 of the loop's
     operations publish, captured and published again ``rounds`` times with nothing attached and with a paused view
@@ -584,6 +662,8 @@ def main() -> None:
     parser.add_argument("--slot-seconds", type=float, default=3.0)
     parser.add_argument("--publish-cost", type=int, default=0, metavar="ROUNDS",
                         help="then what a paused view adds to each publish of the loop's (see publish_cost)")
+    parser.add_argument("--reads", type=int, default=0, metavar="PAIRS",
+                        help="then which of an update's reads slows the loop's own work (see read_costs)")
     parser.add_argument("--lock-waits", type=int, default=0, metavar="UPDATES",
                         help="then this many of the view's updates beside a pure-Python thread (see lock_waits)")
     args = parser.parse_args()
@@ -658,6 +738,13 @@ def main() -> None:
         print(f"\nan update of {waits['ops']} operations' changes: {waits['quiet_cpu_ms']:.2f} ms of CPU alone; beside "
               f"a pure-Python thread {waits['beside_cpu_ms']:.2f} ms of CPU in {waits['beside_wall_ms']:.1f} ms, "
               f"the lock let go about {waits['lock_let_go']:.1f} times", flush=True)
+    if args.reads:
+        print(f"\n{'read':8} {'pairs':>6} {'its CPU':>8} {'loop CPU an op':>22} {'loop seconds':>22}")
+        for name, cost in read_costs(buffers, args.reads).items():
+            table[f"read_{name}"] = cost
+            print(f"{name:8} {cost['pairs']:6} {cost['reader_cpu_share']:8.1%} {cost['loop_cpu_ratio']:7.3f}x "
+                  f"({cost['loop_cpu_ratio_low']:.3f}-{cost['loop_cpu_ratio_high']:.3f}x) {cost['ratio']:7.3f}x "
+                  f"({cost['ratio_low']:.3f}-{cost['ratio_high']:.3f}x)", flush=True)
     if args.publish_cost:
         cost = table["publish_cost"] = publish_cost(buffers, args.publish_cost)
         print(f"\na publish of {cost['records_per_batch']:.1f} records: {cost['alone_us']:.1f} us of the loop's CPU "
