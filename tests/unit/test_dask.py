@@ -215,12 +215,12 @@ def test_the_page_escapes_what_workers_send():
     assert "<script>x" not in text and "&lt;script&gt;" in text and '<tr class="gone">' in text
 
 
-def test_the_cluster_dashboard_shows_every_worker_and_gpu_and_routes_its_prefetch(cluster):
+def test_the_cluster_dashboard_shows_every_worker_and_gpu_and_routes_its_prefetch(held):
     pytest.importorskip("ipywidgets")
     pytest.importorskip("bokeh")
     from uvm_lab.jupyter.dashboard.cluster import ClusterDashboard
 
-    _, monitor = cluster
+    _, monitor = held
     workers = sorted(monitor.workers())
     board = ClusterDashboard(monitor, live=False)
     try:
