@@ -398,6 +398,30 @@ def test_bursts_of_events_are_coalesced_into_one_refresh_an_interval(sim):
         assert d.refreshes == start_count + 1           # nothing happened since: nothing to draw
 
 
+def test_live_refreshes_take_at_most_their_share_of_the_kernel(sim):
+    buf = ul.DeviceBuffer(size="64KiB")
+    clock = ManualClock(cpu_per_read=0.01)   # each refresh takes 10 ms of its thread's CPU
+    with Dashboard(interval=0.05, clock=clock) as d:
+        start_count = d.refreshes
+
+        def change_and_wait(seconds: float) -> int:
+            buf.prefetch("gpu")
+            buf.prefetch("host")
+            ul.events.get_bus().flush()
+            clock.settle(threads=1)
+            clock.advance(seconds)
+            clock.settle(threads=1)
+            return d.refreshes - start_count
+
+        assert change_and_wait(0.05) == 1
+        # 10 ms at BUSY_SHARE (5%) is paid for 0.2 s later; the next, expected to cost as much, may start once both
+        # would be paid for within the burst (0.25 s): 0.15 s after the first began, not one interval (0.05 s).
+        assert change_and_wait(0.1) == 1
+        clock.advance(0.06)   # past 0.15 s, whatever the sums round to
+        clock.settle(threads=1)
+        assert d.refreshes - start_count == 2
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"interval": 0}, "interval must be a positive number of seconds"),
     ({"interval": float("nan")}, "interval must be a positive number of seconds"),
