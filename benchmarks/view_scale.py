@@ -122,6 +122,13 @@ def loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int,
     return time.perf_counter() - start, done
 
 
+def reset(buffers: list[ul.DeviceBuffer]) -> None:
+    """Every buffer prefetched to the host: blocks (or slots) that run the same operations start from the same map,
+    so they do the same work."""
+    for buf in buffers:
+        buf.prefetch("host")
+
+
 def watched_loop(buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> tuple[dict[str, float], list[float]]:
     """The loop's seconds, and the CPU time other threads (a view's) took meanwhile, as a share of them: what the
     throttle holds to 5%, less noisy than the loop's time on a shared machine; and when each operation returned."""
@@ -301,8 +308,9 @@ class Busy:
         self._thread.start()
 
     @staticmethod
-    def _piece(released: bool, small: np.ndarray | None = None) -> None:
-        until = time.thread_time() + 0.05 * BUSY_SHARE
+    def piece(released: bool, small: np.ndarray | None = None, seconds: float = 0.05 * BUSY_SHARE) -> None:
+        """``seconds`` of this thread's CPU: pure Python, or (``released``) sorting ``small`` every 0.1 ms."""
+        until = time.thread_time() + seconds
         step = time.thread_time() + 1e-4
         while (now := time.thread_time()) < until:
             if released and now >= step:
@@ -312,12 +320,12 @@ class Busy:
     def _on_events(self, records: np.ndarray) -> None:
         if (now := time.monotonic()) >= self._next:
             self._next = now + 0.05
-            self._piece(False)
+            self.piece(False)
 
     def _run(self, released: bool) -> None:
         small = np.random.default_rng(0).random(64)
         while not self._stop.is_set():
-            self._piece(released, small)
+            self.piece(released, small)
             self._stop.wait(0.05)
 
     def close(self) -> None:
@@ -341,8 +349,7 @@ def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int)
     for pair in range(pairs):
         seconds = {}
         for which in (("none", mode) if pair % 2 == 0 else (mode, "none")):
-            for buf in buffers:
-                buf.prefetch("host")
+            reset(buffers)
             attached = Attached(mode, buffers) if which != "none" else None
             try:
                 if attached is None:
@@ -389,8 +396,7 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
         opens = begin + slot * slot_s
         which = mode if (slot + worker) % 2 == 0 else baseline
         time.sleep(max(0.0, opens - time.time()))
-        for buf in buffers:   # every slot starts from the same map
-            buf.prefetch("host")
+        reset(buffers)
         attached = Attached(mode if which == "closed" else which, buffers, settle=0.0) if which != "none" else None
         if which == "closed":   # the same opened and closed before the loop: its after-effects, and nothing running
             attached.close()
@@ -555,12 +561,7 @@ def read_costs(buffers: list[ul.DeviceBuffer], pairs: int, ops: int = 600) -> di
         nonlocal cursor
         cursor, _ = window.changed_lanes(cursor)
 
-    def busy() -> None:
-        started = time.thread_time()
-        while time.thread_time() - started < 0.0008:
-            pass
-
-    reads = {"maps": maps, "read_in": read_in, "busy": busy}
+    reads = {"maps": maps, "read_in": read_in, "busy": lambda: Busy.piece(False, seconds=0.0008)}
     logs: dict[str, list[tuple[float, float]]] = {name: [] for name in reads}
     shares: dict[str, list[float]] = {name: [] for name in reads}
     try:
@@ -568,8 +569,7 @@ def read_costs(buffers: list[ul.DeviceBuffer], pairs: int, ops: int = 600) -> di
             for name, read in reads.items():
                 block: dict[bool, tuple[float, float]] = {}
                 for reading in ((True, False), (False, True))[pair % 2]:
-                    for buf in buffers:   # both blocks of a pair run the same operations from the same map
-                        buf.prefetch("host")
+                    reset(buffers)
                     maps()   # caught up, so that a block's reads are its own operations'
                     read_in()
                     stop, spent = threading.Event(), [0.0]
