@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import resource
 import statistics
 import sys
 import threading
@@ -408,6 +409,7 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
         done, started, chunk = 0, time.perf_counter(), 0
         refreshed = attached.refreshes() if attached is not None else 0
         cpu_process, cpu_loop = time.process_time(), time.thread_time()
+        usage = resource.getrusage(resource.RUSAGE_THREAD)
         while time.time() < closes:
             loop(buffers, 50, seed=1_000_000 + slot * 1000 + chunk,   # the same operations in every worker
                  tick=attached.tick if attached is not None else None)
@@ -415,11 +417,14 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
         seconds = time.perf_counter() - started
         mine = time.thread_time() - cpu_loop
         others = (time.process_time() - cpu_process) - mine
+        used = resource.getrusage(resource.RUSAGE_THREAD)
         refreshes = 0
         if attached is not None:
             refreshes = attached.refreshes() - refreshed
             attached.close()
         out.append({"slot": slot, "mode": which, "ops": done, "seconds": seconds, "loop_cpu_s": mine,
+                    "loop_system_s": used.ru_stime - usage.ru_stime,   # of loop_cpu_s: in the kernel (futexes)
+                    "loop_waits": used.ru_nvcsw - usage.ru_nvcsw,   # times the loop's thread slept (the GIL, locks)
                     "other_threads_cpu_share": others / seconds, "refreshes_per_s": refreshes / seconds})
     results.put((worker, out))
 
@@ -486,7 +491,12 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
             "slots_counted": len(logs), "worker_slots_left_out": len(short),
             "baseline": baseline,
             "baseline_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == baseline])),
-            "refreshes_per_s": float(np.median([r["refreshes_per_s"] for r in rows if r["mode"] == mode]))}
+            "refreshes_per_s": float(np.median([r["refreshes_per_s"] for r in rows if r["mode"] == mode])),
+            # Per half: the loop thread's CPU in the kernel an operation (us), and how often it slept a second.
+            "loop_system_us_per_op": {which: float(np.median([r["loop_system_s"] / r["ops"] * 1e6 for r in rows
+                                                              if r["mode"] == which])) for which in (baseline, mode)},
+            "loop_waits_per_s": {which: float(np.median([r["loop_waits"] / r["seconds"] for r in rows
+                                                         if r["mode"] == which])) for which in (baseline, mode)}}
 
 
 def _log_mean(logs: list[float]) -> tuple[float, float]:
@@ -733,6 +743,10 @@ def main() -> None:
                   f"{cost['loop_cpu_ratio']:8.3f}x  "
                   f"({cost['slots_counted']} slots counted, "
                   f"{cost['worker_slots_left_out']} worker-slots left out)", flush=True)
+            system, waits = cost["loop_system_us_per_op"], cost["loop_waits_per_s"]
+            print(f"{'':12} the loop's thread: {system[mode]:.1f} us an operation in the kernel against "
+                  f"{system[args.baseline]:.1f}, slept {waits[mode]:.0f} times a second against "
+                  f"{waits[args.baseline]:.0f}", flush=True)
     if args.lock_waits:
         waits = table["lock_waits"] = lock_waits(buffers, args.lock_waits)
         print(f"\nan update of {waits['ops']} operations' changes: {waits['quiet_cpu_ms']:.2f} ms of CPU alone; beside "

@@ -232,6 +232,7 @@ class ResidencyTracker:
         self._journal_head = self._journal_tail = 0
         self._batches = 0          # batches that changed something
         self._forgotten = 0        # the newest batch number that fell out of the journal
+        self._advice_changes = 0   # ADVICE records replayed (see advice_changes)
         self.bus = bus or get_bus()
         self.subscription = self.bus.subscribe(self.apply, kinds=_REPLAYED, inline=True)
 
@@ -292,6 +293,13 @@ class ResidencyTracker:
         if self._journal_tail - self._journal_head > self.JOURNAL:
             self._journal_head = self._journal_tail - self.JOURNAL
             self._forgotten = int(self._journal[self._journal_head - 1, 0])
+
+    @property
+    def advice_changes(self) -> int:
+        """ADVICE records replayed so far. While it stays put, no buffer's advice changed through a backend's
+        ``advise`` (every one publishes what it set), so a reader that keeps advice it read reads it again only
+        once this moves: reading it asks the backend, which a loop's operations hold meanwhile."""
+        return self._advice_changes
 
     def changes(self, since: int = 0) -> tuple[int, np.ndarray | None]:
         """Where page states (or advice) may have changed since ``since``: ``(now, ranges)``.
@@ -423,6 +431,8 @@ class ResidencyTracker:
                 self._table = None
                 self._touched.append((address, address + gone.size))
             return
+        if kind == EventKind.ADVICE:   # counted whether or not this tracker holds the range
+            self._advice_changes += 1
         seg = self._segment_at(address)
         if seg is None or (alloc_id and alloc_id != seg.id and kind in _DRIVER):
             return

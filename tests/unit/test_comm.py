@@ -205,8 +205,8 @@ def test_every_category_travels_apart_with_exact_counts(session, device, monkeyp
     states = np.array([0, 1, 2, 4, 3, 5, 0x80, 0x81, 6, 4], dtype=np.uint8)
     real = collect.describe_buffer
 
-    def describe(b):
-        plain = real(b)
+    def describe(b, **kwargs):
+        plain = real(b, **kwargs)
         if b.id != buf.id:
             return plain
         return {**plain, "states": states, "category_pages": collect.category_pages(states)}
@@ -425,11 +425,11 @@ def _failing_once(monkeypatch, error: Exception) -> list:
 
     real, calls = collect.describe_buffer, []
 
-    def describe(buf):
+    def describe(buf, **kwargs):
         calls.append(buf.id)
         if len(calls) == 1:
             raise error
-        return real(buf)
+        return real(buf, **kwargs)
 
     monkeypatch.setattr(collect, "describe_buffer", describe)
     return calls
@@ -456,11 +456,11 @@ def test_the_background_thread_retries_a_failed_update(device, monkeypatch):
     session = PanelSession(comm, interval=0.02)
     real, broken, calls = collect.describe_buffer, threading.Event(), []
 
-    def describe(buf):
+    def describe(buf, **kwargs):
         calls.append(buf.id)
         if broken.is_set():
             raise RuntimeError("the panel's read failed")
-        return real(buf)
+        return real(buf, **kwargs)
 
     try:
         buf = ul.DeviceBuffer(size="2MiB")
@@ -675,9 +675,9 @@ def test_an_update_describes_again_only_the_allocations_whose_pages_changed(sess
     session.handle({"type": "hello", "seq": 1})
     real, described = collect.describe_buffer, []
 
-    def describe(buf):
+    def describe(buf, **kwargs):
         described.append(buf.label)
-        return real(buf)
+        return real(buf, **kwargs)
 
     monkeypatch.setattr(collect, "describe_buffer", describe)
     ul.touch(buffers[3], on="gpu", mode="write", size="64KiB")

@@ -550,6 +550,31 @@ def test_live_allocations_describe_again_only_what_changed(sim):
     assert c.id not in ids and ids[-1] == d.id
 
 
+def test_live_allocations_ask_the_backend_for_advice_only_once_some_changed(sim, monkeypatch):
+    # Reading advice takes the backend's lock, which a loop's operations hold: a view of a loop that moves pages and
+    # sets no advice must not ask for it on every map it reads again.
+    live = LiveAllocations()
+    a, b = (ul.DeviceBuffer(size="1MiB", label=x) for x in "ab")
+    live.refresh()
+    asked: list[int] = []
+    real = sim.range_advice
+    monkeypatch.setattr(sim, "range_advice", lambda ptr, size: asked.append(ptr) or real(ptr, size))
+    ul.touch(a, on="gpu", mode="write")
+    b.prefetch("gpu")
+    moved = {d["id"]: d for d in live.refresh()}
+    assert moved[a.id]["category_pages"]["gpu:0"] == moved[b.id]["category_pages"]["gpu:0"] == 256
+    assert asked == []
+    a.preferred_location = "host"   # through the backend, which publishes it: each map read again asks once more
+    b.prefetch("host")
+    advised = {d["id"]: d for d in live.refresh()}
+    assert advised[a.id]["advice"]["preferred_location"] == "host"
+    assert advised[b.id]["advice"]["preferred_location"] is None
+    assert sorted(asked) == sorted([a.ptr, b.ptr])
+    ul.touch(a, on="gpu", mode="write")
+    assert next(d for d in live.refresh() if d["id"] == a.id)["advice"]["preferred_location"] == "host"
+    assert sorted(asked) == sorted([a.ptr, b.ptr])
+
+
 def test_maps_on_screen_are_read_first_and_the_others_a_few_a_refresh(sim):
     live = LiveAllocations()
     shown, *hidden = (ul.DeviceBuffer(size="1MiB", label=f"b{i}") for i in range(4))
@@ -617,7 +642,7 @@ def test_a_refresh_that_fails_part_way_reports_its_changes_again(sim, monkeypatc
     live.refresh()
     buf.prefetch("gpu")
     real = collect.describe_buffer
-    monkeypatch.setattr(collect, "describe_buffer", lambda b: (_ for _ in ()).throw(RuntimeError("read failed")))
+    monkeypatch.setattr(collect, "describe_buffer", lambda b, **_: (_ for _ in ()).throw(RuntimeError("read failed")))
     with pytest.raises(RuntimeError):
         live.refresh()
     monkeypatch.setattr(collect, "describe_buffer", real)

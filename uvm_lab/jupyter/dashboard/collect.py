@@ -96,8 +96,10 @@ class EventTotals:
             self._counts[name] = self._counts.get(name, 0) + n
 
 
-def describe_buffer(buf: Any) -> dict[str, Any]:
-    """One allocation as plain data: identity, residency (page states and fractions), advice."""
+def describe_buffer(buf: Any, *, advice_of: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One allocation as plain data: identity, residency (page states and fractions), advice. ``advice_of``: an
+    earlier description of the same buffer whose advice is still in force (:attr:`~uvm_lab.residency_map.
+    ResidencyTracker.advice_changes` has not moved since it was read), kept rather than read again."""
     res = ul.residency(buf)
     states = np.asarray(res.states, dtype=np.uint8)   # the map's own copy, read once
     return {
@@ -110,7 +112,8 @@ def describe_buffer(buf: Any) -> dict[str, Any]:
         "states": states,
         "summary": {k: float(v) for k, v in res.summary().items()},
         "category_pages": _category_pages(res.pages_by_state),   # the map's one pass over its pages, shared
-        "advice": buf.advice if buf.is_managed else None,   # one query for all three
+        # One query for all three, where it may have changed.
+        "advice": advice_of["advice"] if advice_of is not None else buf.advice if buf.is_managed else None,
     }
 
 
@@ -131,6 +134,8 @@ class LiveAllocations:
         self._buffers: dict[int, weakref.ref[Any]] = {}   # by id, oldest first
         self._by_address = _ByAddress.of([])
         self._described: dict[int, dict[str, Any]] = {}   # by id, in the order of _buffers
+        # By id: the tracker's advice_changes when that description's advice was read; kept while it holds.
+        self._advice_read: dict[int, int] = {}
         # Per buffer of _by_address: the refresh at which its pages changed and it waited to be described again, or
         # -1. As an array: a loop changes a hundred maps between two refreshes, each kept at array speed.
         self._waiting = np.zeros(0, np.int64)
@@ -171,15 +176,17 @@ class LiveAllocations:
             cursor, ranges = tracker.changes(0)[0], None   # the first time: everything
         else:
             cursor, ranges = tracker.changes(self._cursor)
+        # Before any advice is read: advice that changes meanwhile is read again at the next refresh.
+        advice = tracker.advice_changes
         generation = live_generation()
         if generation != self._generation:   # made or freed since: list them again (before the cursor moves on)
-            self._relist(cursor, ranges, generation, first, others)
+            self._relist(cursor, ranges, generation, first, others, advice)
         else:
-            self._update(cursor, ranges, first, others)
+            self._update(cursor, ranges, first, others, advice)
         return list(self._described.values())
 
     def _update(self, cursor: int, ranges: np.ndarray | None, first: Collection[int] | None,
-                others: int | None) -> None:
+                others: int | None, advice: int) -> None:
         """:meth:`refresh` for the same buffers as last time: only the changed ones are visited, and nothing is
         noted until all are described, so a refresh that fails part way reports the same changes again."""
         by_address = self._by_address
@@ -192,18 +199,20 @@ class LiveAllocations:
             if others > 0:   # of the longest waiting, enough that `others` of them are not favoured
                 oldest = (ids[p] for p in _longest_waiting(waiting, others + len(todo)))
                 todo += itertools.islice((i for i in oldest if i not in first), others)
-        fresh = self._describe(todo, first, others)
+        fresh = self._describe(todo, first, others, advice)
         for alloc_id, plain in fresh.items():
             waiting[by_address.position[alloc_id]] = -1
             if plain is None:
                 self._described.pop(alloc_id, None)   # freed since it was listed (the list is read again once it is)
+                self._advice_read.pop(alloc_id, None)
             else:
                 self._described[alloc_id] = plain
+                self._advice_read[alloc_id] = advice
         self._waiting, self._refreshes = waiting, self._refreshes + 1
         self._cursor, self._changed, self._relisted = cursor, frozenset(i for i, p in fresh.items() if p), False
 
     def _relist(self, cursor: int, ranges: np.ndarray | None, generation: int, first: Collection[int] | None,
-                others: int | None) -> None:
+                others: int | None, advice: int) -> None:
         """:meth:`refresh` when buffers were made or freed: the list read again, every new one described."""
         live = ul.live_buffers()
         buffers = {buf.id: weakref.ref(buf) for buf in live}
@@ -219,7 +228,7 @@ class LiveAllocations:
                 and (buf := buffers[i]()) is not None and plain["label"] == str(buf.label or "")}
         todo = [i for i in sorted(pending, key=pending.__getitem__) if i in buffers]
         fresh = self._describe(todo + [i for i in buffers if i not in kept and i not in pending], first, others,
-                               buffers, kept)
+                               advice, buffers, kept)
         described = {i: plain for i in buffers if (plain := fresh[i] if i in fresh else kept.get(i)) is not None}
         waiting = np.full(len(by_address.ids), -1, np.int64)
         for alloc_id, at in pending.items():
@@ -228,15 +237,18 @@ class LiveAllocations:
                 waiting[where] = at
         # Only now: a refresh that failed part way reports the same changes again next time.
         self._described, self._cursor, self._changed = described, cursor, frozenset(i for i, p in fresh.items() if p)
+        self._advice_read = {i: advice if i in fresh else self._advice_read.get(i, -1) for i in described}
         self._buffers, self._by_address, self._generation, self._relisted = buffers, by_address, generation, True
         self._waiting, self._refreshes = waiting, self._refreshes + 1
         self._managed_bytes = sum(plain["size"] for plain in described.values() if plain["is_managed"])
 
-    def _describe(self, todo: list[int], first: Collection[int] | None, others: int | None,
+    def _describe(self, todo: list[int], first: Collection[int] | None, others: int | None, advice: int,
                   buffers: Mapping[int, weakref.ref[Any]] | None = None,
                   described: Mapping[int, Any] | None = None) -> dict[int, dict[str, Any] | None]:
         """Descriptions of ``todo``, in order: all of those in ``first`` (None: every one), and at most ``others``
-        of the rest that have one already (None: every one); None for one freed since it was listed."""
+        of the rest that have one already (None: every one); None for one freed since it was listed. A
+        description's advice is read again only where it was read before ``advice`` (the tracker's
+        ``advice_changes`` now)."""
         buffers = self._buffers if buffers is None else buffers
         described = self._described if described is None else described
         allowance = others
@@ -251,7 +263,9 @@ class LiveAllocations:
             try:
                 if buf is None:
                     raise BufferClosedError(f"buffer {alloc_id} was collected")
-                fresh[alloc_id] = describe_buffer(buf)
+                before = described.get(alloc_id)
+                fresh[alloc_id] = describe_buffer(
+                    buf, advice_of=before if before is not None and self._advice_read.get(alloc_id) == advice else None)
             except (BufferClosedError, InvalidArgumentError):
                 fresh[alloc_id] = None
         return fresh
