@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
 import statistics
 import sys
@@ -371,12 +372,12 @@ def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int)
 
 
 def _slot_worker(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
-                 ready: Any, start: Any, results: Any) -> None:
+                 ready: Any, start: Any, results: Any, pin: bool = False) -> None:
     """One process of :func:`concurrent`: its own simulated device and 1,000 buffers; in each slot, the loop with
     ``mode`` attached or with ``baseline`` (every other worker the other way round), counting the operations done. A
     failure is put where the results go, so that the parent stops with it instead of waiting for ever."""
     try:
-        _slots(worker, mode, baseline, slots, slot_s, settle_s, ready, start, results)
+        _slots(worker, mode, baseline, slots, slot_s, settle_s, ready, start, results, pin)
     except BaseException as err:
         ready.put(worker)
         results.put((worker, f"{type(err).__name__}: {err}"))
@@ -384,7 +385,13 @@ def _slot_worker(worker: int, mode: str, baseline: str, slots: int, slot_s: floa
 
 
 def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
-           ready: Any, start: Any, results: Any) -> None:
+           ready: Any, start: Any, results: Any, pin: bool = False) -> None:
+    cores = sorted(os.sched_getaffinity(0))[2 * worker:2 * worker + 2] if pin else []
+    if pin:   # the loop's thread on a core of its own, every other thread of the process on one more
+        if len(cores) < 2:
+            raise SystemExit(f"--pin needs two cores a process, {2 * (worker + 1)} at least; this machine lets us use "
+                             f"{len(os.sched_getaffinity(0))}")
+        os.sched_setaffinity(0, cores[:1])
     ul.use_backend("sim", device_memory="80GiB")
     buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
     loop(buffers, 400, seed=5)   # the compiled core loaded and warm before any slot
@@ -402,6 +409,9 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
         if which == "closed":   # the same opened and closed before the loop: its after-effects, and nothing running
             attached.close()
             attached = None
+        for thread in threading.enumerate() if pin else ():
+            if thread is not threading.main_thread() and thread.native_id is not None:
+                os.sched_setaffinity(thread.native_id, cores[1:])
         # Attached (its snapshot sent, and what that set going given time to end) before the clock starts; an
         # attach that outlasts the settle (a view made once the bus's history is full reads all of it) is waited for.
         time.sleep(max(0.0, max(opens + settle_s, time.time() + 0.3) - time.time()))
@@ -430,7 +440,7 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
 
 
 def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: float,
-               baseline: str = "none") -> dict[str, Any]:
+               baseline: str = "none", pin: bool = False) -> dict[str, Any]:
     """The loop's cost with ``mode`` against none, measured at the same moments: ``workers`` processes (an even
     number) run the loop side by side in slots of ``slot_s`` seconds; in each slot half of them have ``mode``
     attached and half have none, and the halves swap every slot. A slot's ratio is the none half's operations a
@@ -449,7 +459,7 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
     context = multiprocessing.get_context("spawn")
     ready, start, results = context.Queue(), context.Queue(), context.Queue()
     procs = [context.Process(target=_slot_worker, args=(w, mode, baseline, slots, slot_s, settle_s, ready, start,
-                                                        results)) for w in range(workers)]
+                                                        results, pin)) for w in range(workers)]
     for proc in procs:
         proc.start()
     for _ in procs:
@@ -489,7 +499,7 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
             "loop_cpu_ratio_high": float(np.exp(cpu_mean + cpu_error)),
             "median_ratio": float(np.exp(np.median(logs))), "other_threads_cpu_share": float(np.median(shares)),
             "slots_counted": len(logs), "worker_slots_left_out": len(short),
-            "baseline": baseline,
+            "baseline": baseline, "pinned": pin,
             "baseline_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == baseline])),
             "refreshes_per_s": float(np.median([r["refreshes_per_s"] for r in rows if r["mode"] == mode])),
             # Per half: the loop thread's CPU in the kernel an operation (us), and how often it slept a second.
@@ -670,6 +680,9 @@ def main() -> None:
                              "so that the two differ only in what is attached while the loop runs")
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--slot-seconds", type=float, default=3.0)
+    parser.add_argument("--pin", action="store_true",
+                        help="--concurrent: each process's loop thread on a core of its own and its other threads on "
+                             "one more, so that a thread that sleeps wakes where it ran")
     parser.add_argument("--publish-cost", type=int, default=0, metavar="ROUNDS",
                         help="then what a paused view adds to each publish of the loop's (see publish_cost)")
     parser.add_argument("--reads", type=int, default=0, metavar="PAIRS",
@@ -733,10 +746,11 @@ def main() -> None:
         against = f"vs {args.baseline}"
         print(f"\n{'mode':12} {'procs':>6} {'slots':>6} {against:>8} {'95% interval':>16} {'median':>8} "
               f"{'its threads':>12} {'updates':>11} {'loop CPU':>9}")
-        suffix = "" if args.baseline == "none" else f"_vs_{args.baseline}"
+        suffix = ("" if args.baseline == "none" else f"_vs_{args.baseline}") + ("_pinned" if args.pin else "")
         for mode in (m for m in modes if m in COSTED and m != args.baseline):
             cost = table.setdefault(f"{mode}{suffix}_concurrent", concurrent(
-                mode, args.concurrent, args.slots, args.slot_seconds, settle_s=1.0, baseline=args.baseline))
+                mode, args.concurrent, args.slots, args.slot_seconds, settle_s=1.0, baseline=args.baseline,
+                pin=args.pin))
             print(f"{mode:12} {args.concurrent:6} {args.slots:6} {cost['ratio']:7.3f}x "
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x "
                   f"{cost['other_threads_cpu_share']:11.1%} {cost['refreshes_per_s']:9.1f}/s "

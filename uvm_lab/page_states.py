@@ -99,7 +99,7 @@ def count_states(states: np.ndarray) -> np.ndarray:
     return _count_states(np.ascontiguousarray(states, dtype=np.uint8).reshape(-1))
 
 
-@njit(types.int64[::1](types.uint8[::1]), cache=True, nogil=True)
+@njit(types.int64[::1](types.uint8[::1]), cache=True)
 def _count_states(states: np.ndarray) -> np.ndarray:
     # Compiled: np.bincount widens every byte to a machine word first, and a live view counts every map it shows
     # that changed. Four tables, so that a run of one state does not wait on its own last count.

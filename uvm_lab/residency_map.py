@@ -45,6 +45,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from numba import njit, types
 
 from .buffer import DeviceBuffer, find_buffer, page_range
 from .errors import BufferClosedError, InvalidArgumentError
@@ -538,14 +539,22 @@ class ResidencyTracker:
 
 def _merge(ranges: np.ndarray) -> np.ndarray:
     """``[start, end)`` ranges (an ``(n, 2)`` array) sorted, with overlapping and adjacent ones joined."""
-    if len(ranges) <= 1:
-        return ranges.copy()
-    ranges = ranges[np.argsort(ranges[:, 0], kind="stable")]
-    reach = np.maximum.accumulate(ranges[:, 1])
-    # A range that starts past everything before it starts a joined one; the one before it ends the last.
-    firsts = np.concatenate([[0], np.flatnonzero(ranges[1:, 0] > reach[:-1]) + 1])
-    ends = reach[np.append(firsts[1:] - 1, len(ranges) - 1)]
-    return np.stack([ranges[firsts, 0], ends], axis=1)
+    return _merged(np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 2))
+
+
+@njit(types.int64[:, ::1](types.int64[:, ::1]), cache=True)
+def _merged(ranges: np.ndarray) -> np.ndarray:
+    # Compiled: every batch the tracker journals, and every read of the journal (a live view's, 20 a second), merges.
+    out = np.empty_like(ranges)
+    k = -1
+    for i in np.argsort(ranges[:, 0], kind="mergesort"):
+        start, end = ranges[i, 0], ranges[i, 1]
+        if k >= 0 and start <= out[k, 1]:   # overlaps or touches the joined range before it: joins it
+            out[k, 1] = max(out[k, 1], end)
+        else:
+            k += 1
+            out[k, 0], out[k, 1] = start, end
+    return out[:k + 1].copy()
 
 
 def _paint(state: np.ndarray, lo: np.ndarray, hi: np.ndarray, value: np.ndarray) -> None:

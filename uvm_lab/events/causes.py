@@ -81,7 +81,7 @@ def cause_codes(records: np.ndarray) -> np.ndarray:
 
 
 @njit((EVENTS_TYPE, types.uint8[::1], types.bool_[::1], types.uint8[::1], types.UniTuple(types.int64, 5),
-       types.uint8[::1]), cache=True, nogil=True)
+       types.uint8[::1]), cache=True)
 def _codes(records: np.ndarray, by_kind: np.ndarray, migrations: np.ndarray, migration: np.ndarray,
            rule: tuple[int, int, int, int, int], out: np.ndarray) -> None:
     # One pass, compiled: a live view reads in every record a loop publishes. The tables and numbers come in as

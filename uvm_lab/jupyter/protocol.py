@@ -747,7 +747,7 @@ def encode_runs(old: np.ndarray, new: np.ndarray) -> np.ndarray:
     return _runs(np.ascontiguousarray(old), np.ascontiguousarray(new), _RUN_GAP)
 
 
-@njit((types.uint8[::1], types.uint8[::1], types.int64), cache=True, nogil=True)
+@njit((types.uint8[::1], types.uint8[::1], types.int64), cache=True)
 def _runs(old: np.ndarray, new: np.ndarray, gap: int) -> np.ndarray:
     # Compiled, two passes (the runs, then their bytes), in place of numpy's six: a live view encodes every map it
     # shows that changed.

@@ -15,6 +15,11 @@ each with a budget of its own, so that a costly answer never holds the updates b
 The cost is the refreshing thread's CPU time (``time.thread_time``), what it took from the kernel. Its wall
 time would also count the time it waited for the GIL while the loop held it: the busier the loop, the longer
 a refresh would seem, and a view of a busy loop would fall silent for seconds while costing it little.
+
+What a refresh costs the loop beyond its CPU comes with each time it takes the GIL back from the loop: the loop's
+thread sleeps until the refresh lets go, and then runs its next operations slower. So the compiled passes a refresh
+runs (a few microseconds to tens each) hold the GIL rather than let it go: each let-go would be one more hand-off
+(``benchmarks/README.md``, "The loop's sleeps").
 """
 
 from __future__ import annotations

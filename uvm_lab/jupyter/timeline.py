@@ -128,7 +128,7 @@ class EventWindow:
         # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
         self._traffic = _Rows((len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
         self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
-        # The buffers each recent read-in changed (sorted ids), newest last: what a reader that keeps up reads.
+        # The buffers each recent read-in changed (ids, each once), newest last: what a reader that keeps up reads.
         self._changes: deque[tuple[int, np.ndarray]] = deque(maxlen=_CHANGES_KEPT)
         self._read_ins = 0
         self._pending = StagedRecords()     # fed, not yet read in
@@ -254,9 +254,11 @@ class EventWindow:
             self._read_in()
         with self._lock:
             table = self._traffic.get(lane)
-            rows = table.tolist() if table is not None else [[0] * _TRAFFIC_COUNTERS for _ in CAUSE_NAMES]
-        return Traffic(faults=sum(r[0] for r in rows), htod_bytes=sum(r[1] for r in rows),
-                       dtoh_bytes=sum(r[2] for r in rows), dtod_bytes=sum(r[3] for r in rows), by_cause=rows)
+            if table is None:
+                rows, sums = [[0] * _TRAFFIC_COUNTERS for _ in CAUSE_NAMES], [0] * _TRAFFIC_COUNTERS
+            else:
+                rows, sums = table.tolist(), table.sum(axis=0).tolist()
+        return Traffic(faults=sums[0], htod_bytes=sums[1], dtoh_bytes=sums[2], dtod_bytes=sums[3], by_cause=rows)
 
     def requested(self, lane: int, *, read_in: bool = True) -> str | None:
         """Where the last prefetch of buffer ``lane`` sent it: ``"host"``, ``"gpu:N"``, or None if none did
@@ -283,13 +285,13 @@ class EventWindow:
             return self._read_ins, {*self._traffic.keys(), *self._requested}
 
     def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray) -> None:
-        touched, sums, prefetched, destinations = _sum_traffic(records, lanes, causes, _COUNTER, _PREFETCH,
-                                                               (len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
-        changed = np.union1d(touched, prefetched)   # the lanes whose traffic or last prefetch moved
+        touched, sums, prefetched, destinations, changed = _sum_traffic(records, lanes, causes, _COUNTER, _PREFETCH,
+                                                                        (len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
         freed = records["alloc_id"][records["kind"] == _FREE].tolist()
         with self._lock:
             self._read_ins += 1
-            self._changes.append((self._read_ins, changed))
+            # A copy of numpy's own: the compiled pass's array is a view of its whole buffer, kept for 256 read-ins.
+            self._changes.append((self._read_ins, changed.copy()))
             if len(touched):
                 self._traffic.add(touched.tolist(), sums)
             self._requested.update(zip(prefetched.tolist(), destinations.tolist(), strict=True))   # each lane once
@@ -385,16 +387,17 @@ class EventWindow:
 
 
 @njit((EVENTS_TYPE, types.float64[::1], types.uint8[::1], types.int64[::1], types.int64,
-       types.UniTuple(types.int64, 2)), cache=True, nogil=True)
+       types.UniTuple(types.int64, 2)), cache=True)
 def _sum_traffic(records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, counter: np.ndarray, prefetch: int,
-                 shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                 shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """What ``records`` (in ``lanes``, with ``causes``) add to each lane's traffic: the lanes they count for, with
-    their sums, ``shape`` (causes, counters) each (``counter``: by kind, the counter a record adds to, or -1); and the
-    lanes prefetched, each once, with the destination of its last prefetch.
+    their sums, ``shape`` (causes, counters) each (``counter``: by kind, the counter a record adds to, or -1); the
+    lanes prefetched, each once, with the destination of its last prefetch; and both sets of lanes together, each
+    once (in the order found): those whose traffic or last prefetch moved.
 
     Compiled, two passes (find the lanes, then sum): a live view reads in every record a loop publishes. Like the
-    view's other compiled passes it lets the interpreter's lock go, so the loop runs beside it. Lanes are found in a
-    small open-addressed table (a sort costs more than the passes)."""
+    view's other compiled passes it holds the interpreter's lock (see :mod:`.throttle`). Lanes are found in a small
+    open-addressed table (a sort costs more than the passes)."""
     n = len(records)
     size = 16
     while size < 2 * n:
@@ -436,7 +439,7 @@ def _sum_traffic(records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, cou
     destinations = np.empty(len(prefetched), np.int64)
     for j in range(len(prefetched)):
         destinations[j] = records[last[prefetched[j]]].dst
-    return touched, sums[counted], found[prefetched], destinations
+    return touched, sums[counted], found[prefetched], destinations, found[:groups]
 
 
 class _Rows:
@@ -550,7 +553,7 @@ _EVICTED_RULE = (_DTOH, _EVICTED, _CPU_FAULT, len(GPU_COUNTERS))
 
 
 @njit((EVENTS_TYPE, types.int64, types.int64[::1], types.bool_[::1], types.bool_[::1],
-       types.UniTuple(types.int64, 4)), cache=True, nogil=True)
+       types.UniTuple(types.int64, 4)), cache=True)
 def _count_device(records: np.ndarray, gpus: int, counter_of: np.ndarray, for_source: np.ndarray,
                   by_value: np.ndarray, rule: tuple[int, int, int, int]) -> tuple[np.ndarray, np.int64]:
     # Compiled, two passes: a live view's every update reads what the loop published since the last. The tables

@@ -161,7 +161,7 @@ class AllocationIndex:
 
 
 @njit((types.uint64[::1], types.uint64[::1], types.uint64[::1], types.int64[::1], types.uint64[:], types.int64[:],
-       types.uint64[::1]), cache=True, nogil=True)
+       types.uint64[::1]), cache=True)
 def _find(starts: np.ndarray, ends: np.ndarray, ids: np.ndarray, born: np.ndarray, addresses: np.ndarray,
           times: np.ndarray, out: np.ndarray) -> None:
     # Per address, the live range that starts at or before it (a binary search), if the address is inside it (and,

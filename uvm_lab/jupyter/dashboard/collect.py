@@ -471,7 +471,7 @@ def rebin(states: np.ndarray, n_bins: int, since: tuple[np.ndarray, np.ndarray] 
 
 
 @njit((types.uint8[::1], types.uint8[::1], types.bool_[::1], types.int64, types.uint8[::1], types.int64),
-      cache=True, nogil=True)
+      cache=True)
 def _majorities(states: np.ndarray, out: np.ndarray, dirty: np.ndarray, per_bin: int, category: np.ndarray,
                 k: int) -> None:
     # The category of each dirty bin: the one most of its pages are in, ties to the lower code.
@@ -496,7 +496,7 @@ def _majorities(states: np.ndarray, out: np.ndarray, dirty: np.ndarray, per_bin:
 
 
 @njit((types.uint8[::1], types.uint8[::1], types.uint8[::1], types.int64, types.uint8[::1], types.int64),
-      cache=True, nogil=True)
+      cache=True)
 def _rebin(states: np.ndarray, before: np.ndarray, cells: np.ndarray, per_bin: int, category: np.ndarray,
            k: int) -> tuple[np.ndarray, np.ndarray]:
     # Compiled (rebin): a live view bins every map it shows that changed. Pages are counted by state (256 counters)
