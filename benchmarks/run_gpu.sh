@@ -89,3 +89,9 @@ python3 benchmarks/view_scale.py --repeats 0 --modes view,view_inline,paused,bus
     --concurrent 8 --slots 24 --json "$out/view_cost_parts.json"
 python3 benchmarks/view_scale.py --repeats 0 --modes view,view_no_maps,paused,dashboard --baseline closed \
     --concurrent 8 --slots 24 --json "$out/view_cost_vs_closed.json"
+# What the view costs beyond its CPU: at half the rate, and with each process's threads pinned to cores of their own
+# (view_cost_h100_rate.json, view_cost_h100_pinned.json; about 5 minutes).
+python3 benchmarks/view_scale.py --repeats 0 --modes view,view_10hz --baseline closed \
+    --concurrent 8 --slots 30 --json "$out/view_cost_rate.json"
+python3 benchmarks/view_scale.py --repeats 0 --modes view --baseline closed --pin \
+    --concurrent 8 --slots 30 --json "$out/view_cost_pinned.json"

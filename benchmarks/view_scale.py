@@ -23,7 +23,9 @@ and the median over repeats of each run's seconds against the loop alone's with 
 The second form measures the cost to the loop alone, steadier than whole runs: pairs of short blocks, one with a
 view (or the dashboard) and one without, back to back (``alternating``). The third measures it at the same
 moments, for a machine with cores to spare: processes side by side, half of them with a view and half without,
-swapping every slot (``concurrent``).
+swapping every slot (``concurrent``). It also reports how often each half's loop thread slept (waiting for the
+interpreter's lock, or another) and its CPU in the kernel an operation; ``--pin`` puts each process's loop thread
+on a core of its own and its other threads on one more.
 
 ``view`` watches the maps a view shows (a screenful of the list's rows), at the view's default rate;
 ``view_10hz`` does so with the view's rate set to 10 updates a second, ``view_no_maps`` with no map on screen (its
