@@ -529,12 +529,19 @@ class ResidencyTracker:
                 raise InvalidArgumentError(f"no live allocation holds the range {address:#x} + {size} bytes",
                                            value=address, expected="the range of a live allocation")
             sl = seg.pages(address, size)
-            return ResidencyMap(address, size, seg.state[sl].copy(), read_mostly=seg.read_mostly[sl].copy())
+            return ResidencyMap(address, size, _copied(seg.state[sl]), read_mostly=_copied(seg.read_mostly[sl]))
 
     def segments(self) -> list[dict[str, Any]]:
         with self._lock:
             return [{"id": s.id, "address": s.address, "size": s.size, "kind": MemoryKind(s.kind).name.lower()}
                     for s in self._segments.values()]
+
+
+@njit([types.uint8[::1](types.uint8[::1]), types.boolean[::1](types.boolean[::1])], cache=True)
+def _copied(pages: np.ndarray) -> np.ndarray:
+    # A map's own copy, made holding the interpreter's lock: numpy lets it go around a copy of a few thousand pages,
+    # and a live view reading maps beside a loop would then hand the lock (and this tracker's) to the loop and back.
+    return pages.copy()
 
 
 def _merge(ranges: np.ndarray) -> np.ndarray:

@@ -289,18 +289,21 @@ class _ByAddress:
         """A copy of ``waiting`` (per buffer, the refresh since which it waits, or -1) where each buffer that
         overlaps one of ``ranges`` (sorted, disjoint ``[start, end)``; None: every one) and was not waiting waits
         since ``now``."""
-        waiting = waiting.copy()
         if ranges is None:
+            waiting = waiting.copy()
             waiting[waiting < 0] = now
-        elif len(ranges) and len(self.ids):
-            _wait(self.starts, self.ends, np.ascontiguousarray(ranges, dtype=np.int64), waiting, now)
-        return waiting
+            return waiting
+        return _waited(self.starts, self.ends, np.ascontiguousarray(ranges, dtype=np.int64).reshape(-1, 2), waiting,
+                       now)
 
 
-@njit((types.int64[::1], types.int64[::1], types.int64[:, ::1], types.int64[::1], types.int64), cache=True)
-def _wait(starts: np.ndarray, ends: np.ndarray, ranges: np.ndarray, waiting: np.ndarray, now: int) -> None:
+@njit(types.int64[::1](types.int64[::1], types.int64[::1], types.int64[:, ::1], types.int64[::1], types.int64),
+      cache=True)
+def _waited(starts: np.ndarray, ends: np.ndarray, ranges: np.ndarray, waiting: np.ndarray, now: int) -> np.ndarray:
     # Per range, the buffers it meets are a slice of those sorted by address: from the first that ends past its
-    # start to the last that starts before its end. Compiled: a loop changes a hundred maps between two refreshes.
+    # start to the last that starts before its end. Compiled, the copy too (see .throttle): a loop changes a hundred
+    # maps between two refreshes.
+    waiting = waiting.copy()
     for r in range(len(ranges)):
         p = np.searchsorted(ends, ranges[r, 0], side="right")
         stop = np.searchsorted(starts, ranges[r, 1], side="left")
@@ -308,17 +311,27 @@ def _wait(starts: np.ndarray, ends: np.ndarray, ranges: np.ndarray, waiting: np.
             if waiting[p] < 0:
                 waiting[p] = now
             p += 1
+    return waiting
 
 
 def _longest_waiting(waiting: np.ndarray, k: int) -> list[int]:
     """The positions of the ``k`` buffers (at most) that waited longest (``waiting``: since when, or -1), in order;
     of two that wait since one refresh, the first by address."""
+    return _longest(waiting, k).tolist()
+
+
+@njit(types.int64[::1](types.int64[::1], types.int64), cache=True)
+def _longest(waiting: np.ndarray, k: int) -> np.ndarray:
+    # Compiled (see .throttle). The k least keys are found without sorting the backlog: a partition gives the k-th.
     queue = np.flatnonzero(waiting >= 0)
     keys = waiting[queue] * len(waiting) + queue   # distinct: since when, then where
-    if k < len(queue):   # the k least, found without sorting the backlog
-        keep = np.argpartition(keys, k)[:k]
+    if 0 <= k < len(queue):
+        if k == 0:
+            return queue[:0].copy()
+        kth = np.partition(keys, k - 1)[k - 1]
+        keep = keys <= kth
         queue, keys = queue[keep], keys[keep]
-    return queue[np.argsort(keys)].tolist()
+    return queue[np.argsort(keys)]
 
 
 def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | None = None, *,
