@@ -16,10 +16,9 @@ The cost is the refreshing thread's CPU time (``time.thread_time``), what it too
 time would also count the time it waited for the GIL while the loop held it: the busier the loop, the longer
 a refresh would seem, and a view of a busy loop would fall silent for seconds while costing it little.
 
-What a refresh costs the loop beyond its CPU comes with each time it takes the GIL back from the loop: the loop's
-thread sleeps until the refresh lets go, and then runs its next operations slower. So the compiled passes a refresh
-runs (a few microseconds to tens each) hold the GIL rather than let it go: each let-go would be one more hand-off
-(``benchmarks/README.md``, "The loop's sleeps").
+Each time a refresh takes the GIL back from the loop, the loop's thread sleeps until the refresh lets go, and the
+refresh waits to take it back: a hand-off costs both threads more than a compiled pass of a few microseconds. So the
+compiled passes a refresh runs hold the GIL rather than let it go (``benchmarks/README.md``, "The loop's sleeps").
 """
 
 from __future__ import annotations
