@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import sys
 
 import pytest
 
-from uvm_lab.jupyter.throttle import Budget
+from uvm_lab.jupyter.throttle import LIVE_SWITCH_INTERVAL, Budget, FineSwitching
 
 
 def run_greedy(budget: Budget, costs: list[float], interval: float = 0.0, now: float = 0.0) -> list[float]:
@@ -74,3 +75,55 @@ def test_a_short_loop_pays_the_share_too():
     done = 0.004 * sum(1 for s in starts if s < 1.0)
     # Within the view's 5% of the second (its 4% share and the burst's), not a second's grace on top.
     assert done <= 0.05 + 0.004
+
+
+# -- the switch interval while views refresh beside the kernel's code ---------------------------------------------
+
+@pytest.fixture
+def interval():
+    """The interpreter's switch interval, put back after the test whatever it did."""
+    before = sys.getswitchinterval()
+    yield before
+    sys.setswitchinterval(before)
+
+
+def test_the_live_interval_holds_while_any_refresher_does_and_the_found_one_comes_back(interval):
+    sys.setswitchinterval(0.002)
+    first = FineSwitching()
+    second = FineSwitching()
+    assert sys.getswitchinterval() == pytest.approx(LIVE_SWITCH_INTERVAL)
+    first.release()
+    first.release()   # idempotent: the second holder still holds it
+    assert sys.getswitchinterval() == pytest.approx(LIVE_SWITCH_INTERVAL)
+    second.release()
+    assert sys.getswitchinterval() == pytest.approx(0.002)
+
+
+def test_an_interval_set_meanwhile_by_someone_else_stays(interval):
+    held = FineSwitching()
+    sys.setswitchinterval(0.003)   # the user's own, while a view is open
+    held.release()
+    assert sys.getswitchinterval() == pytest.approx(0.003)
+
+
+def test_a_live_view_session_and_a_live_dashboard_each_hold_it_until_closed(interval, sim_backend):
+    from uvm_lab.jupyter.comm import PanelSession
+    from uvm_lab.jupyter.dashboard import Dashboard
+
+    class Sink:
+        def send(self, data=None, metadata=None, buffers=None): ...
+        def on_msg(self, callback): ...
+        def on_close(self, callback): ...
+        def close(self, data=None, metadata=None, buffers=None): ...
+
+    found = sys.getswitchinterval()
+    session = PanelSession(Sink())
+    assert sys.getswitchinterval() == pytest.approx(LIVE_SWITCH_INTERVAL)
+    dashboard = Dashboard(live=True)
+    session.close()
+    assert sys.getswitchinterval() == pytest.approx(LIVE_SWITCH_INTERVAL)   # the dashboard still refreshes
+    dashboard.close()
+    assert sys.getswitchinterval() == pytest.approx(found)
+    quiet = PanelSession(Sink(), start=False)   # no thread of its own: nothing runs beside the kernel's code
+    assert sys.getswitchinterval() == pytest.approx(found)
+    quiet.close()

@@ -92,7 +92,7 @@ from .protocol import (
     pack_states,
     parse_command,
 )
-from .throttle import BUSY_SHARE, Budget
+from .throttle import BUSY_SHARE, Budget, FineSwitching
 from .timeline import DeviceSeries, EventWindow, release_shared, shared
 
 __all__ = ["PanelSession", "register_comm_target", "sessions"]
@@ -194,7 +194,9 @@ class PanelSession:
         self._cluster_shown = False   # the view was last sent a cluster with a monitor behind it
         self._unsubscribe_cluster = cluster_feed.subscribe(self._on_cluster)
         self._thread = threading.Thread(target=self._run, name="uvm_lab-panel-updates", daemon=True)
-        if start:
+        self._switching: FineSwitching | None = None
+        if start:   # its updates run beside the kernel's code: in fine grains of the interpreter's lock (.throttle)
+            self._switching = FineSwitching()
             self._thread.start()
 
     @property
@@ -398,6 +400,8 @@ class PanelSession:
         self._subscription.close()
         self._unsubscribe_experiments()
         self._unsubscribe_cluster()
+        if self._switching is not None:
+            self._switching.release()
         if self._owns_timeline:
             release_shared()
         with _sessions_lock:

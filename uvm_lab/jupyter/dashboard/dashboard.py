@@ -23,7 +23,7 @@ from uvm_lab.clock import SYSTEM_CLOCK, Clock, checked_clock, checked_seconds
 from uvm_lab.events import get_bus
 from uvm_lab.units import format_bytes
 
-from ..throttle import Budget
+from ..throttle import Budget, FineSwitching
 from .allocations import AllocationList
 from .base import BokehView, DashboardComponent, close_widget_tree
 from .collect import EventTotals, LiveAllocations, collect_snapshot
@@ -106,6 +106,8 @@ class Dashboard:
         # publishes, would take the interpreter from the loop far more often than the refreshes do.
         self._subscription = bus.subscribe(self._on_events, inline=True, name="the dashboard") if live else None
         self.refresh()
+        # Its refreshes run beside the kernel's code: in fine grains of the interpreter's lock (..throttle).
+        self._switching = FineSwitching() if live else None
         if live:
             threading.Thread(target=self._run, name="uvm_lab-dashboard", daemon=True).start()
 
@@ -201,6 +203,8 @@ class Dashboard:
         self._wake.set()
         if self._subscription is not None:
             self._subscription.close()
+        if self._switching is not None:
+            self._switching.release()
         with self._render_lock:
             close_widget_tree(self.root)
 
