@@ -79,6 +79,10 @@ fi
 # ipywidgets, from .whl/).
 python3 benchmarks/view_scale.py --repeats 0 --modes view,dashboard,busy,busy_numpy --concurrent 8 --slots 36 \
     --json "$out/view_cost.json"
+# main's view and dashboard against themselves opened and closed before the loop, with the loop's waits
+# (view_cost_h100_main.json; about 4 minutes)
+python3 benchmarks/view_scale.py --repeats 0 --modes view,dashboard --baseline closed --concurrent 8 --slots 30 \
+    --json "$out/view_cost_main.json"
 # and the view's cost taken apart, each set in one run so that its modes meet the same machine (about 1.5 minutes a
 # mode): a paused view (fed, no update), the updates made on the loop's own thread, 5% of pure Python there, the
 # shared timeline window alone, and a view's snapshot made and closed before the loop (view_cost_h100_parts.json);

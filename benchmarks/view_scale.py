@@ -28,10 +28,10 @@ interpreter's lock, or another) and its CPU in the kernel an operation; ``--pin`
 on a core of its own and its other threads on one more.
 
 ``view`` watches the maps a view shows (a screenful of the list's rows), at the view's default rate;
-``view_10hz`` does so with the view's rate set to 10 updates a second, ``view_no_maps`` with no map on screen (its
-updates carry counts, one map read a refresh and the device lanes); ``panel`` watches none, as the
-sidebar panel does, and reads every changed map. More modes take the view apart: ``paused`` (a view attached
-and paused: fed, sending nothing), ``view_inline`` (the same updates made on the loop's own thread between its
+``view_10hz`` and ``view_20hz`` do so with the view's rate set to 10 and 20 updates a second, ``view_no_maps``
+with no map on screen (its updates carry counts, one map read a refresh and the device lanes); ``panel`` watches
+none, as the sidebar panel does, and reads every changed map. More modes take the view apart: ``paused`` (a view
+attached and paused: fed, sending nothing), ``view_inline`` (the same updates made on the loop's own thread between its
 operations, with no hand-off of the interpreter's lock), ``window`` (the timeline window and device series that
 views share, fed the loop's events, with no session), ``snapshot`` (a view's snapshot made and the view closed
 before the loop starts: what attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a
@@ -67,8 +67,10 @@ ALLOCATIONS = 1000
 #: The share of a core the yardstick threads (Busy) take: the issue's bound on a view's cost.
 BUSY_SHARE = 0.05
 BUSY = ("busy", "busy_numpy", "busy_inline")
+#: The view with its rate control set, whatever its default: the interval asked for, in ms.
+RATES = {"view_10hz": 100, "view_20hz": 50}
 #: What --pairs and --concurrent measure against none.
-COSTED = ("view", "view_10hz", "view_no_maps", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
+COSTED = ("view", *RATES, "view_no_maps", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -166,7 +168,7 @@ def percentile(values: list[float], q: float) -> float:
 def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> dict[str, float]:
     if mode == "none":
         return watched_loop(buffers, ops, seed)[0]
-    if mode in ("view", "view_10hz", "panel", "paused"):
+    if mode in ("view", *RATES, "panel", "paused"):
         session, comm = attach(mode, buffers)
         snapshot, _ = comm.taken()
         try:
@@ -201,13 +203,13 @@ def measure(mode: str, buffers: list[ul.DeviceBuffer], ops: int, seed: int) -> d
             return watched_loop(buffers, ops, seed)[0]
         finally:
             busy.close()
-    raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, view_10hz, panel, dashboard, paused, "
-                     f"subscriber, {', '.join(BUSY)}")
+    raise SystemExit(f"unknown mode {mode!r}: the modes are none, view, {', '.join(RATES)}, panel, dashboard, "
+                     f"paused, subscriber, {', '.join(BUSY)}")
 
 
 def attach(mode: str, buffers: list[ul.DeviceBuffer], start: bool = True) -> tuple[Any, CountingComm]:
-    """A lab view's session in ``mode`` (view, view_10hz, panel or paused), its snapshot sent, and what it sends to;
-    with ``start=False``, no thread of its own sends its updates."""
+    """A lab view's session in ``mode`` (view, one of :data:`RATES`, panel or paused), its snapshot sent, and what it
+    sends to; with ``start=False``, no thread of its own sends its updates."""
     from uvm_lab.jupyter.comm import PanelSession
 
     comm = CountingComm()
@@ -216,8 +218,8 @@ def attach(mode: str, buffers: list[ul.DeviceBuffer], start: bool = True) -> tup
     if mode.startswith("view"):   # as the view does: the maps on screen (a screenful of the list's rows) first
         shown = [] if mode == "view_no_maps" else [b.id for b in buffers[:ON_SCREEN]]
         session.handle({"type": "watch", "seq": 1, "ids": shown})
-    if mode == "view_10hz":   # the view's rate control set to 10 updates a second (the default is 20)
-        session.handle({"type": "rate", "seq": 2, "interval_ms": 100})
+    if mode in RATES:   # the view's rate control set
+        session.handle({"type": "rate", "seq": 2, "interval_ms": RATES[mode]})
     elif mode == "paused":   # attached but paused: what it costs the loop to be fed, with no update sent
         session.handle({"type": "pause", "seq": 1, "paused": True})
     return session, comm
@@ -229,7 +231,7 @@ class Attached:
     def __init__(self, mode: str, buffers: list[ul.DeviceBuffer], settle: float = 0.3) -> None:
         self.mode = mode
         self.tick: Callable[[], None] | None = None
-        if mode in ("view", "view_10hz", "view_no_maps", "paused"):   # paused: what feeding the view costs, no update
+        if mode in ("view", *RATES, "view_no_maps", "paused"):   # paused: what feeding the view costs, no update
             self.session, self.comm = attach(mode, buffers)
         elif mode == "view_inline":
             self.session, self.comm = attach("view", buffers, start=False)
@@ -253,12 +255,12 @@ class Attached:
 
     def refreshes(self) -> int:
         """The updates sent (the view) or the refreshes drawn (the dashboard) so far; 0 for the others."""
-        if self.mode in ("view", "view_10hz", "view_no_maps", "view_inline", "paused"):
+        if self.mode in ("view", *RATES, "view_no_maps", "view_inline", "paused"):
             return len(self.comm.updates)
         return self.dashboard.refreshes if self.mode == "dashboard" else 0
 
     def close(self) -> None:
-        if self.mode in ("view", "view_10hz", "view_no_maps", "view_inline", "paused"):
+        if self.mode in ("view", *RATES, "view_no_maps", "view_inline", "paused"):
             self.session.close()
         elif self.mode == "dashboard":
             self.dashboard.close()
@@ -434,7 +436,7 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
         if attached is not None:
             refreshes = attached.refreshes() - refreshed
             attached.close()
-        out.append({"slot": slot, "mode": which, "ops": done, "seconds": seconds, "loop_cpu_s": mine,
+        out.append({"worker": worker, "slot": slot, "mode": which, "ops": done, "seconds": seconds, "loop_cpu_s": mine,
                     "loop_system_s": used.ru_stime - usage.ru_stime,   # of loop_cpu_s: in the kernel (futexes)
                     "loop_waits": used.ru_nvcsw - usage.ru_nvcsw,   # times the loop's thread slept (the GIL, locks)
                     "other_threads_cpu_share": others / seconds, "refreshes_per_s": refreshes / seconds})
@@ -447,10 +449,10 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
     number) run the loop side by side in slots of ``slot_s`` seconds; in each slot half of them have ``mode``
     attached and half have none, and the halves swap every slot. A slot's ratio is the none half's operations a
     second over the ``mode`` half's: the machine's phases (its speed moves by more than 5% over seconds) fall on
-    both halves alike, and the swap cancels what differs between processes. Reported: the mean of the slots' log
-    ratios, as a ratio, with a 95% interval (two standard errors), their median, the attached half's other
-    threads' CPU over its loop's time, and its loop thread's own CPU an operation against the bare half's
-    (``loop_cpu_ratio``, with its interval): whether the loop did more (or slower) work, or waited."""
+    both halves alike, and the swap cancels what differs between processes. Reported: the mean of the log ratios of
+    pairs of slots (:func:`_paired`), as a ratio, with a 95% interval (two standard errors), the slots' median, the
+    attached half's other threads' CPU over its loop's time, and its loop thread's own CPU an operation against the
+    bare half's (``loop_cpu_ratio``, with its interval): whether the loop did more (or slower) work, or waited."""
     import multiprocessing
 
     if workers < 2 or workers % 2:
@@ -475,7 +477,7 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
     rows = [row for answer in answers for row in answer]
     for proc in procs:
         proc.join()
-    logs, cpu_logs, shares = [], [], []
+    logs, cpu_logs, shares, counted = [], [], [], []
     # A worker whose slot left it under half a second of loop (its attach or reset ran long) is left out of that slot.
     short = [r for r in rows if r["seconds"] < 0.5]
     rows = [r for r in rows if r["seconds"] >= 0.5]
@@ -485,6 +487,7 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
         if not rate[baseline] or not rate[mode]:
             continue
         logs.append(float(np.log(np.mean(rate[baseline]) / np.mean(rate[mode]))))
+        counted.append(slot)
         # The loop thread's own CPU an operation, each half's: where the loop's time went up with its CPU, it did
         # more work or ran slower (caches); where its time went up and its CPU did not, it waited.
         per_op = {which: [r["loop_cpu_s"] / r["ops"] for r in rows if r["slot"] == slot and r["mode"] == which]
@@ -493,8 +496,8 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
         shares += [r["other_threads_cpu_share"] for r in rows if r["slot"] == slot and r["mode"] == mode]
         print(f"slot {slot + 1}/{slots} {mode:10} {baseline} {np.mean(rate[baseline]):.0f} ops/s, {mode} "
               f"{np.mean(rate[mode]):.0f} ops/s, {np.exp(logs[-1]):.3f}x", flush=True)
-    mean, error = _log_mean(logs)
-    cpu_mean, cpu_error = _log_mean(cpu_logs)
+    mean, error = _log_mean(_paired(logs, counted))
+    cpu_mean, cpu_error = _log_mean(_paired(cpu_logs, counted))
     return {"workers": workers, "slots": slots, "slot_s": slot_s, "ratio": float(np.exp(mean)),
             "ratio_low": float(np.exp(mean - error)), "ratio_high": float(np.exp(mean + error)),
             "loop_cpu_ratio": float(np.exp(cpu_mean)), "loop_cpu_ratio_low": float(np.exp(cpu_mean - cpu_error)),
@@ -508,7 +511,40 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
             "loop_system_us_per_op": {which: float(np.median([r["loop_system_s"] / r["ops"] * 1e6 for r in rows
                                                               if r["mode"] == which])) for which in (baseline, mode)},
             "loop_waits_per_s": {which: float(np.median([r["loop_waits"] / r["seconds"] for r in rows
-                                                         if r["mode"] == which])) for which in (baseline, mode)}}
+                                                         if r["mode"] == which])) for which in (baseline, mode)},
+            # Per half: the share of the loop's time its thread was off the CPU (waiting for the interpreter's lock,
+            # or another). Unlike the ratio, it does not move with the machine's speed: the cost that waiting alone
+            # accounts for, whatever the loop's CPU an operation did.
+            "loop_off_cpu_share": {which: float(np.mean([1 - r["loop_cpu_s"] / r["seconds"] for r in rows
+                                                         if r["mode"] == which])) for which in (baseline, mode)},
+            # Every worker's slots, a column per field, for analyses of their own (the spread by process and by slot).
+            "rows": {field: [r[field] for r in rows] for field in rows[0]} if rows else {}}
+
+
+def _to_json(table: dict[str, Any]) -> str:
+    """``table`` as indented JSON, each list of plain values (a column of ``rows``) on one line."""
+    lists: list[str] = []
+
+    def placeholders(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: placeholders(v) for k, v in value.items()}
+        if isinstance(value, list) and all(isinstance(v, (int, float, str)) for v in value):
+            lists.append(json.dumps([round(v, 6) if isinstance(v, float) else v for v in value]))
+            return f"@list{len(lists) - 1}@"
+        return value
+
+    text = json.dumps(placeholders(table), indent=2)
+    for i, compact in enumerate(lists):
+        text = text.replace(f'"@list{i}@"', compact, 1)
+    return text
+
+
+def _paired(logs: list[float], slots: list[int]) -> list[float]:
+    """The mean of each pair of slots (0 and 1, 2 and 3, ...) both counted: each process ran once in each half, so
+    what differs between processes cancels in a pair as the machine's phases cancel in a slot, and the pairs' spread
+    is the measurement's own. Their mean is the slots' (where every slot counted)."""
+    at = dict(zip(slots, logs, strict=True))
+    return [(at[s] + at[s + 1]) / 2 for s in range(0, max(slots, default=0), 2) if s in at and s + 1 in at]
 
 
 def _log_mean(logs: list[float]) -> tuple[float, float]:
@@ -759,10 +795,11 @@ def main() -> None:
                   f"{cost['loop_cpu_ratio']:8.3f}x  "
                   f"({cost['slots_counted']} slots counted, "
                   f"{cost['worker_slots_left_out']} worker-slots left out)", flush=True)
-            system, waits = cost["loop_system_us_per_op"], cost["loop_waits_per_s"]
+            system, waits, off = cost["loop_system_us_per_op"], cost["loop_waits_per_s"], cost["loop_off_cpu_share"]
             print(f"{'':12} the loop's thread: {system[mode]:.1f} us an operation in the kernel against "
                   f"{system[args.baseline]:.1f}, slept {waits[mode]:.0f} times a second against "
-                  f"{waits[args.baseline]:.0f}", flush=True)
+                  f"{waits[args.baseline]:.0f}, off the CPU {off[mode]:.2%} of its time against "
+                  f"{off[args.baseline]:.2%}", flush=True)
     if args.lock_waits:
         waits = table["lock_waits"] = lock_waits(buffers, args.lock_waits)
         print(f"\nan update of {waits['ops']} operations' changes: {waits['quiet_cpu_ms']:.2f} ms of CPU alone; beside "
@@ -780,7 +817,7 @@ def main() -> None:
         print(f"\na publish of {cost['records_per_batch']:.1f} records: {cost['alone_us']:.1f} us of the loop's CPU "
               f"alone, {cost['paused_view_us']:.1f} us with a paused view attached", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(table, indent=2))
+        args.json.write_text(_to_json(table))
 
 
 if __name__ == "__main__":
