@@ -188,9 +188,16 @@ export class UvmLabModel implements ITimelineSource {
     return this.send({ type: 'watch', ids });
   }
 
-  /** Ask for the least time between two updates, in ms. */
-  setRate(intervalMs: number): Promise<Result> {
-    return this.send({ type: 'rate', interval_ms: intervalMs });
+  /**
+   * Ask for the least time between two updates, in ms. Once the kernel takes it, it is asked for again on every
+   * new connection (a restarted kernel starts at its default), as a pause is.
+   */
+  async setRate(intervalMs: number): Promise<Result> {
+    const result = await this.send({ type: 'rate', interval_ms: intervalMs });
+    if (result.ok) {
+      this._rateMs = intervalMs;
+    }
+    return result;
   }
 
   /**
@@ -488,6 +495,9 @@ export class UvmLabModel implements ITimelineSource {
     if (!wasConnected && this._paused) {
       void this.send({ type: 'pause', paused: true });
     }
+    if (!wasConnected && this._rateMs !== null) {
+      void this.send({ type: 'rate', interval_ms: this._rateMs });
+    }
     this._allocationsChanged.emit([...gone, ...data.allocations.map(a => a.id)]);
   }
 
@@ -684,6 +694,7 @@ export class UvmLabModel implements ITimelineSource {
   private _retries = 0;
   private _watchdog = 0;
   private _paused = false;
+  private _rateMs: number | null = null; // the update interval the view asked for and the kernel took
   private _restarted = false;
   private _disposed = false;
   private _stateChanged = new Signal<this, void>(this);

@@ -53,6 +53,9 @@ print("STATE", json.dumps({"pages": pages(weights), "read_mostly": weights.read_
                            "preferred": weights.preferred_location, "accessed_by": list(weights.accessed_by),
                            "causes": causes, "last_prefetch": int(prefetched.max())}))"""
 
+# The update interval of every session of the kernel's views, in ms.
+RATE = 'from uvm_lab.jupyter.comm import sessions; print("RATE", [round(s.interval * 1000) for s in sessions()])'
+
 OTHER = """\
 %load_ext uvm_lab
 import uvm_lab as ul
@@ -87,7 +90,7 @@ def _hover_first_mark(page, view, lane_index: int) -> str:
 
 def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, browser):
     url, token, root = lab
-    write_notebook(root / "view.ipynb", [SETUP, VIEW, STATE])
+    write_notebook(root / "view.ipynb", [SETUP, VIEW, STATE, RATE])
     write_notebook(root / "other.ipynb", [OTHER])
     context, page, errors = new_page(browser, 1600, 1000)
     try:
@@ -269,6 +272,10 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="view.ipynb").click()
         page.locator('.jp-UvmLab-allocList[data-shown="301"]').wait_for(timeout=WAIT_MS)
 
+        # The update rate, picked before a kernel restart, holds after it.
+        view.get_by_label("Update interval").select_option("250")
+        result.filter(has_text="Updates every 250 ms.").wait_for(timeout=WAIT_MS)
+        assert "RATE [250]" in run_cell(page, "view.ipynb", 3, "RATE")
         # A kernel restart: the view says what to run, then reattaches by itself once it has run.
         page.locator(".lm-MenuBar-itemLabel", has_text="Kernel").click()
         page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Restart Kernel and Clear Outputs")).click()
@@ -280,6 +287,14 @@ def test_the_view_shows_a_cells_events_and_its_controls_change_the_kernel(lab, b
         run_cell(page, "view.ipynb", 0, "ready")
         page.locator('.jp-UvmLab-allocList[data-shown="301"]').wait_for(timeout=WAIT_MS)
         assert notice.is_hidden()
+        assert view.get_by_label("Update interval").input_value() == "250"
+        # The view asks for it again as it reattaches; the kernel may take it just after the cell above ends.
+        for _ in range(20):
+            rate = run_cell(page, "view.ipynb", 3, "RATE")
+            if "RATE [250]" in rate:
+                break
+            page.wait_for_timeout(250)
+        assert "RATE [250]" in rate
         assert errors == []
     except Exception:
         with contextlib.suppress(Exception):
