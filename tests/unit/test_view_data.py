@@ -514,6 +514,8 @@ def test_the_series_keeps_a_bounded_number_of_samples_and_counts_the_rest():
         series.close_interval(t, [0], [1])
     samples, next_index = series.since(0)
     assert [s["time"] for s in samples] == [3, 4] and series.dropped == 3 and next_index == 5
+    # A view up to date gets the newest alone, and one past the end none.
+    assert [s["time"] for s in series.since(4)[0]] == [4] and series.since(5) == ([], 5)
 
 
 def test_updates_carry_the_device_samples(device):

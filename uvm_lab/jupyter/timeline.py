@@ -663,8 +663,9 @@ class DeviceSeries:
     def since(self, index: int) -> tuple[list[DeviceSample], int]:
         """The samples from number ``index`` on that are still held, and the number of the next."""
         with self._lock:
-            first = self._taken - len(self._samples)
-            return list(self._samples)[max(0, index - first):], self._taken
+            count = min(len(self._samples), self._taken - index)
+            # Read from the newest end: an update asks for the last few of thousands held.
+            return list(itertools.islice(reversed(self._samples), max(0, count)))[::-1], self._taken
 
 
 def _widened(table: np.ndarray, gpus: int) -> np.ndarray:
