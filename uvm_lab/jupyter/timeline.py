@@ -642,11 +642,11 @@ class DeviceSeries:
                                        value=(used, total), expected="two lists of one length")
         now = self._clock.monotonic()
         with self._lock:
-            pending = self._pending.take()
-            if len(pending):   # what was fed since the last close: this interval's (or the next's), summed at once
-                self._add(pending)
             if now - self._closed_at < self.interval:
-                return False
+                return False   # what was fed waits, staged, and is summed once when the interval closes
+            pending = self._pending.take()
+            if len(pending):   # what was fed since the last close: this interval's, summed at once
+                self._add(pending)
             self._closed_at = now
             gpus = max(len(used), self._open.shape[1])
             counts = _widened(self._open, gpus).tolist()
@@ -670,7 +670,11 @@ class DeviceSeries:
 
 def _widened(table: np.ndarray, gpus: int) -> np.ndarray:
     """``table`` with zero columns added up to ``gpus`` columns."""
-    return table if table.shape[1] >= gpus else np.pad(table, ((0, 0), (0, gpus - table.shape[1])))
+    if table.shape[1] >= gpus:
+        return table
+    wide = np.zeros((table.shape[0], gpus), dtype=table.dtype)   # np.pad costs many times more for a small table
+    wide[:, :table.shape[1]] = table
+    return wide
 
 
 def _per_gpu(values: object, name: str) -> list[int]:
