@@ -83,6 +83,12 @@ python3 benchmarks/view_scale.py --repeats 0 --modes view,dashboard,busy,busy_nu
 # (view_cost_h100_main.json; about 4 minutes)
 python3 benchmarks/view_scale.py --repeats 0 --modes view,dashboard --baseline closed --concurrent 8 --slots 30 \
     --json "$out/view_cost_main.json"
+# the dashboard at its default of one refresh a second against its earlier five, and the view at 10 updates a
+# second (view_cost_h100_dashboard_1s.json; about 9 minutes)
+python3 benchmarks/view_scale.py --repeats 0 --modes dashboard,dashboard_5hz --baseline closed --concurrent 8 \
+    --slots 40 --json "$out/view_cost_dashboard_1s.json"
+python3 benchmarks/view_scale.py --repeats 0 --modes view,view_10hz --baseline closed --concurrent 8 --slots 30 \
+    --json "$out/view_cost_view_10hz.json"
 # and the view's cost taken apart, each set in one run so that its modes meet the same machine (about 1.5 minutes a
 # mode): a paused view (fed, no update), the updates made on the loop's own thread, 5% of pure Python there, the
 # shared timeline window alone, and a view's snapshot made and closed before the loop (view_cost_h100_parts.json);

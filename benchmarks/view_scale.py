@@ -35,10 +35,11 @@ attached and paused: fed, sending nothing), ``view_inline`` (the same updates ma
 operations, with no hand-off of the interpreter's lock), ``window`` (the timeline window and device series that
 views share, fed the loop's events, with no session), ``snapshot`` (a view's snapshot made and the view closed
 before the loop starts: what attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a
-thread of its own). The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core
-in other ways. ``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second.
-``--reads`` takes an update apart the other way: one of its reads at a time, on a thread beside the loop
-(:func:`read_costs`).
+thread of its own). ``dashboard`` is the live widget dashboard at its default interval, ``dashboard_1s`` and
+``dashboard_5hz`` with it set to 1 s and 0.2 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline``
+(:class:`Busy`) take 5% of a core in other ways. ``--pairs`` and ``--concurrent`` also report the updates (or the
+dashboard's refreshes) a second. ``--reads`` takes an update apart the other way: one of its reads at a time, on a
+thread beside the loop (:func:`read_costs`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,11 @@ BUSY_SHARE = 0.05
 BUSY = ("busy", "busy_numpy", "busy_inline")
 #: The view with its rate control set, whatever its default: the interval asked for, in ms.
 RATES = {"view_10hz": 100, "view_20hz": 50}
+#: The dashboard with its least time between refreshes set, whatever its default: seconds.
+DASHBOARD_INTERVALS = {"dashboard_1s": 1.0, "dashboard_5hz": 0.2}
 #: What --pairs and --concurrent measure against none.
-COSTED = ("view", *RATES, "view_no_maps", "view_inline", "paused", "window", "snapshot", "dashboard", *BUSY)
+COSTED = ("view", *RATES, "view_no_maps", "view_inline", "paused", "window", "snapshot", "dashboard",
+          *DASHBOARD_INTERVALS, *BUSY)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -243,10 +247,11 @@ class Attached:
         elif mode == "snapshot":   # a view's snapshot made and the view closed: what attaching leaves behind
             session, _ = attach("paused", buffers)
             session.close()
-        elif mode == "dashboard":
+        elif mode == "dashboard" or mode in DASHBOARD_INTERVALS:
             from uvm_lab.jupyter.dashboard import Dashboard
 
-            self.dashboard = Dashboard(live=True)
+            self.dashboard = Dashboard(live=True, **({"interval": DASHBOARD_INTERVALS[mode]}
+                                                     if mode in DASHBOARD_INTERVALS else {}))
         elif mode in BUSY:
             self.busy = Busy(released=mode == "busy_numpy", inline=mode == "busy_inline")
         else:
@@ -257,12 +262,12 @@ class Attached:
         """The updates sent (the view) or the refreshes drawn (the dashboard) so far; 0 for the others."""
         if self.mode in ("view", *RATES, "view_no_maps", "view_inline", "paused"):
             return len(self.comm.updates)
-        return self.dashboard.refreshes if self.mode == "dashboard" else 0
+        return self.dashboard.refreshes if hasattr(self, "dashboard") else 0
 
     def close(self) -> None:
         if self.mode in ("view", *RATES, "view_no_maps", "view_inline", "paused"):
             self.session.close()
-        elif self.mode == "dashboard":
+        elif hasattr(self, "dashboard"):
             self.dashboard.close()
         elif self.mode == "window":
             from uvm_lab.jupyter.timeline import release_shared

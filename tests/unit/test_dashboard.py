@@ -398,6 +398,23 @@ def test_bursts_of_events_are_coalesced_into_one_refresh_an_interval(sim):
         assert d.refreshes == start_count + 1           # nothing happened since: nothing to draw
 
 
+def test_a_live_dashboard_refreshes_at_most_once_a_second_unless_told_otherwise(sim):
+    buf = ul.DeviceBuffer(size="64KiB")
+    clock = ManualClock()
+    with Dashboard(clock=clock) as d:
+        start_count = d.refreshes
+        buf.prefetch("gpu")
+        ul.events.get_bus().flush()
+        clock.settle(threads=1)
+        clock.advance(0.9)
+        clock.settle(threads=1)
+        assert d.refreshes == start_count                    # a change waits for the second to end
+        clock.advance(0.1)
+        clock.settle(threads=1)
+        assert d.refreshes == start_count + 1
+        assert d.snapshot["allocations"][-1]["category_pages"]["gpu:0"] == 16
+
+
 def test_live_refreshes_take_at_most_their_share_of_the_kernel(sim):
     buf = ul.DeviceBuffer(size="64KiB")
     clock = ManualClock(cpu_per_read=0.01)   # each refresh takes 10 ms of its thread's CPU

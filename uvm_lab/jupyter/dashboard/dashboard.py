@@ -61,13 +61,16 @@ class Dashboard:
     Parameters
     ----------
     interval:
-        Least time between two refreshes caused by events, in seconds (0.2: at most 5 a second).
+        Least time between two refreshes caused by events, in seconds (1.0: at most one a second). A refresh
+        reads and redraws every changed map it reaches, so its cost to a running loop follows how often it runs:
+        once a second keeps a live dashboard within 5% of a loop beside it (``benchmarks/README.md``, "The
+        dashboard once a second"); a shorter interval draws sooner and costs more, up to its share.
     live:
         Subscribe to the event bus (the default). With ``live=False`` the dashboard changes only
         when :meth:`refresh` is called.
     """
 
-    def __init__(self, *, interval: float = 0.2, live: bool = True, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, *, interval: float = 1.0, live: bool = True, clock: Clock = SYSTEM_CLOCK) -> None:
         self.interval = checked_seconds(interval, "interval")
         self._clock = checked_clock(clock)   # what the throttle goes by (a test moves its own)
         backend = ul.get_backend()
