@@ -553,17 +553,17 @@ def test_prefetch_controls_offer_each_gpu(sim):
 def test_live_allocations_describe_again_only_what_changed(sim):
     live = LiveAllocations()
     a, b, c = (ul.DeviceBuffer(size="4MiB", label=x) for x in "abc")
-    first = {d["id"]: d for d in live.refresh()}
+    first = dict(live.refresh())
     ul.touch(b, on="gpu", mode="write", size="1MiB")
-    second = {d["id"]: d for d in live.refresh()}
+    second = dict(live.refresh())
     assert second[a.id] is first[a.id] and second[c.id] is first[c.id]
     assert second[b.id] is not first[b.id]
     assert second[b.id]["category_pages"]["gpu:0"] == 256 == ul.residency(b).counts()["gpu"]
     b.read_mostly = True                        # advice is part of a description too
-    assert next(d for d in live.refresh() if d["id"] == b.id)["advice"]["read_mostly"] is True
+    assert live.refresh()[b.id]["advice"]["read_mostly"] is True
     c.close()
     d = ul.DeviceBuffer(size="1MiB", label="d")
-    ids = [x["id"] for x in live.refresh()]
+    ids = list(live.refresh())
     assert c.id not in ids and ids[-1] == d.id
 
 
@@ -578,38 +578,38 @@ def test_live_allocations_ask_the_backend_for_advice_only_once_some_changed(sim,
     monkeypatch.setattr(sim, "range_advice", lambda ptr, size: asked.append(ptr) or real(ptr, size))
     ul.touch(a, on="gpu", mode="write")
     b.prefetch("gpu")
-    moved = {d["id"]: d for d in live.refresh()}
+    moved = dict(live.refresh())
     assert moved[a.id]["category_pages"]["gpu:0"] == moved[b.id]["category_pages"]["gpu:0"] == 256
     assert asked == []
     a.preferred_location = "host"   # through the backend, which publishes it: each map read again asks once more
     b.prefetch("host")
-    advised = {d["id"]: d for d in live.refresh()}
+    advised = dict(live.refresh())
     assert advised[a.id]["advice"]["preferred_location"] == "host"
     assert advised[b.id]["advice"]["preferred_location"] is None
     assert sorted(asked) == sorted([a.ptr, b.ptr])
     ul.touch(a, on="gpu", mode="write")
-    assert next(d for d in live.refresh() if d["id"] == a.id)["advice"]["preferred_location"] == "host"
+    assert live.refresh()[a.id]["advice"]["preferred_location"] == "host"
     assert sorted(asked) == sorted([a.ptr, b.ptr])
 
 
 def test_maps_on_screen_are_read_first_and_the_others_a_few_a_refresh(sim):
     live = LiveAllocations()
     shown, *hidden = (ul.DeviceBuffer(size="1MiB", label=f"b{i}") for i in range(4))
-    before = {d["id"]: d for d in live.refresh()}
+    before = dict(live.refresh())
     for buf in (shown, *hidden):
         ul.touch(buf, on="gpu", mode="write")
     # The shown one always; of the three others, one a refresh, oldest first.
-    now = {d["id"]: d for d in live.refresh(first={shown.id}, others=1)}
+    now = dict(live.refresh(first={shown.id}, others=1))
     assert now[shown.id] is not before[shown.id] and now[shown.id]["category_pages"]["gpu:0"] == 256
     assert [now[b.id] is before[b.id] for b in hidden] == [False, True, True]
-    later = {d["id"]: d for d in live.refresh(first={shown.id}, others=1)}
+    later = dict(live.refresh(first={shown.id}, others=1))
     assert [later[b.id] is now[b.id] for b in hidden] == [True, False, True]
     # Nothing is lost: a refresh that reads all catches up, and each map is the residency's.
-    final = {d["id"]: d for d in live.refresh()}
+    final = dict(live.refresh())
     for buf in (shown, *hidden):
         assert final[buf.id]["states"].tolist() == ul.residency(buf).states.tolist()
     new = ul.DeviceBuffer(size="1MiB", label="new")       # a new buffer is read at once, shown or not
-    assert new.id in {d["id"] for d in live.refresh(first=set(), others=0)}
+    assert new.id in live.refresh(first=set(), others=0)
 
 
 def test_maps_waiting_keep_their_turn_when_a_buffer_is_made(sim):
@@ -663,7 +663,7 @@ def test_a_refresh_that_fails_part_way_reports_its_changes_again(sim, monkeypatc
     with pytest.raises(RuntimeError):
         live.refresh()
     monkeypatch.setattr(collect, "describe_buffer", real)
-    (described,) = [d for d in live.refresh() if d["id"] == buf.id]
+    described = live.refresh()[buf.id]
     assert described["category_pages"]["gpu:0"] == 256
 
 

@@ -210,11 +210,11 @@ def test_a_renamed_buffer_is_described_again_by_live_views(torch):
     collect = pytest.importorskip("uvm_lab.jupyter.dashboard.collect")
     live = collect.LiveAllocations()
     m = ut.manage(torch.ones(100))
-    before = {d["id"]: d for d in live.refresh()}
+    before = dict(live.refresh())
     net = torch.nn.Linear(1, 1)
     net.weight.data = m.view(100, 1)[:1]
     ut.label(net)
-    after = {d["id"]: d for d in live.refresh()}
+    after = dict(live.refresh())
     assert after[ut.buffer_of(m).id]["label"] == "weight" != before[ut.buffer_of(m).id]["label"]
 
 

@@ -323,14 +323,12 @@ class PanelSession:
         another's (changed too) now and then (``OTHERS_PER_SECOND``), so the rest catch up in time; for a panel
         that shows every map, the ``MAPS_PER_UPDATE`` changed ones that waited longest."""
         if self._watched is None:
-            self._live.refresh((), MAPS_PER_UPDATE)
-            return self._live.described
+            return self._live.refresh((), MAPS_PER_UPDATE)
         now = self._clock.monotonic()
         others = 1 if OTHERS_PER_SECOND > 0 and now >= self._next_other else 0
         if others:
             self._next_other = now + 1 / OTHERS_PER_SECOND
-        self._live.refresh(self._watched, others)
-        return self._live.described
+        return self._live.refresh(self._watched, others)
 
     def _due(self, lanes: set[int]) -> set[int]:
         """The buffers to describe to the panel now: those whose maps were read again, and of ``lanes`` (those

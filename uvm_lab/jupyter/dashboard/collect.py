@@ -164,8 +164,9 @@ class LiveAllocations:
         """The buffers the last :meth:`refresh` described again (the new ones among them)."""
         return self._changed
 
-    def refresh(self, first: Collection[int] | None = None, others: int | None = None) -> list[dict[str, Any]]:
-        """Every live buffer's description, oldest first.
+    def refresh(self, first: Collection[int] | None = None, others: int | None = None) -> Mapping[int, dict[str, Any]]:
+        """Every live buffer's description, by id, oldest first (:attr:`described`: a view, not a copy, as a live
+        view's updates read it 20 times a second and a list of a thousand would be made for nothing).
 
         A view that shows only some maps names them in ``first``: those are described again whenever they
         change, and at most ``others`` other changed buffers a refresh (None: every one); the rest keep their
@@ -183,7 +184,7 @@ class LiveAllocations:
             self._relist(cursor, ranges, generation, first, others, advice)
         else:
             self._update(cursor, ranges, first, others, advice)
-        return list(self._described.values())
+        return self.described
 
     def _update(self, cursor: int, ranges: np.ndarray | None, first: Collection[int] | None,
                 others: int | None, advice: int) -> None:
@@ -346,7 +347,7 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
     devices = [{"device": d, "free": int(f), "total": int(t), "used": int(t - f)}
                for d, (f, t) in enumerate(gpu_memory(backend))]
     bus = get_bus()
-    allocations = (live or LiveAllocations()).refresh(first, others)
+    allocations = list((live or LiveAllocations()).refresh(first, others).values())
     chain = ul.mr.resource_chain(ul.mr.get_current_device_resource())
     stats = next((dict(r.allocation_counts) for r in chain if hasattr(r, "allocation_counts")), None)
     return {
