@@ -89,6 +89,12 @@ python3 benchmarks/view_scale.py --repeats 0 --modes dashboard,dashboard_5hz --b
     --slots 40 --json "$out/view_cost_dashboard_1s.json"
 python3 benchmarks/view_scale.py --repeats 0 --modes view,view_10hz --baseline closed --concurrent 8 --slots 30 \
     --json "$out/view_cost_view_10hz.json"
+# the view with the switch interval it holds while open at 0.1 ms (uvm_lab's), 0.05 and 0.02 ms (the fifth machine
+# of view_cost_h100_dashboard_1s.json; about 7 minutes)
+for interval in 1e-4 5e-5 2e-5; do
+    python3 benchmarks/view_scale.py --repeats 0 --modes view --baseline closed --concurrent 8 --slots 40 \
+        --switch-interval $interval --json "$out/view_cost_switch_$interval.json"
+done
 # and the view's cost taken apart, each set in one run so that its modes meet the same machine (about 1.5 minutes a
 # mode): a paused view (fed, no update), the updates made on the loop's own thread, 5% of pure Python there, the
 # shared timeline window alone, and a view's snapshot made and closed before the loop (view_cost_h100_parts.json);

@@ -25,7 +25,8 @@ view (or the dashboard) and one without, back to back (``alternating``). The thi
 moments, for a machine with cores to spare: processes side by side, half of them with a view and half without,
 swapping every slot (``concurrent``). It also reports how often each half's loop thread slept (waiting for the
 interpreter's lock, or another) and its CPU in the kernel an operation; ``--pin`` puts each process's loop thread
-on a core of its own and its other threads on one more.
+on a core of its own and its other threads on one more, and ``--switch-interval`` sets the switch interval a view or a
+live dashboard holds while open (:data:`uvm_lab.jupyter.throttle.LIVE_SWITCH_INTERVAL`), for an ablation.
 
 ``view`` watches the maps a view shows (a screenful of the list's rows), at the view's default rate;
 ``view_10hz`` and ``view_20hz`` do so with the view's rate set to 10 and 20 updates a second, ``view_no_maps``
@@ -381,12 +382,12 @@ def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int)
 
 
 def _slot_worker(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
-                 ready: Any, start: Any, results: Any, pin: bool = False) -> None:
+                 ready: Any, start: Any, results: Any, pin: bool = False, switch: float | None = None) -> None:
     """One process of :func:`concurrent`: its own simulated device and 1,000 buffers; in each slot, the loop with
     ``mode`` attached or with ``baseline`` (every other worker the other way round), counting the operations done. A
     failure is put where the results go, so that the parent stops with it instead of waiting for ever."""
     try:
-        _slots(worker, mode, baseline, slots, slot_s, settle_s, ready, start, results, pin)
+        _slots(worker, mode, baseline, slots, slot_s, settle_s, ready, start, results, pin, switch)
     except BaseException as err:
         ready.put(worker)
         results.put((worker, f"{type(err).__name__}: {err}"))
@@ -394,7 +395,11 @@ def _slot_worker(worker: int, mode: str, baseline: str, slots: int, slot_s: floa
 
 
 def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
-           ready: Any, start: Any, results: Any, pin: bool = False) -> None:
+           ready: Any, start: Any, results: Any, pin: bool = False, switch: float | None = None) -> None:
+    if switch is not None:   # what FineSwitching sets, in this process
+        from uvm_lab.jupyter import throttle
+
+        throttle.LIVE_SWITCH_INTERVAL = switch
     cores = sorted(os.sched_getaffinity(0))[2 * worker:2 * worker + 2] if pin else []
     if pin:   # the loop's thread on a core of its own, every other thread of the process on one more
         if len(cores) < 2:
@@ -449,7 +454,7 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
 
 
 def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: float,
-               baseline: str = "none", pin: bool = False) -> dict[str, Any]:
+               baseline: str = "none", pin: bool = False, switch: float | None = None) -> dict[str, Any]:
     """The loop's cost with ``mode`` against none, measured at the same moments: ``workers`` processes (an even
     number) run the loop side by side in slots of ``slot_s`` seconds; in each slot half of them have ``mode``
     attached and half have none, and the halves swap every slot. A slot's ratio is the none half's operations a
@@ -468,7 +473,7 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
     context = multiprocessing.get_context("spawn")
     ready, start, results = context.Queue(), context.Queue(), context.Queue()
     procs = [context.Process(target=_slot_worker, args=(w, mode, baseline, slots, slot_s, settle_s, ready, start,
-                                                        results, pin)) for w in range(workers)]
+                                                        results, pin, switch)) for w in range(workers)]
     for proc in procs:
         proc.start()
     for _ in procs:
@@ -509,7 +514,7 @@ def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: flo
             "loop_cpu_ratio_high": float(np.exp(cpu_mean + cpu_error)),
             "median_ratio": float(np.exp(np.median(logs))), "other_threads_cpu_share": float(np.median(shares)),
             "slots_counted": len(logs), "worker_slots_left_out": len(short),
-            "baseline": baseline, "pinned": pin,
+            "baseline": baseline, "pinned": pin, "live_switch_interval": switch,
             "baseline_ops_per_s": float(np.median([r["ops"] / r["seconds"] for r in rows if r["mode"] == baseline])),
             "refreshes_per_s": float(np.median([r["refreshes_per_s"] for r in rows if r["mode"] == mode])),
             # Per half: the loop thread's CPU in the kernel an operation (us), and how often it slept a second.
@@ -726,6 +731,9 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true",
                         help="--concurrent: each process's loop thread on a core of its own and its other threads on "
                              "one more, so that a thread that sleeps wakes where it ran")
+    parser.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
+                        help="--concurrent: the switch interval a view or live dashboard holds while open, instead of "
+                             "uvm_lab's (an ablation)")
     parser.add_argument("--publish-cost", type=int, default=0, metavar="ROUNDS",
                         help="then what a paused view adds to each publish of the loop's (see publish_cost)")
     parser.add_argument("--reads", type=int, default=0, metavar="PAIRS",
@@ -734,6 +742,8 @@ def main() -> None:
                         help="then this many of the view's updates beside a pure-Python thread (see lock_waits)")
     args = parser.parse_args()
     modes = args.modes.split(",")
+    if args.switch_interval is not None and not 1e-6 <= args.switch_interval <= 1.0:
+        raise SystemExit(f"--switch-interval takes seconds from 1e-6 to 1, not {args.switch_interval}")
 
     ul.use_backend("sim", device_memory="80GiB")
     buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
@@ -789,11 +799,12 @@ def main() -> None:
         against = f"vs {args.baseline}"
         print(f"\n{'mode':12} {'procs':>6} {'slots':>6} {against:>8} {'95% interval':>16} {'median':>8} "
               f"{'its threads':>12} {'updates':>11} {'loop CPU':>9}")
-        suffix = ("" if args.baseline == "none" else f"_vs_{args.baseline}") + ("_pinned" if args.pin else "")
+        suffix = ("" if args.baseline == "none" else f"_vs_{args.baseline}") + ("_pinned" if args.pin else "") + \
+            ("" if args.switch_interval is None else f"_switch_{args.switch_interval:g}")
         for mode in (m for m in modes if m in COSTED and m != args.baseline):
             cost = table.setdefault(f"{mode}{suffix}_concurrent", concurrent(
                 mode, args.concurrent, args.slots, args.slot_seconds, settle_s=1.0, baseline=args.baseline,
-                pin=args.pin))
+                pin=args.pin, switch=args.switch_interval))
             print(f"{mode:12} {args.concurrent:6} {args.slots:6} {cost['ratio']:7.3f}x "
                   f"{cost['ratio_low']:7.3f}-{cost['ratio_high']:.3f}x {cost['median_ratio']:7.3f}x "
                   f"{cost['other_threads_cpu_share']:11.1%} {cost['refreshes_per_s']:9.1f}/s "
