@@ -165,8 +165,9 @@ class LiveAllocations:
         return self._changed
 
     def refresh(self, first: Collection[int] | None = None, others: int | None = None) -> Mapping[int, dict[str, Any]]:
-        """Every live buffer's description, by id, oldest first (:attr:`described`: a view, not a copy, as a live
-        view's updates read it 20 times a second and a list of a thousand would be made for nothing).
+        """Every live buffer's description, by id, oldest first: :attr:`described`, a read-only view that later
+        refreshes may change, not a copy (a live view's updates read it 20 times a second, and a list of a thousand
+        would be made for nothing); ``dict()`` of it keeps this refresh's.
 
         A view that shows only some maps names them in ``first``: those are described again whenever they
         change, and at most ``others`` other changed buffers a refresh (None: every one); the rest keep their

@@ -62,9 +62,9 @@ class Dashboard:
     ----------
     interval:
         Least time between two refreshes caused by events, in seconds (1.0: at most one a second). A refresh
-        reads and redraws every changed map it reaches, so its cost to a running loop follows how often it runs:
-        once a second keeps a live dashboard within 5% of a loop beside it (``benchmarks/README.md``, "The
-        dashboard once a second"); a shorter interval draws sooner and costs more, up to its share.
+        reads and redraws every changed map it reaches, so its cost to a running loop follows how often it runs
+        (``benchmarks/README.md``, "The dashboard once a second"): a shorter interval draws sooner and costs
+        more, up to the throttle's share of the kernel.
     live:
         Subscribe to the event bus (the default). With ``live=False`` the dashboard changes only
         when :meth:`refresh` is called.
