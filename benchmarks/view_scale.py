@@ -73,9 +73,11 @@ BUSY = ("busy", "busy_numpy", "busy_inline")
 RATES = {"view_10hz": 100, "view_20hz": 50}
 #: The dashboard with its least time between refreshes set, whatever its default: seconds.
 DASHBOARD_INTERVALS = {"dashboard_1s": 1.0, "dashboard_5hz": 0.2}
+#: The modes that attach a lab view's session, and those that open the live dashboard.
+SESSIONS = ("view", *RATES, "view_no_maps", "view_inline", "paused")
+DASHBOARDS = ("dashboard", *DASHBOARD_INTERVALS)
 #: What --pairs and --concurrent measure against none.
-COSTED = ("view", *RATES, "view_no_maps", "view_inline", "paused", "window", "snapshot", "dashboard",
-          *DASHBOARD_INTERVALS, *BUSY)
+COSTED = (*SESSIONS, "window", "snapshot", *DASHBOARDS, *BUSY)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -248,7 +250,7 @@ class Attached:
         elif mode == "snapshot":   # a view's snapshot made and the view closed: what attaching leaves behind
             session, _ = attach("paused", buffers)
             session.close()
-        elif mode == "dashboard" or mode in DASHBOARD_INTERVALS:
+        elif mode in DASHBOARDS:
             from uvm_lab.jupyter.dashboard import Dashboard
 
             self.dashboard = Dashboard(live=True, **({"interval": DASHBOARD_INTERVALS[mode]}
@@ -261,14 +263,14 @@ class Attached:
 
     def refreshes(self) -> int:
         """The updates sent (the view) or the refreshes drawn (the dashboard) so far; 0 for the others."""
-        if self.mode in ("view", *RATES, "view_no_maps", "view_inline", "paused"):
+        if self.mode in SESSIONS:
             return len(self.comm.updates)
-        return self.dashboard.refreshes if hasattr(self, "dashboard") else 0
+        return self.dashboard.refreshes if self.mode in DASHBOARDS else 0
 
     def close(self) -> None:
-        if self.mode in ("view", *RATES, "view_no_maps", "view_inline", "paused"):
+        if self.mode in SESSIONS:
             self.session.close()
-        elif hasattr(self, "dashboard"):
+        elif self.mode in DASHBOARDS:
             self.dashboard.close()
         elif self.mode == "window":
             from uvm_lab.jupyter.timeline import release_shared
