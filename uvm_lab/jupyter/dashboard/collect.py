@@ -16,7 +16,6 @@ snapshot's shape::
       "allocations": [                                              # ul.live_buffers(), oldest first
         {"id", "label", "size", "address", "is_managed", "page_size",
          "states": uint8 array (one entry per page, ul.residency's encoding),
-         "summary": {"gpu": f, "host": f, "both": f, "nowhere": f, "unknown": f},   # ResidencyMap.summary()
          "category_pages": {"nowhere": n, "host": n, ..., "gpu:5": n},  # pages per category, every one
          "advice": {"read_mostly": bool, "preferred_location": str | None, "accessed_by": (str, ...)} | None},
       ],
@@ -96,24 +95,26 @@ class EventTotals:
             self._counts[name] = self._counts.get(name, 0) + n
 
 
-def describe_buffer(buf: Any, *, advice_of: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One allocation as plain data: identity, residency (page states and fractions), advice. ``advice_of``: an
-    earlier description of the same buffer whose advice is still in force (:attr:`~uvm_lab.residency_map.
-    ResidencyTracker.advice_changes` has not moved since it was read), kept rather than read again."""
+def describe_buffer(buf: Any, *, earlier: Mapping[str, Any] | None = None, advice_current: bool = False) -> dict[
+        str, Any]:
+    """One allocation as plain data: identity, residency (page states, pages per category), advice.
+
+    ``earlier``: an earlier description of the same buffer. Whether it is managed never changes, so it is kept
+    rather than asked of the backend again; and so is its advice where ``advice_current`` says it is still in force
+    (:attr:`~uvm_lab.residency_map.ResidencyTracker.advice_changes` has not moved since it was read)."""
     res = ul.residency(buf)
-    states = np.asarray(res.states, dtype=np.uint8)   # the map's own copy, read once
+    managed = bool(buf.is_managed) if earlier is None else earlier["is_managed"]
     return {
         "id": int(buf.id),
         "label": str(buf.label or ""),
         "size": int(buf.size),
         "address": int(buf.ptr),
-        "is_managed": bool(buf.is_managed),
+        "is_managed": managed,
         "page_size": int(res.page_size),
-        "states": states,
-        "summary": {k: float(v) for k, v in res.summary().items()},
-        "category_pages": _category_pages(res.pages_by_state),   # the map's one pass over its pages, shared
+        "states": np.asarray(res.states, dtype=np.uint8),   # the map's own copy, read once
+        "category_pages": _category_pages(res.pages_by_state),   # the map's one pass over its pages
         # One query for all three, where it may have changed.
-        "advice": advice_of["advice"] if advice_of is not None else buf.advice if buf.is_managed else None,
+        "advice": earlier["advice"] if earlier is not None and advice_current else buf.advice if managed else None,
     }
 
 
@@ -265,9 +266,8 @@ class LiveAllocations:
             try:
                 if buf is None:
                     raise BufferClosedError(f"buffer {alloc_id} was collected")
-                before = described.get(alloc_id)
-                fresh[alloc_id] = describe_buffer(
-                    buf, advice_of=before if before is not None and self._advice_read.get(alloc_id) == advice else None)
+                fresh[alloc_id] = describe_buffer(buf, earlier=described.get(alloc_id),
+                                                  advice_current=self._advice_read.get(alloc_id) == advice)
             except (BufferClosedError, InvalidArgumentError):
                 fresh[alloc_id] = None
         return fresh
@@ -383,8 +383,18 @@ def category_table(allocations: Sequence[Mapping[str, Any]]) -> np.ndarray:
 
 def _category_pages(by_state: np.ndarray) -> dict[str, int]:
     """:func:`category_pages` from the pages in each of the 256 states."""
-    by_category = np.bincount(_STATE_CATEGORY, weights=by_state, minlength=len(CATEGORY_NAMES))
-    return dict(zip(CATEGORY_NAMES, by_category.astype(np.int64).tolist(), strict=True))
+    by_category = _fold(np.ascontiguousarray(by_state, dtype=np.int64), _STATE_CATEGORY, len(CATEGORY_NAMES))
+    return dict(zip(CATEGORY_NAMES, by_category.tolist(), strict=True))
+
+
+@njit(types.int64[::1](types.Array(types.int64, 1, "C", readonly=True), types.uint8[::1], types.int64), cache=True)
+def _fold(by_state: np.ndarray, category: np.ndarray, k: int) -> np.ndarray:
+    # Each state's pages added to its category's, compiled: np.bincount's weights go through floats, and a live view
+    # counts every map on screen that changed.
+    out = np.zeros(k, np.int64)
+    for state in range(len(by_state)):
+        out[category[state]] += by_state[state]
+    return out
 
 
 _STATE_CATEGORY = categories(np.arange(256, dtype=np.uint8))   # the category of every page state
