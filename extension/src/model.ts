@@ -506,7 +506,9 @@ export class UvmLabModel implements ITimelineSource {
       this._clock = data.clock;
     }
     this._store(data.allocations, buffers, data.time);
-    this._device = data.device;
+    if (data.device) {
+      this._device = data.device;
+    }
     this._setState('connected', this._summary());
     if (data.allocations.length) {
       this._allocationsChanged.emit(data.allocations.map(a => a.id));

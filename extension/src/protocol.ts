@@ -14,7 +14,7 @@
  */
 
 export const COMM_TARGET = 'uvm_lab';
-export const PROTOCOL_VERSION = 6;
+export const PROTOCOL_VERSION = 7;
 
 /** The update interval a view may ask for, in milliseconds: [least, most]. */
 export const RATE_LIMITS_MS = [50, 10000] as const;
@@ -294,7 +294,8 @@ export type Snapshot = {
 export type Update = {
   type: 'update';
   time: number;
-  device: DeviceInfo;
+  /** Read when a device sample closes, and sent with it; absent: as last sent. */
+  device?: DeviceInfo;
   allocations: AllocationInfo[];
   samples: DeviceSample[];
   /** The kernel's wall clock (ms since the epoch) when it read the maps sent: older changes are in. */

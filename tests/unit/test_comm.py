@@ -123,7 +123,7 @@ def test_hello_sends_a_snapshot_with_binary_residency_matching_ul_residency(sess
     (snapshot, buffers), (result, _) = session.comm.messages
     assert result == {"type": "result", "seq": 1, "command": "hello", "ok": True, "error": None}
     assert snapshot["type"] == "snapshot"
-    assert snapshot["version"] == PROTOCOL_VERSION == 6
+    assert snapshot["version"] == PROTOCOL_VERSION == 7
     assert snapshot["page_size"] == PAGE and snapshot["cell_limit"] == CELL_LIMIT
     free = device.mem_info()[0]
     assert snapshot["device"] == {"backend": "sim", "device_count": 1, "free": free, "total": 1 << 30,

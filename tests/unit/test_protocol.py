@@ -411,7 +411,7 @@ def _ts_list(source: str, name: str) -> list[str]:
 def test_constants_and_literals_match_the_twin():
     source = PROTOCOL_TS.read_text()
     assert f"export const COMM_TARGET = '{protocol.COMM_TARGET}';" in source
-    assert protocol.PROTOCOL_VERSION == 6
+    assert protocol.PROTOCOL_VERSION == 7
     assert f"export const PROTOCOL_VERSION = {protocol.PROTOCOL_VERSION};" in source
     assert _ts_list(source, "CATEGORY_NAMES") == list(CATEGORY_NAMES) == list(protocol.CATEGORY_NAMES)
     assert "export type Location = 'host' | 'gpu' | `gpu:${number}`;" in source

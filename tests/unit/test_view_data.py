@@ -544,6 +544,31 @@ def test_updates_carry_the_device_samples(device):
         session.close()
 
 
+def test_an_update_reads_the_devices_memory_only_with_a_new_sample(device):
+    clock = ManualClock(now=0.0)
+    comm = RecordingComm()
+    session = PanelSession(comm, start=False, timeline=(EventWindow(), DeviceSeries(interval=0.1, clock=clock)))
+    try:
+        buf = ul.DeviceBuffer(size="8MiB", label="s")
+        session.handle({"type": "hello", "seq": 0})   # the snapshot closes the first interval
+        comm.messages.clear()
+        clock.now = 0.05                              # within it: the map changes, no sample is due
+        buf.prefetch("gpu")
+        session.flush()
+        (update,) = [d for d, _ in comm.messages if d["type"] == "update"]
+        assert [a["id"] for a in update["allocations"]] == [buf.id]
+        assert update["samples"] == [] and "device" not in update   # the view keeps the memory it last had
+        comm.messages.clear()
+        clock.now = 0.1                               # the interval ends: a sample, and the memory it read
+        session.flush()
+        (update,) = [d for d, _ in comm.messages if d["type"] == "update"]
+        (sample,) = update["samples"]
+        free, total = ul.get_backend().mem_info()
+        assert update["device"]["free"] == free and sample["used"] == [total - free] == [8 * 2**20]
+    finally:
+        session.close()
+
+
 @pytest.fixture
 def two_gpus():
     backend = ul.use_backend("sim", devices=2, device_memory="64MiB")

@@ -260,12 +260,13 @@ class PanelSession:
                 candidates = None if everything else self._due(lanes)
                 infos, cells, held = self._describe_changed(described, candidates)
                 gone = sorted(self._sent.keys() - described.keys()) if self._live.relisted else []
-                device = _device_info()
-                self._sample(now, device)
-                samples, next_sample = self._series.since(self._next_sample)
-                if infos or samples:
-                    self._send(Update(type="update", time=now, device=device, allocations=infos, samples=samples,
-                                      clock=clock), cells)
+                update = Update(type="update", time=now, allocations=infos, samples=[], clock=clock)
+                if self._series.due():   # the device's memory is read for its lanes' samples, and sent with them
+                    update["device"] = _device_info()
+                    self._sample(now, update["device"])
+                update["samples"], next_sample = self._series.since(self._next_sample)
+                if infos or update["samples"]:
+                    self._send(update, cells)
                 if gone:
                     self._send(Removed(type="removed", ids=gone))
             except BaseException:
@@ -283,7 +284,7 @@ class PanelSession:
             for alloc_id in self._packed.keys() - described.keys() if self._live.relisted else ():
                 del self._packed[alloc_id]
             cluster = self._flush_cluster()
-            return bool(infos or gone or samples or cluster)
+            return bool(infos or gone or update["samples"] or cluster)
 
     def send_snapshot(self) -> None:
         """Send every live allocation, replacing whatever the panel holds."""

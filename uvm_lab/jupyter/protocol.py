@@ -101,7 +101,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Final, Literal, TypedDict, cast
+from typing import Any, Final, Literal, NotRequired, TypedDict, cast
 
 import numpy as np
 from numba import njit, types
@@ -173,7 +173,7 @@ COMM_TARGET: Final = "uvm_lab"
 # 4: device samples per GPU (lists by ordinal) with peer (DtoD) bytes; DeviceInfo.devices.
 # 5: a Dask cluster's workers x GPUs (cluster); a worker's timeline, buffers and commands, routed to it.
 # 6: an allocation's traffic counts bytes moved between GPUs (dtod_bytes, by cause).
-PROTOCOL_VERSION: Final = 6
+PROTOCOL_VERSION: Final = 7
 
 #: Above this many pages an allocation's map is sent downsampled, in cells of several pages.
 CELL_LIMIT: Final = 16384
@@ -388,7 +388,7 @@ class Snapshot(TypedDict):
 class Update(TypedDict):
     type: Literal["update"]
     time: int  # as the snapshot's
-    device: DeviceInfo
+    device: NotRequired[DeviceInfo]  # read when a device sample closes, and sent with it; else as last sent
     allocations: list[AllocationInfo]
     samples: list[DeviceSample]
     clock: float  # the kernel's wall clock (ms since the epoch) when it read the maps sent: older changes are in

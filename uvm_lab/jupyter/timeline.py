@@ -630,6 +630,16 @@ class DeviceSeries:
         self._open = _widened(self._open, table.shape[1]) + table
         self._open_cpu_faults += cpu_faults
 
+    def due(self) -> bool:
+        """Whether :meth:`close_interval` would end the open interval now: a view reads the device's memory only
+        then."""
+        now = self._clock.monotonic()
+        with self._lock:
+            return self._ends_at(now)
+
+    def _ends_at(self, now: float) -> bool:
+        return now - self._closed_at >= self.interval
+
     def close_interval(self, time_ns: int, used: Sequence[int], total: Sequence[int], allocated: int = 0) -> bool:
         """End the open interval as a sample, unless one ended less than ``interval`` ago (several views
         share the series). Returns whether it did.
@@ -643,7 +653,7 @@ class DeviceSeries:
                                        value=(used, total), expected="two lists of one length")
         now = self._clock.monotonic()
         with self._lock:
-            if now - self._closed_at < self.interval:
+            if not self._ends_at(now):
                 return False   # what was fed waits, staged, and is summed once when the interval closes
             pending = self._pending.take()
             if len(pending):   # what was fed since the last close: this interval's, summed at once
