@@ -176,8 +176,9 @@ class EventWindow:
             with self._lock:
                 pending = self._pending.take()
             if len(pending):   # in one piece: loops publish small batches
-                lanes, causes = self._lanes(pending), cause_codes(pending)
-                self._count_traffic(pending, lanes, causes)
+                own = _any_of(pending, _OWN)   # a buffer made or freed: few batches
+                lanes, causes = self._lanes(pending, own), cause_codes(pending)
+                self._count_traffic(pending, lanes, causes, own)
                 self._unbuilt.append((pending, lanes, causes))
                 self._unbuilt_rows += len(pending)
                 self._drop_unbuilt()
@@ -285,10 +286,12 @@ class EventWindow:
             # A reader further behind than the log: any buffer the window counted for, or saw prefetched, may have.
             return self._read_ins, {*self._traffic.keys(), *self._requested}
 
-    def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray) -> None:
+    def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, own: bool) -> None:
+        """Add what ``records`` (in ``lanes``, with ``causes``) moved to their lanes' traffic; ``own``: whether any is
+        a buffer's own ALLOC or FREE (a freed buffer's counts go)."""
         touched, sums, prefetched, destinations, changed = _sum_traffic(records, lanes, causes, _COUNTER, _PREFETCH,
                                                                         (len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
-        freed = records["alloc_id"][records["kind"] == _FREE].tolist()
+        freed = records["alloc_id"][records["kind"] == _FREE].tolist() if own else []
         with self._lock:
             self._read_ins += 1
             # A copy of numpy's own: the compiled pass's array is a view of its whole buffer, kept for 256 read-ins.
@@ -300,13 +303,13 @@ class EventWindow:
                 self._traffic.pop(int(lane))
                 self._requested.pop(int(lane), None)
 
-    def _lanes(self, records: np.ndarray) -> np.ndarray:
+    def _lanes(self, records: np.ndarray, own_any: bool) -> np.ndarray:
         """The buffer each record concerns (0: none live then): by address, but a buffer's own ALLOC and FREE
-        by id. The batch is read in order, a run of allocator records at a time, so a record before a FREE
-        is the freed buffer's and one after an ALLOC the new buffer's."""
-        own = _OWN[records["kind"]]
-        if not own.any():   # most batches: no buffer made or freed
+        by id (``own_any``: whether the batch holds any). The batch is read in order, a run of allocator records at a
+        time, so a record before a FREE is the freed buffer's and one after an ALLOC the new buffer's."""
+        if not own_any:   # most batches: no buffer made or freed
             return self._buffers.lookup(records["address"]).astype(np.float64)
+        own = _OWN[records["kind"]]
         lanes = np.zeros(len(records), dtype=np.uint64)
         # Where a run of allocator records starts or ends: the batch splits there.
         bounds = [0, *(np.flatnonzero(own[1:] != own[:-1]) + 1).tolist(), len(records)]
@@ -385,6 +388,16 @@ class EventWindow:
         order = order[: self.MAX_ROWS]
         return {name: np.ascontiguousarray(rows[name][order], dtype=dtype) for name, dtype in TIMELINE_COLUMNS}, \
             events, truncated
+
+
+@njit(types.boolean(EVENTS_TYPE, types.bool_[::1]), cache=True)
+def _any_of(records: np.ndarray, kinds: np.ndarray) -> bool:
+    # Whether any record is of one of the kinds marked in `kinds` (by kind): one compiled call, not a gather and a
+    # reduction (a live view asks it of every batch a loop publishes). A loop: numba compiles no any() of a generator.
+    for i in range(len(records)):  # noqa: SIM110
+        if kinds[records[i].kind]:
+            return True
+    return False
 
 
 @njit((EVENTS_TYPE, types.float64[::1], types.uint8[::1], types.int64[::1], types.int64,
