@@ -38,7 +38,8 @@ views share, fed the loop's events, with no session), ``snapshot`` (a view's sna
 before the loop starts: what attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a
 thread of its own). ``dashboard`` is the live widget dashboard at its default interval, ``dashboard_1s`` and
 ``dashboard_5hz`` with it set to 1 s and 0.2 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline``
-(:class:`Busy`) take 5% of a core in other ways. ``--pairs`` and ``--concurrent`` also report the updates (or the
+(:class:`Busy`) take 5% of a core in other ways; ``busy_fine`` and ``tick_fine`` (:class:`Paced`) take 1.6 ms
+and 0.2 ms of pure Python every 50 ms at a view's switch interval: an update's pace without its reads. ``--pairs`` and ``--concurrent`` also report the updates (or the
 dashboard's refreshes) a second. ``--reads`` takes an update apart the other way: one of its reads at a time, on a
 thread beside the loop (:func:`read_costs`).
 """
@@ -69,6 +70,10 @@ ALLOCATIONS = 1000
 #: The share of a core the yardstick threads (Busy) take: the issue's bound on a view's cost.
 BUSY_SHARE = 0.05
 BUSY = ("busy", "busy_numpy", "busy_inline")
+#: Yardsticks at a view's pace and switch interval (they hold FineSwitching, as a view does): pure Python of the
+#: seconds given, every 50 ms, on a thread of their own. Whether what an update costs the loop beyond its CPU comes
+#: with the pace and the lock's hand-offs (then these cost it as much) or with what an update reads.
+PACED = {"busy_fine": 0.0016, "tick_fine": 0.0002}
 #: The view with its rate control set, whatever its default: the interval asked for, in ms.
 RATES = {"view_10hz": 100, "view_20hz": 50}
 #: The dashboard with its least time between refreshes set, whatever its default: seconds.
@@ -77,7 +82,7 @@ DASHBOARD_INTERVALS = {"dashboard_1s": 1.0, "dashboard_5hz": 0.2}
 SESSIONS = ("view", *RATES, "view_no_maps", "view_inline", "paused")
 DASHBOARDS = ("dashboard", *DASHBOARD_INTERVALS)
 #: What --pairs and --concurrent measure against none.
-COSTED = (*SESSIONS, "window", "snapshot", *DASHBOARDS, *BUSY)
+COSTED = (*SESSIONS, "window", "snapshot", *DASHBOARDS, *BUSY, *PACED)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -257,6 +262,8 @@ class Attached:
                                                      if mode in DASHBOARD_INTERVALS else {}))
         elif mode in BUSY:
             self.busy = Busy(released=mode == "busy_numpy", inline=mode == "busy_inline")
+        elif mode in PACED:
+            self.busy = Paced(PACED[mode])
         else:
             raise SystemExit(f"--pairs and --concurrent measure {', '.join(COSTED)}, not {mode!r}")
         time.sleep(settle)   # what attaching set going ends before the block's clock starts
@@ -276,7 +283,7 @@ class Attached:
             from uvm_lab.jupyter.timeline import release_shared
 
             release_shared()
-        elif self.mode in BUSY:
+        elif self.mode in BUSY or self.mode in PACED:
             self.busy.close()
 
 
@@ -348,6 +355,44 @@ class Busy:
             return
         self._stop.set()
         self._thread.join()
+
+
+class Paced:
+    """A :data:`PACED` yardstick: ``seconds`` of pure Python every 50 ms on a thread of its own, the switch interval
+    held where a view holds it. The piece is a counted loop, calibrated once: timing it as it runs would read the
+    thread's CPU clock, a system call on some hosts, and the piece would then be mostly those."""
+
+    def __init__(self, seconds: float) -> None:
+        from uvm_lab.jupyter.throttle import FineSwitching
+
+        self._rounds = max(1, round(seconds * self._per_second()))
+        self._stop = threading.Event()
+        self._switching = FineSwitching()
+        self._thread = threading.Thread(target=self._run, name="view_scale's paced thread", daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _spin(rounds: int) -> int:
+        total = 0
+        for i in range(rounds):
+            total += i & 7
+        return total
+
+    @classmethod
+    def _per_second(cls) -> float:
+        rounds, cpu = 200_000, time.thread_time()
+        cls._spin(rounds)
+        return rounds / max(time.thread_time() - cpu, 1e-6)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._spin(self._rounds)
+            self._stop.wait(0.05)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._switching.release()
 
 
 def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int) -> dict[str, float]:
