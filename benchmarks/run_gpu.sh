@@ -89,6 +89,11 @@ python3 benchmarks/view_scale.py --repeats 0 --modes dashboard,dashboard_5hz --b
     --slots 40 --json "$out/view_cost_dashboard_1s.json"
 python3 benchmarks/view_scale.py --repeats 0 --modes view,view_10hz --baseline closed --concurrent 8 --slots 30 \
     --json "$out/view_cost_view_10hz.json"
+# the view beside pure Python at its pace and switch interval, 1.6 ms and 0.2 ms every 50 ms (the second machine of
+# view_cost_h100_lighter_updates.json; about 4 minutes). Its first machine ran the view alone at two commits, each
+# checkout in turn: --modes view --slots 28.
+python3 benchmarks/view_scale.py --repeats 0 --modes view,busy_fine,tick_fine --baseline closed --concurrent 8 \
+    --slots 24 --json "$out/view_cost_paced.json"
 # the view with the switch interval it holds while open at 0.1 ms (uvm_lab's), 0.05 and 0.02 ms (the fifth machine
 # of view_cost_h100_dashboard_1s.json; about 7 minutes)
 for interval in 1e-4 5e-5 2e-5; do

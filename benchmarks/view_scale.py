@@ -39,9 +39,9 @@ before the loop starts: what attaching leaves behind) and ``subscriber`` (a bus 
 thread of its own). ``dashboard`` is the live widget dashboard at its default interval, ``dashboard_1s`` and
 ``dashboard_5hz`` with it set to 1 s and 0.2 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline``
 (:class:`Busy`) take 5% of a core in other ways; ``busy_fine`` and ``tick_fine`` (:class:`Paced`) take 1.6 ms
-and 0.2 ms of pure Python every 50 ms at a view's switch interval: an update's pace without its reads. ``--pairs`` and ``--concurrent`` also report the updates (or the
-dashboard's refreshes) a second. ``--reads`` takes an update apart the other way: one of its reads at a time, on a
-thread beside the loop (:func:`read_costs`).
+and 0.2 ms of pure Python every 50 ms at a view's switch interval: an update's pace without its reads. ``--pairs``
+and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second. ``--reads`` takes an update
+apart the other way: one of its reads at a time, on a thread beside the loop (:func:`read_costs`).
 """
 
 from __future__ import annotations
