@@ -173,6 +173,7 @@ COMM_TARGET: Final = "uvm_lab"
 # 4: device samples per GPU (lists by ordinal) with peer (DtoD) bytes; DeviceInfo.devices.
 # 5: a Dask cluster's workers x GPUs (cluster); a worker's timeline, buffers and commands, routed to it.
 # 6: an allocation's traffic counts bytes moved between GPUs (dtod_bytes, by cause).
+# 7: an update carries the device's memory (device) only with a new device sample; a view keeps the last.
 PROTOCOL_VERSION: Final = 7
 
 #: Above this many pages an allocation's map is sent downsampled, in cells of several pages.
