@@ -39,7 +39,8 @@ before the loop starts: what attaching leaves behind) and ``subscriber`` (a bus 
 thread of its own). ``dashboard`` is the live widget dashboard at its default interval, ``dashboard_1s`` and
 ``dashboard_5hz`` with it set to 1 s and 0.2 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline``
 (:class:`Busy`) take 5% of a core in other ways; ``busy_fine`` and ``tick_fine`` (:class:`Paced`) take 1.6 ms
-and 0.2 ms of pure Python every 50 ms at a view's switch interval: an update's pace without its reads. ``--pairs``
+and 0.2 ms of pure Python every 50 ms at a view's switch interval: an update's pace without its reads;
+``maps_fine`` and ``journal_fine`` one of its reads alone at that pace (:data:`PACED_READS`). ``--pairs``
 and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second. ``--reads`` takes an update
 apart the other way: one of its reads at a time, on a thread beside the loop (:func:`read_costs`).
 """
@@ -74,6 +75,10 @@ BUSY = ("busy", "busy_numpy", "busy_inline")
 #: seconds given, every 50 ms, on a thread of their own. Whether what an update costs the loop beyond its CPU comes
 #: with the pace and the lock's hand-offs (then these cost it as much) or with what an update reads.
 PACED = {"busy_fine": 0.0016, "tick_fine": 0.0002}
+#: And at the same pace, one of an update's reads alone: three of the maps on screen (``ul.residency``, as a view's
+#: description starts), the residency tracker's journal since the last read (``changes``, as a view's refresh does),
+#: or the loop's records read into the timeline window that views share (``changed_lanes``, as an update does).
+PACED_READS = ("maps_fine", "journal_fine", "readin_fine")
 #: The view with its rate control set, whatever its default: the interval asked for, in ms.
 RATES = {"view_10hz": 100, "view_20hz": 50}
 #: The dashboard with its least time between refreshes set, whatever its default: seconds.
@@ -82,7 +87,7 @@ DASHBOARD_INTERVALS = {"dashboard_1s": 1.0, "dashboard_5hz": 0.2}
 SESSIONS = ("view", *RATES, "view_no_maps", "view_inline", "paused")
 DASHBOARDS = ("dashboard", *DASHBOARD_INTERVALS)
 #: What --pairs and --concurrent measure against none.
-COSTED = (*SESSIONS, "window", "snapshot", *DASHBOARDS, *BUSY, *PACED)
+COSTED = (*SESSIONS, "window", "snapshot", *DASHBOARDS, *BUSY, *PACED, *PACED_READS)
 SIZE = 64 << 20
 ON_SCREEN = 20   # the allocation list's rows in a view
 
@@ -263,7 +268,10 @@ class Attached:
         elif mode in BUSY:
             self.busy = Busy(released=mode == "busy_numpy", inline=mode == "busy_inline")
         elif mode in PACED:
-            self.busy = Paced(PACED[mode])
+            self.busy = Paced(*Paced.spinning(PACED[mode]))
+        elif mode in PACED_READS:
+            self.busy = Paced(*Paced.maps(buffers[:ON_SCREEN]) if mode == "maps_fine" else
+                              Paced.journal() if mode == "journal_fine" else Paced.read_in())
         else:
             raise SystemExit(f"--pairs and --concurrent measure {', '.join(COSTED)}, not {mode!r}")
         time.sleep(settle)   # what attaching set going ends before the block's clock starts
@@ -283,7 +291,7 @@ class Attached:
             from uvm_lab.jupyter.timeline import release_shared
 
             release_shared()
-        elif self.mode in BUSY or self.mode in PACED:
+        elif self.mode in BUSY or self.mode in PACED or self.mode in PACED_READS:
             self.busy.close()
 
 
@@ -358,18 +366,26 @@ class Busy:
 
 
 class Paced:
-    """A :data:`PACED` yardstick: ``seconds`` of pure Python every 50 ms on a thread of its own, the switch interval
-    held where a view holds it. The piece is a counted loop, calibrated once: timing it as it runs would read the
-    thread's CPU clock, a system call on some hosts, and the piece would then be mostly those."""
+    """A :data:`PACED` or :data:`PACED_READS` yardstick: ``piece()`` every 50 ms on a thread of its own, the switch
+    interval held where a view holds it."""
 
-    def __init__(self, seconds: float) -> None:
+    def __init__(self, piece: Callable[[], Any], release: Callable[[], Any] | None = None) -> None:
         from uvm_lab.jupyter.throttle import FineSwitching
 
-        self._rounds = max(1, round(seconds * self._per_second()))
+        self._piece, self._release = piece, release
         self._stop = threading.Event()
         self._switching = FineSwitching()
         self._thread = threading.Thread(target=self._run, name="view_scale's paced thread", daemon=True)
         self._thread.start()
+
+    @classmethod
+    def spinning(cls, seconds: float) -> tuple[Callable[[], Any]]:
+        """``seconds`` of pure Python: a counted loop, calibrated once. Timing it as it runs would read the thread's
+        CPU clock, a system call on some hosts, and the piece would then be mostly those."""
+        rounds, cpu = 200_000, time.thread_time()
+        cls._spin(rounds)
+        per_second = rounds / max(time.thread_time() - cpu, 1e-6)
+        return (lambda: cls._spin(max(1, round(seconds * per_second))),)
 
     @staticmethod
     def _spin(rounds: int) -> int:
@@ -378,21 +394,47 @@ class Paced:
             total += i & 7
         return total
 
-    @classmethod
-    def _per_second(cls) -> float:
-        rounds, cpu = 200_000, time.thread_time()
-        cls._spin(rounds)
-        return rounds / max(time.thread_time() - cpu, 1e-6)
+    @staticmethod
+    def maps(shown: list[ul.DeviceBuffer]) -> tuple[Callable[[], Any]]:
+        """Three of ``shown``'s maps a piece, in turn."""
+        turn = iter(range(1 << 62))
+        return (lambda: [ul.residency(shown[next(turn) % len(shown)]) for _ in range(3)],)
+
+    @staticmethod
+    def journal() -> tuple[Callable[[], Any]]:
+        """The residency tracker's journal since the piece before."""
+        from uvm_lab.residency_map import get_tracker
+
+        tracker = get_tracker()
+        cursor = [tracker.changes(0)[0]]
+
+        def piece() -> None:
+            cursor[0] = tracker.changes(cursor[0])[0]
+        return (piece,)
+
+    @staticmethod
+    def read_in() -> tuple[Callable[[], Any], Callable[[], Any]]:
+        """The loop's records read into the kernel's shared timeline window, and how to give the window back."""
+        from uvm_lab.jupyter.timeline import release_shared, shared
+
+        window = shared()[0]
+        cursor = [window.changed_lanes(0)[0]]
+
+        def piece() -> None:
+            cursor[0] = window.changed_lanes(cursor[0])[0]
+        return piece, release_shared
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self._spin(self._rounds)
+            self._piece()
             self._stop.wait(0.05)
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join()
         self._switching.release()
+        if self._release is not None:
+            self._release()
 
 
 def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int) -> dict[str, float]:
@@ -456,6 +498,11 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
     ul.use_backend("sim", device_memory="80GiB")
     buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
     loop(buffers, 400, seed=5)   # the compiled core loaded and warm before any slot
+    # And the modules a view reads with imported: their compiled passes are compiled at import where no cache holds
+    # them yet, seconds in each process at once on a fresh machine, which overran the first slots' attaches and left
+    # those worker-slots out.
+    import uvm_lab.jupyter.comm
+    import uvm_lab.jupyter.dashboard.collect  # noqa: F401
     gc.collect()
     gc.freeze()
     ready.put(worker)
