@@ -268,10 +268,13 @@ class Attached:
         elif mode in BUSY:
             self.busy = Busy(released=mode == "busy_numpy", inline=mode == "busy_inline")
         elif mode in PACED:
-            self.busy = Paced(*Paced.spinning(PACED[mode]))
-        elif mode in PACED_READS:
-            self.busy = Paced(*Paced.maps(buffers[:ON_SCREEN]) if mode == "maps_fine" else
-                              Paced.journal() if mode == "journal_fine" else Paced.read_in())
+            self.busy = Paced(Paced.spinning(PACED[mode]))
+        elif mode == "maps_fine":
+            self.busy = Paced(Paced.maps(buffers[:ON_SCREEN]))
+        elif mode == "journal_fine":
+            self.busy = Paced(Paced.journal())
+        elif mode == "readin_fine":
+            self.busy = Paced(*Paced.read_in())
         else:
             raise SystemExit(f"--pairs and --concurrent measure {', '.join(COSTED)}, not {mode!r}")
         time.sleep(settle)   # what attaching set going ends before the block's clock starts
@@ -379,13 +382,13 @@ class Paced:
         self._thread.start()
 
     @classmethod
-    def spinning(cls, seconds: float) -> tuple[Callable[[], Any]]:
+    def spinning(cls, seconds: float) -> Callable[[], Any]:
         """``seconds`` of pure Python: a counted loop, calibrated once. Timing it as it runs would read the thread's
         CPU clock, a system call on some hosts, and the piece would then be mostly those."""
         rounds, cpu = 200_000, time.thread_time()
         cls._spin(rounds)
         per_second = rounds / max(time.thread_time() - cpu, 1e-6)
-        return (lambda: cls._spin(max(1, round(seconds * per_second))),)
+        return lambda: cls._spin(max(1, round(seconds * per_second)))
 
     @staticmethod
     def _spin(rounds: int) -> int:
@@ -395,13 +398,13 @@ class Paced:
         return total
 
     @staticmethod
-    def maps(shown: list[ul.DeviceBuffer]) -> tuple[Callable[[], Any]]:
+    def maps(shown: list[ul.DeviceBuffer]) -> Callable[[], Any]:
         """Three of ``shown``'s maps a piece, in turn."""
         turn = iter(range(1 << 62))
-        return (lambda: [ul.residency(shown[next(turn) % len(shown)]) for _ in range(3)],)
+        return lambda: [ul.residency(shown[next(turn) % len(shown)]) for _ in range(3)]
 
     @staticmethod
-    def journal() -> tuple[Callable[[], Any]]:
+    def journal() -> Callable[[], Any]:
         """The residency tracker's journal since the piece before."""
         from uvm_lab.residency_map import get_tracker
 
@@ -410,7 +413,7 @@ class Paced:
 
         def piece() -> None:
             cursor[0] = tracker.changes(cursor[0])[0]
-        return (piece,)
+        return piece
 
     @staticmethod
     def read_in() -> tuple[Callable[[], Any], Callable[[], Any]]:

@@ -95,8 +95,8 @@ class EventTotals:
             self._counts[name] = self._counts.get(name, 0) + n
 
 
-def describe_buffer(buf: Any, *, earlier: Mapping[str, Any] | None = None, advice_current: bool = False) -> dict[
-        str, Any]:
+def describe_buffer(buf: Any, *, earlier: Mapping[str, Any] | None = None,
+                    advice_current: bool = False) -> dict[str, Any]:
     """One allocation as plain data: identity, residency (page states, pages per category), advice.
 
     ``earlier``: an earlier description of the same buffer. Whether it is managed never changes, so it is kept
