@@ -4,6 +4,7 @@ touches ``cuda.*``."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import pkgutil
 import subprocess
 import sys
@@ -16,9 +17,12 @@ FRONT_END = ("IPython", "ipywidgets", "bokeh", "jupyter_bokeh", "ipykernel", "co
 
 
 def core_modules() -> list[str]:
-    """Every module of uvm_lab except the Jupyter front ends and the CUDA backend."""
+    """Every module of uvm_lab except the Jupyter front ends and the CUDA backend; and the Dask integration where its
+    extra (``uvm_lab[dask]``) is not installed, as on a GPU machine that runs tests/gpu/run.sh."""
     names = [m.name for m in pkgutil.walk_packages([str(PACKAGE)], prefix="uvm_lab.")]
     skip = ("uvm_lab.jupyter", "uvm_lab.backends.cuda", "uvm_lab.__main__")   # __main__ launches JupyterLab
+    if importlib.util.find_spec("distributed") is None:
+        skip += ("uvm_lab.dask",)
     return ["uvm_lab", *sorted(n for n in names if not n.startswith(skip))]
 
 
