@@ -40,15 +40,16 @@ thread of its own). ``dashboard`` is the live widget dashboard at its default in
 ``dashboard_5hz`` with it set to 1 s and 0.2 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline``
 (:class:`Busy`) take 5% of a core in other ways; ``busy_fine`` and ``tick_fine`` (:class:`Paced`) take 1.6 ms
 and 0.2 ms of pure Python every 50 ms at a view's switch interval: an update's pace without its reads;
-``maps_fine`` and ``journal_fine`` one of its reads alone at that pace (:data:`PACED_READS`). ``--pairs``
-and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second. ``--reads`` takes an update
-apart the other way: one of its reads at a time, on a thread beside the loop (:func:`read_costs`).
+``maps_fine``, ``journal_fine`` and ``readin_fine`` one of its reads alone at that pace (:data:`PACED_READS`).
+``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second. ``--reads`` takes
+an update apart the other way: one of its reads at a time, on a thread beside the loop (:func:`read_costs`).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import resource
@@ -400,8 +401,8 @@ class Paced:
     @staticmethod
     def maps(shown: list[ul.DeviceBuffer]) -> Callable[[], Any]:
         """Three of ``shown``'s maps a piece, in turn."""
-        turn = iter(range(1 << 62))
-        return lambda: [ul.residency(shown[next(turn) % len(shown)]) for _ in range(3)]
+        turn = itertools.cycle(shown)
+        return lambda: [ul.residency(next(turn)) for _ in range(3)]
 
     @staticmethod
     def journal() -> Callable[[], Any]:
