@@ -97,6 +97,10 @@ python3 benchmarks/view_scale.py --repeats 0 --modes view,busy_fine,tick_fine --
 # and each of an update's reads alone at that pace (its third and fourth machines; about 6 minutes)
 python3 benchmarks/view_scale.py --repeats 0 --modes view,maps_fine,journal_fine,readin_fine --baseline closed \
     --concurrent 8 --slots 24 --json "$out/view_cost_paced_reads.json"
+# the rest of an update, not yet run on a GPU host: the maps on screen described again where they changed, at the
+# view's pace, and the view with its messages not encoded as JSON (about 6 minutes)
+python3 benchmarks/view_scale.py --repeats 0 --modes view,view_unencoded,refresh_fine,busy_fine --baseline closed \
+    --concurrent 8 --slots 24 --json "$out/view_cost_update_parts.json"
 # the view with the switch interval it holds while open at 0.1 ms (uvm_lab's), 0.05 and 0.02 ms (the fifth machine
 # of view_cost_h100_dashboard_1s.json; about 7 minutes)
 for interval in 1e-4 5e-5 2e-5; do

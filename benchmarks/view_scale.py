@@ -40,7 +40,8 @@ thread of its own). ``dashboard`` is the live widget dashboard at its default in
 ``dashboard_5hz`` with it set to 1 s and 0.2 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline``
 (:class:`Busy`) take 5% of a core in other ways; ``busy_fine`` and ``tick_fine`` (:class:`Paced`) take 1.6 ms
 and 0.2 ms of pure Python every 50 ms at a view's switch interval: an update's pace without its reads;
-``maps_fine``, ``journal_fine`` and ``readin_fine`` one of its reads alone at that pace (:data:`PACED_READS`).
+``maps_fine``, ``journal_fine``, ``readin_fine`` and ``refresh_fine`` one of its reads alone at that pace
+(:data:`PACED_READS`); ``view_unencoded`` is the view with its messages not encoded as JSON.
 ``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second. ``--reads`` takes
 an update apart the other way: one of its reads at a time, on a thread beside the loop (:func:`read_costs`).
 """
@@ -78,14 +79,15 @@ BUSY = ("busy", "busy_numpy", "busy_inline")
 PACED = {"busy_fine": 0.0016, "tick_fine": 0.0002}
 #: And at the same pace, one of an update's reads alone: three of the maps on screen (``ul.residency``, as a view's
 #: description starts), the residency tracker's journal since the last read (``changes``, as a view's refresh does),
-#: or the loop's records read into the timeline window that views share (``changed_lanes``, as an update does).
-PACED_READS = ("maps_fine", "journal_fine", "readin_fine")
+#: the loop's records read into the timeline window that views share (``changed_lanes``, as an update does), or the
+#: maps on screen described again where they changed (``LiveAllocations.refresh``: the journal and the descriptions).
+PACED_READS = ("maps_fine", "journal_fine", "readin_fine", "refresh_fine")
 #: The view with its rate control set, whatever its default: the interval asked for, in ms.
 RATES = {"view_10hz": 100, "view_20hz": 50}
 #: The dashboard with its least time between refreshes set, whatever its default: seconds.
 DASHBOARD_INTERVALS = {"dashboard_1s": 1.0, "dashboard_5hz": 0.2}
 #: The modes that attach a lab view's session, and those that open the live dashboard.
-SESSIONS = ("view", *RATES, "view_no_maps", "view_inline", "paused")
+SESSIONS = ("view", *RATES, "view_no_maps", "view_unencoded", "view_inline", "paused")
 DASHBOARDS = ("dashboard", *DASHBOARD_INTERVALS)
 #: What --pairs and --concurrent measure against none.
 COSTED = (*SESSIONS, "window", "snapshot", *DASHBOARDS, *BUSY, *PACED, *PACED_READS)
@@ -96,7 +98,8 @@ ON_SCREEN = 20   # the allocation list's rows in a view
 class CountingComm:
     """Stands where the kernel's comm would: counts what each message would put on the wire."""
 
-    def __init__(self) -> None:
+    def __init__(self, encode: bool = True) -> None:
+        self.encode = encode   # False: each message's JSON is not made (view_unencoded), and its bytes not counted
         self.lock = threading.Lock()
         self.bytes = 0
         self.messages = 0
@@ -104,7 +107,7 @@ class CountingComm:
 
     def send(self, data: Any = None, metadata: Any = None, buffers: Any = None) -> None:
         sent = time.time() * 1000
-        size = len(json.dumps(data)) + sum(memoryview(b).nbytes for b in buffers or ())
+        size = (len(json.dumps(data)) if self.encode else 0) + sum(memoryview(b).nbytes for b in buffers or ())
         with self.lock:
             self.bytes += size
             self.messages += 1
@@ -230,7 +233,7 @@ def attach(mode: str, buffers: list[ul.DeviceBuffer], start: bool = True) -> tup
     sends to; with ``start=False``, no thread of its own sends its updates."""
     from uvm_lab.jupyter.comm import PanelSession
 
-    comm = CountingComm()
+    comm = CountingComm(encode=mode != "view_unencoded")
     session = PanelSession(comm, start=start)
     session.handle({"type": "hello", "seq": 0})   # the snapshot is sent before handle returns
     if mode.startswith("view"):   # as the view does: the maps on screen (a screenful of the list's rows) first
@@ -249,7 +252,7 @@ class Attached:
     def __init__(self, mode: str, buffers: list[ul.DeviceBuffer], settle: float = 0.3) -> None:
         self.mode = mode
         self.tick: Callable[[], None] | None = None
-        if mode in ("view", *RATES, "view_no_maps", "paused"):   # paused: what feeding the view costs, no update
+        if mode in SESSIONS and mode != "view_inline":   # paused: what feeding the view costs, no update
             self.session, self.comm = attach(mode, buffers)
         elif mode == "view_inline":
             self.session, self.comm = attach("view", buffers, start=False)
@@ -276,6 +279,8 @@ class Attached:
             self.busy = Paced(Paced.journal())
         elif mode == "readin_fine":
             self.busy = Paced(*Paced.read_in())
+        elif mode == "refresh_fine":
+            self.busy = Paced(Paced.refresh(buffers[:ON_SCREEN]))
         else:
             raise SystemExit(f"--pairs and --concurrent measure {', '.join(COSTED)}, not {mode!r}")
         time.sleep(settle)   # what attaching set going ends before the block's clock starts
@@ -415,6 +420,15 @@ class Paced:
         def piece() -> None:
             cursor[0] = tracker.changes(cursor[0])[0]
         return piece
+
+    @staticmethod
+    def refresh(shown: list[ul.DeviceBuffer]) -> Callable[[], Any]:
+        """``shown``'s maps described again where they changed since the piece before, as a view's refresh does."""
+        from uvm_lab.jupyter.dashboard.collect import LiveAllocations
+
+        live, ids = LiveAllocations(), frozenset(b.id for b in shown)
+        live.refresh(ids, 0)   # the first: every buffer described, as when a view attaches
+        return lambda: live.refresh(ids, 0)
 
     @staticmethod
     def read_in() -> tuple[Callable[[], Any], Callable[[], Any]]:
