@@ -25,8 +25,9 @@ view (or the dashboard) and one without, back to back (``alternating``). The thi
 moments, for a machine with cores to spare: processes side by side, half of them with a view and half without,
 swapping every slot (``concurrent``). It also reports how often each half's loop thread slept (waiting for the
 interpreter's lock, or another) and its CPU in the kernel an operation; ``--pin`` puts each process's loop thread
-on a core of its own and its other threads on one more, and ``--switch-interval`` sets the switch interval a view or a
-live dashboard holds while open (:data:`uvm_lab.jupyter.throttle.LIVE_SWITCH_INTERVAL`), for an ablation.
+on a core of its own and its other threads on one more (``--pin together``: all of them on one core), and
+``--switch-interval`` sets the switch interval a view or a live dashboard holds while open
+(:data:`uvm_lab.jupyter.throttle.LIVE_SWITCH_INTERVAL`), for an ablation.
 
 ``view`` watches the maps a view shows (a screenful of the list's rows), at the view's default rate;
 ``view_10hz`` and ``view_20hz`` do so with the view's rate set to 10 and 20 updates a second, ``view_no_maps``
@@ -83,7 +84,7 @@ PACED = {"busy_fine": 0.0016, "tick_fine": 0.0002}
 #: maps on screen described again where they changed (``LiveAllocations.refresh``: the journal and the descriptions).
 PACED_READS = ("maps_fine", "journal_fine", "readin_fine", "refresh_fine")
 #: The view with its rate control set, whatever its default: the interval asked for, in ms.
-RATES = {"view_10hz": 100, "view_20hz": 50}
+RATES = {"view_10hz": 100, "view_15hz": 67, "view_20hz": 50}
 #: The dashboard with its least time between refreshes set, whatever its default: seconds.
 DASHBOARD_INTERVALS = {"dashboard_1s": 1.0, "dashboard_5hz": 0.2}
 #: The modes that attach a lab view's session, and those that open the live dashboard.
@@ -489,7 +490,7 @@ def alternating(mode: str, buffers: list[ul.DeviceBuffer], pairs: int, ops: int)
 
 
 def _slot_worker(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
-                 ready: Any, start: Any, results: Any, pin: bool = False, switch: float | None = None) -> None:
+                 ready: Any, start: Any, results: Any, pin: str | None = None, switch: float | None = None) -> None:
     """One process of :func:`concurrent`: its own simulated device and 1,000 buffers; in each slot, the loop with
     ``mode`` attached or with ``baseline`` (every other worker the other way round), counting the operations done. A
     failure is put where the results go, so that the parent stops with it instead of waiting for ever."""
@@ -502,16 +503,18 @@ def _slot_worker(worker: int, mode: str, baseline: str, slots: int, slot_s: floa
 
 
 def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, settle_s: float,
-           ready: Any, start: Any, results: Any, pin: bool = False, switch: float | None = None) -> None:
+           ready: Any, start: Any, results: Any, pin: str | None = None, switch: float | None = None) -> None:
     if switch is not None:   # what FineSwitching sets, in this process
         from uvm_lab.jupyter import throttle
 
         throttle.LIVE_SWITCH_INTERVAL = switch
-    cores = sorted(os.sched_getaffinity(0))[2 * worker:2 * worker + 2] if pin else []
-    if pin:   # the loop's thread on a core of its own, every other thread of the process on one more
-        if len(cores) < 2:
-            raise SystemExit(f"--pin needs two cores a process, {2 * (worker + 1)} at least; this machine lets us use "
-                             f"{len(os.sched_getaffinity(0))}")
+    width = 2 if pin == "apart" else 1
+    cores = sorted(os.sched_getaffinity(0))[width * worker:width * (worker + 1)] if pin else []
+    if pin:   # apart: the loop's thread on a core of its own, every other thread of the process on one more;
+        # together: all on one (a thread made later takes its maker's cores)
+        if len(cores) < width:
+            raise SystemExit(f"--pin {pin} needs {width} cores a process, {width * (worker + 1)} at least; this "
+                             f"machine lets us use {len(os.sched_getaffinity(0))}")
         os.sched_setaffinity(0, cores[:1])
     ul.use_backend("sim", device_memory="80GiB")
     buffers = [ul.DeviceBuffer(size=SIZE, label=f"b{i}") for i in range(ALLOCATIONS)]
@@ -535,7 +538,7 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
         if which == "closed":   # the same opened and closed before the loop: its after-effects, and nothing running
             attached.close()
             attached = None
-        for thread in threading.enumerate() if pin else ():
+        for thread in threading.enumerate() if pin == "apart" else ():
             if thread is not threading.main_thread() and thread.native_id is not None:
                 os.sched_setaffinity(thread.native_id, cores[1:])
         # Attached (its snapshot sent, and what that set going given time to end) before the clock starts; an
@@ -566,7 +569,7 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
 
 
 def concurrent(mode: str, workers: int, slots: int, slot_s: float, settle_s: float,
-               baseline: str = "none", pin: bool = False, switch: float | None = None) -> dict[str, Any]:
+               baseline: str = "none", pin: str | None = None, switch: float | None = None) -> dict[str, Any]:
     """The loop's cost with ``mode`` against none, measured at the same moments: ``workers`` processes (an even
     number) run the loop side by side in slots of ``slot_s`` seconds; in each slot half of them have ``mode``
     attached and half have none, and the halves swap every slot. A slot's ratio is the none half's operations a
@@ -840,9 +843,11 @@ def main() -> None:
                              "so that the two differ only in what is attached while the loop runs")
     parser.add_argument("--slots", type=int, default=40)
     parser.add_argument("--slot-seconds", type=float, default=3.0)
-    parser.add_argument("--pin", action="store_true",
+    parser.add_argument("--pin", nargs="?", const="apart", choices=("apart", "together"), default=None,
                         help="--concurrent: each process's loop thread on a core of its own and its other threads on "
-                             "one more, so that a thread that sleeps wakes where it ran")
+                             "one more (apart, the default), so that a thread that sleeps wakes where it ran; or every "
+                             "thread of a process on one core (together), so that no cache line they share moves "
+                             "between cores")
     parser.add_argument("--switch-interval", type=float, default=None, metavar="SECONDS",
                         help="--concurrent: the switch interval a view or live dashboard holds while open, instead of "
                              "uvm_lab's (an ablation)")
@@ -911,7 +916,8 @@ def main() -> None:
         against = f"vs {args.baseline}"
         print(f"\n{'mode':12} {'procs':>6} {'slots':>6} {against:>8} {'95% interval':>16} {'median':>8} "
               f"{'its threads':>12} {'updates':>11} {'loop CPU':>9}")
-        suffix = ("" if args.baseline == "none" else f"_vs_{args.baseline}") + ("_pinned" if args.pin else "") + \
+        pinned = {"apart": "_pinned", "together": "_pinned_together"}.get(args.pin or "", "")
+        suffix = ("" if args.baseline == "none" else f"_vs_{args.baseline}") + pinned + \
             ("" if args.switch_interval is None else f"_switch_{args.switch_interval:g}")
         for mode in (m for m in modes if m in COSTED and m != args.baseline):
             cost = table.setdefault(f"{mode}{suffix}_concurrent", concurrent(

@@ -25,6 +25,7 @@ kernel's cost properly (interleaved, best of several).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -170,6 +171,15 @@ def main() -> None:
 
     late, unseen = latencies(kernel["ops"], seen["drawn"])
     tasks = seen["longTasks"]
+    # Where in the run the slow ones fall: a second's p95 each (by when the operation returned), and the longest
+    # wait between two drawings, with when it began.
+    ops, first = sorted(kernel["ops"]), min(kernel["ops"], default=0.0)
+    by_second: dict[int, list[float]] = {}
+    for op, ms in zip(ops, late, strict=False):   # latencies(): in that order, the undrawn last
+        by_second.setdefault(int((op - first) // 1000), []).append(ms)
+    drawn_at = [at for _, at in seen["drawn"]]
+    gaps = [(later - earlier, earlier) for earlier, later in itertools.pairwise(drawn_at)]
+    gap, gap_at = max(gaps, default=(0.0, first))
     result: dict[str, Any] = {
         "fps": seen["frames"] / seen["seconds"],
         "long_tasks": len(tasks), "long_task_max_ms": max(tasks, default=0.0),
@@ -179,14 +189,17 @@ def main() -> None:
         "drawings": len(seen["drawn"]), "updates": kernel["updates"],
         "bytes_per_s": kernel["bytes"] / kernel["seconds"], "messages": kernel["messages"],
         "ops_per_s_alone": kernel["alone_ops_per_s"], "ops_per_s_watched": len(kernel["ops"]) / kernel["seconds"],
+        "longest_gap_ms": gap, "longest_gap_at_s": (gap_at - first) / 1000,
     }
     goals = {"fps": ">= 30", "long_task_max_ms": "<= 100", "latency_p95_ms": "<= 100", "bytes_per_s": "<= 1e6"}
     print(f"\n{'measure':24} {'value':>14}  goal")
     for key, value in result.items():
         print(f"{key:24} {value:14,.1f}  {goals.get(key, '')}")
+    p95s = {second: percentile(values, 0.95) for second, values in sorted(by_second.items())}
+    print("p95 ms by second of the loop:", " ".join(f"{second}:{ms:.0f}" for second, ms in p95s.items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps({**result, "latency_p95_ms_by_second": p95s}, indent=2))
 
 
 if __name__ == "__main__":
