@@ -21,7 +21,7 @@ if [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -gt 1 ]; then
 fi
 python3 -m pytest -q -p no:cacheprovider tests/unit/test_sim_backend.py tests/unit/test_buffer.py \
     tests/unit/test_resources.py tests/unit/test_events.py tests/unit/test_buffer_data.py tests/unit/test_pool.py tests/unit/test_pool_hot_path.py tests/unit/test_residency_model.py \
-    tests/unit/test_sim_rules.py tests/unit/test_tracing_decode.py tests/unit/test_tracing_collector.py \
+    tests/unit/test_sim_rules.py tests/unit/test_sim_event_log.py tests/unit/test_tracing_decode.py tests/unit/test_tracing_collector.py \
     tests/unit/test_tracing_reconcile.py tests/unit/test_residency_inference.py tests/unit/test_bounded_events.py \
     tests/unit/test_fault_injection.py tests/unit/test_torch.py tests/unit/test_torch_allocator.py \
     tests/unit/test_trace_replay.py tests/unit/test_advisor.py tests/unit/test_experiment.py \
