@@ -102,11 +102,13 @@ python3 benchmarks/view_scale.py --repeats 0 --modes view,maps_fine,journal_fine
 python3 benchmarks/view_scale.py --repeats 0 --modes view,view_unencoded,refresh_fine,busy_fine --baseline closed \
     --concurrent 8 --slots 24 --json "$out/view_cost_update_parts.json"
 # the view beside the loop made 1.6 times as fast (b70b53a): at its rate, at 67 and 100 ms, and with every thread of
-# each process on one core (view_cost_h100_faster_loop.json; about 2 minutes a mode)
+# each process on one core, and the dashboard (view_cost_h100_faster_loop.json; about 2 minutes a mode)
 python3 benchmarks/view_scale.py --repeats 0 --modes view,view_15hz,view_10hz --baseline closed --concurrent 8 \
     --slot-seconds 3 --slots 24 --json "$out/view_cost_faster_loop.json"
 python3 benchmarks/view_scale.py --repeats 0 --modes view --baseline closed --pin together --concurrent 8 \
     --slot-seconds 3 --slots 24 --json "$out/view_cost_pinned_together.json"
+python3 benchmarks/view_scale.py --repeats 0 --modes dashboard --baseline closed --concurrent 8 \
+    --slot-seconds 3 --slots 20 --json "$out/dashboard_cost_faster_loop.json"
 # the view with the switch interval it holds while open at 0.1 ms (uvm_lab's), 0.05 and 0.02 ms (the fifth machine
 # of view_cost_h100_dashboard_1s.json; about 7 minutes)
 for interval in 1e-4 5e-5 2e-5; do

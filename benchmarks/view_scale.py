@@ -523,7 +523,9 @@ def _slots(worker: int, mode: str, baseline: str, slots: int, slot_s: float, set
     # them yet, seconds in each process at once on a fresh machine, which overran the first slots' attaches and left
     # those worker-slots out.
     import uvm_lab.jupyter.comm
-    import uvm_lab.jupyter.dashboard.collect  # noqa: F401
+    import uvm_lab.jupyter.dashboard.collect
+    if mode in DASHBOARDS or baseline in DASHBOARDS:   # and the widgets a dashboard draws with, which only it needs
+        import uvm_lab.jupyter.dashboard  # noqa: F401
     gc.collect()
     gc.freeze()
     ready.put(worker)
