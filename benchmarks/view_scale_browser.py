@@ -173,7 +173,8 @@ def main() -> None:
     tasks = seen["longTasks"]
     # Where in the run the slow ones fall: a second's p95 each (by when the operation returned), and the longest
     # wait between two drawings, with when it began.
-    ops, first = sorted(kernel["ops"]), min(kernel["ops"], default=0.0)
+    ops = sorted(kernel["ops"])
+    first = ops[0] if ops else 0.0
     by_second: dict[int, list[float]] = {}
     for op, ms in zip(ops, late, strict=False):   # latencies(): in that order, the undrawn last
         by_second.setdefault(int((op - first) // 1000), []).append(ms)

@@ -60,5 +60,7 @@ def test_a_buffer_grown_by_a_long_run_is_let_go_after_it():
     after = EventLog(0)
     records, count, clock = after.open()
     assert len(records[0]) <= SPARE_RECORDS   # the next operation starts small again: memory stays bounded
+    core.emit(records, count, clock, EventKind.HTOD, 0, 0, 0, 0, 4096, 7, 1, 0, 0.0, True)
     after.close(records, count, clock)
-    assert len(after) == 0
+    assert _values(after) == [7]
+    assert _values(log) == list(range(SPARE_RECORDS + 1))   # the long run's records, not written over

@@ -28,9 +28,6 @@ from ...units import BLOCK_SIZE, PAGE_SIZE
 __all__ = ["NO_LOCATION", "PAGES_PER_BLOCK", "EventLog", "PageTable", "Segment", "bit"]
 
 PAGES_PER_BLOCK = BLOCK_SIZE // PAGE_SIZE
-#: The largest record buffer a thread keeps for its next operation; a larger one, grown by a long run, is let go.
-SPARE_RECORDS = 1 << 16
-_spare = threading.local()   # each thread's record buffer (EventLog.open), made once rather than per operation
 BLOCK_SHIFT = PAGES_PER_BLOCK.bit_length() - 1
 #: "no advice" in the per-page location arrays.
 NO_LOCATION = -2
@@ -235,6 +232,11 @@ def _joined(chunks: list[np.ndarray]) -> np.ndarray:
     return chunks[0] if len(chunks) == 1 else np.concatenate([c.view(np.uint8) for c in chunks]).view(EVENT_DTYPE)
 
 
+#: The largest record buffer a thread keeps for its next operation; a larger one, grown by a long run, is let go.
+SPARE_RECORDS = 1 << 16
+_spare = threading.local()   # each thread's record buffer (EventLog.open), made once rather than per operation
+
+
 class EventLog:
     """Records produced by one backend operation, stamped on the simulated clock, published when it ends."""
 
@@ -268,10 +270,12 @@ class EventLog:
     def close(self, records: Any, count: np.ndarray, clock: np.ndarray) -> None:
         """Take what :mod:`.core` wrote into what :meth:`open` gave."""
         written = records[0]
+        kept = len(written) <= SPARE_RECORDS   # then the next operation writes over it: what it holds is copied out
         if count[0]:
-            self.chunks.append(written[:int(count[0])].copy())
+            taken = written[:int(count[0])]
+            self.chunks.append(taken.copy() if kept else taken)
         self.t = float(clock[0])
-        if len(written) <= SPARE_RECORDS:
+        if kept:
             _spare.records = records
 
     def advance(self, seconds: float) -> None:
