@@ -34,8 +34,8 @@ on a core of its own and its other threads on one more (``--pin together``: all 
 no map on screen (its updates carry counts, one map read a refresh and the device lanes); ``panel`` watches none, as the
 sidebar panel does, and reads every changed map. More modes take the view apart: ``paused`` (a view attached and paused:
 fed, sending nothing), ``view_inline`` (the same updates made on the loop's own thread between its operations, with no
-hand-off of the interpreter's lock), ``window`` (the timeline window and device series that views share, fed the loop's
-events, with no session), ``snapshot`` (a view's snapshot made and the view closed before the loop starts: what
+hand-off of the interpreter's lock), ``window`` (the timeline window and device series that views share, with no session
+to read the loop's events into them), ``snapshot`` (a view's snapshot made and the view closed before the loop starts: what
 attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a thread of its own). ``dashboard``
 is the live widget dashboard at its default interval, ``dashboard_1s`` and ``dashboard_5hz`` with it set to 1 s and 0.2
 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core in other ways;
@@ -257,7 +257,7 @@ class Attached:
         elif mode == "view_inline":
             self.session, self.comm = attach("view", buffers, start=False)
             self.tick = InlineUpdates(self.session).tick
-        elif mode == "window":   # the timeline window and device series views share, fed, and no session
+        elif mode == "window":   # the timeline window and device series views share, and no session reading them
             from uvm_lab.jupyter.timeline import shared
 
             shared()

@@ -12,6 +12,7 @@ import uvm_lab as ul
 from uvm_lab.errors import InvalidArgumentError
 from uvm_lab.events import EventBus, EventKind, make_events
 from uvm_lab.jupyter.comm import PanelSession
+from uvm_lab.jupyter.dashboard import collect
 from uvm_lab.jupyter.dashboard.collect import collect_snapshot
 from uvm_lab.jupyter.dashboard.text import format_status, format_trace_summary
 from uvm_lab.jupyter.timeline import DeviceSeries, EventWindow
@@ -87,31 +88,28 @@ def test_status_names_each_subscriber_that_fell_behind_and_what_it_missed(sim_ba
     assert "none fell behind" in format_status(collect_snapshot())
 
 
-def test_the_views_timeline_answer_counts_what_its_feed_missed(sim_backend, stalling):
-    # A bus of its own: on the process's, a free that an earlier test's garbage owes could land meanwhile and take
-    # the one place the stuck feed has for a batch.
-    bus = EventBus()
+def test_the_views_timeline_answer_counts_what_it_missed(sim_backend, monkeypatch):
+    # A bus of its own that holds four records: a view that reads nothing while six are published misses two.
+    bus = EventBus(capacity=4)
     window = EventWindow()
-
-    def feed(records):   # a window's feed that copies what it is given (this one gets stuck on a copy)
-        window.feed(records.copy())
-
-    window.subscription = bus.subscribe(feed, limit=1, name="a view's timeline")
+    window.read_from(bus.reader("a view's timeline"))
+    monkeypatch.setattr(collect, "get_bus", lambda: bus)   # what %uvm status reads
     session = PanelSession(_Sink(), start=False, bus=bus, timeline=(window, DeviceSeries(clock=ManualClock())))
     try:
-        bus.publish(stalling(1))
-        assert Stalling.copying.wait(10)
-        for _ in range(4):
-            bus.publish(make_events(1, kind=EventKind.DTOH))
-        Stalling.release.set()
+        for address in range(6):
+            bus.publish(make_events(1, kind=EventKind.DTOH, address=address << 12, bytes=4096, start=address,
+                                    end=address))
+        assert (window.reader.waiting, window.reader.dropped) == (6, 0)   # nothing is counted before a read
         result = session.handle({"type": "timeline", "seq": 1, "start": 0, "end": 1 << 50, "width": 100,
                                  "lanes": None})
         assert result["ok"], result
         (answer, _), = [m for m in session.comm.sent if m[0]["type"] == "timeline"]
-        assert answer["missed"] == window.missed == 2
+        assert (answer["missed"], answer["events"]) == (window.missed, 4) == (2, 4)
+        assert window.extent() == (2, 5)   # the oldest two are not there
+        assert "dropped for those that fell behind: a view's timeline 2" in format_status(collect_snapshot())
     finally:
         session.close()
-        window.subscription.close()
+        window.reader.close()
 
 
 def test_record_refuses_what_is_not_a_bus():

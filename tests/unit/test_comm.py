@@ -376,8 +376,9 @@ def test_pause_stops_updates_and_resume_sends_a_snapshot(session, device):
 def test_a_paused_view_sleeps_through_a_loops_events_and_wakes_only_for_its_idle_sample(device):
     # Each wake of the view's thread takes the interpreter's lock from the loop; paused, it has nothing to send.
     clock = ManualClock(cpu_per_read=0.001)   # each wake of the thread reads its CPU time twice
-    session = PanelSession(RecordingComm(), clock=clock, idle=1.0,
-                           timeline=(EventWindow(), DeviceSeries(clock=ManualClock())))
+    window = EventWindow()
+    window.read_from(ul.events.get_bus().reader("a hidden view's timeline"))
+    session = PanelSession(RecordingComm(), clock=clock, idle=1.0, timeline=(window, DeviceSeries(clock=ManualClock())))
     try:
         buf = ul.DeviceBuffer(size="1MiB")
         session.handle({"type": "hello", "seq": 1})
@@ -391,15 +392,20 @@ def test_a_paused_view_sleeps_through_a_loops_events_and_wakes_only_for_its_idle
         ul.events.get_bus().flush()
         clock.settle(threads=1)
         assert clock.thread_time() == pytest.approx(before + 0.001)   # the thread was not woken: no reads between
+        assert window.reader.waiting > 0
         clock.advance(1.0)   # the idle sample's turn: woken once, and still nothing sent
         clock.settle(threads=1)
         assert clock.thread_time() == pytest.approx(before + 0.004)
         assert session.comm.of_type("update") == []
+        # ... but its timeline read the loop's events in, so that the bus's history never leaves it behind
+        assert (window.reader.waiting, window.missed) == (0, 0)
+        assert window.traffic(buf.id, read_in=False)["htod_bytes"] > 0
         session.handle({"type": "pause", "seq": 3, "paused": False})   # shown again: what it missed, at once
         (_, buffers), = session.comm.of_type("snapshot")[-1:]
         assert buffers == [drawn(buf)]
     finally:
         session.close()
+        window.reader.close()
 
 
 def test_huge_allocations_are_sent_in_cells_with_exact_counts(session, device):
@@ -584,12 +590,13 @@ def test_commands_from_several_threads_at_once(device):
 def test_closing_the_comm_ends_the_session(device):
     comm = RecordingComm()
     bus = ul.events.get_bus()
-    before = len(bus.subscriptions())
+    before, reading = len(bus.subscriptions()), len(bus.readers())
     session = PanelSession(comm, interval=0.01)
-    assert len(bus.subscriptions()) == before + 2   # its own, and the kernel's timeline it opened
+    assert len(bus.subscriptions()) == before + 1   # its own
+    assert len(bus.readers()) == reading + 1        # the kernel's timeline, which it opened
     comm.close_from_frontend()
     assert session.closed
-    assert len(bus.subscriptions()) == before
+    assert (len(bus.subscriptions()), len(bus.readers())) == (before, reading)
     session._thread.join(timeout=5)
     assert not session._thread.is_alive()
     buf = ul.DeviceBuffer(size="1MiB")
@@ -602,7 +609,7 @@ def test_the_kernels_timeline_listens_only_while_a_view_is_open(device):
     bus = ul.events.get_bus()
 
     def timelines():
-        return [s for s in bus.subscriptions() if s.name == "the live view's timeline"]
+        return [r for r in bus.readers() if r.name == "the live view's timeline"]
 
     assert timelines() == [], "an earlier test left a view open"
     first, second = PanelSession(RecordingComm(), start=False), PanelSession(RecordingComm(), start=False)
@@ -611,7 +618,7 @@ def test_the_kernels_timeline_listens_only_while_a_view_is_open(device):
     first.close()   # closing twice gives back once
     assert len(timelines()) == 1   # the other view still reads it
     second.close()
-    assert timelines() == []   # no view: nothing in the loop's thread feeds a timeline
+    assert timelines() == []   # no view: the bus's history is read by none
     buf = ul.DeviceBuffer(size="1MiB")
     buf.prefetch("gpu")
     third = PanelSession(RecordingComm(), start=False)

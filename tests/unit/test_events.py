@@ -336,3 +336,72 @@ def test_bad_input_to_the_bus_is_refused_and_nothing_queued():
             EventBus(capacity, flush_interval=interval)
     bus.emit(row(9))                       # the bus still works, and held nothing of the refused input
     assert bus.history()["address"].tolist() == [9]
+
+
+def _addresses(records: np.ndarray) -> list[int]:
+    return records["address"].tolist()
+
+
+def test_a_history_reader_takes_what_was_published_since_its_last_take_in_order():
+    bus = EventBus(capacity=64)
+    bus.publish(make_events(2, address=[0, 1]))
+    late, whole = bus.reader("late"), bus.reader("whole", history=True)
+    bus.publish(make_events(1, address=2))
+    bus.emit(ALLOCATOR_RECORD.pack(int(EventKind.ALLOC), 0, 5, 3, 4096, 7, 0, 0))   # queued: published at a flush
+    assert (late.waiting, _addresses(late.take())) == (1, [2])
+    bus.flush()
+    bus.publish(make_events(2, address=[4, 5]))
+    assert late.waiting == 3
+    assert _addresses(late.take()) == [3, 4, 5]
+    assert (late.waiting, len(late.take())) == (0, 0)   # each record once
+    assert _addresses(whole.take()) == [0, 1, 2, 3, 4, 5]   # with the history the bus held when it was made
+    assert (late.dropped, whole.dropped) == (0, 0)
+    assert [r.name for r in bus.readers()] == ["late", "whole"]
+
+
+def test_a_history_reader_that_falls_behind_the_history_counts_what_it_missed():
+    bus = EventBus(capacity=4)
+    reader = bus.reader("slow view")
+    for address in range(7):
+        bus.publish(make_events(1, address=address))
+    assert reader.waiting == 7
+    assert _addresses(reader.take()) == [3, 4, 5, 6]   # the newest the bus still holds, never a guess for the rest
+    assert reader.dropped == 3
+    bus.publish(make_events(1, address=7))
+    assert (_addresses(reader.take()), reader.dropped) == ([7], 3)   # keeping up again, it misses nothing more
+    assert "3 dropped" in repr(reader)
+
+
+def test_history_readers_never_see_access_records_and_close_once_done():
+    bus = EventBus(capacity=64)
+    with bus.reader("view") as reader:
+        bus.publish(make_events(2, kind=EventKind.ACCESS))   # the simulator's accesses: not in the history
+        bus.publish(make_events(1, kind=EventKind.HTOD, address=9))
+        assert _addresses(reader.take()) == [9] and not reader.closed
+    assert reader.closed and bus.readers() == []
+    with pytest.raises(InvalidArgumentError, match="name must be a str, got 3"):
+        bus.reader(3)
+    assert bus.readers() == []
+
+
+def test_history_readers_on_several_threads_take_every_record_once():
+    bus = EventBus(capacity=1 << 16)
+    reader = bus.reader("shared")
+    taken: list[list[int]] = [[], []]
+    done = threading.Event()
+
+    def take(into: list[int]) -> None:
+        while not done.is_set():
+            into.extend(_addresses(reader.take()))
+        into.extend(_addresses(reader.take()))
+
+    threads = [threading.Thread(target=take, args=(into,)) for into in taken]
+    for t in threads:
+        t.start()
+    for first in range(0, 3000, 3):
+        bus.publish(make_events(3, address=[first, first + 1, first + 2]))
+    done.set()
+    for t in threads:
+        t.join(10)
+    assert sorted(taken[0] + taken[1]) == list(range(3000))
+    assert all(part == sorted(part) for part in taken)   # each take's records, and the takes, in order

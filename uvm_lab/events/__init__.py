@@ -1,7 +1,7 @@
 """Events: one record dtype for everything that happens to memory, a bus, recorded traces, and the line of user
 code each event came from (:mod:`.sources`)."""
 
-from .bus import EventBus, Subscription, get_bus, new_alloc_id
+from .bus import EventBus, HistoryReader, Subscription, get_bus, new_alloc_id
 from .schema import (
     EVENT_DTYPE,
     INFERRED_BIT,
@@ -27,6 +27,7 @@ __all__ = [
     "Advice",
     "EventBus",
     "EventKind",
+    "HistoryReader",
     "MemoryKind",
     "MigrationCause",
     "RemoteMapCause",

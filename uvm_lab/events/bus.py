@@ -21,14 +21,17 @@ delivery: a loop that publishes a small batch per operation then loses the inter
 once a batch. A reader that needs its subscription's records now drains it (:meth:`Subscription.drain`).
 
 Some consumers are the bus's own bookkeeping rather than subscribers: the residency tracker, the address
-index that attributes CUPTI's records, the live view's wake-up and timeline window, and the dashboard's totals
+index that attributes CUPTI's records, the live view's wake-up, and the dashboard's totals
 (which only stage what they are given, :class:`~.staged.StagedRecords`, and bound it themselves). They subscribe
 ``inline``: they are called as records are published (under the bus's lock, in the producer's thread), must be
 quick and never block, and see every record. The maps are only true if nothing is skipped, and a thread woken
 for each small batch would cost a loop more than the work itself.
 
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
-timeline) can start with it; ``dropped`` counts records that fell out. A subscriber that raises is
+timeline) can start with it; ``dropped`` counts records that fell out. A consumer that only needs the records when
+it reads (the live view's timeline and device lanes) takes them from the history with a :class:`HistoryReader`
+instead of subscribing: the producer then pays nothing for it, not even a call. A reader that falls further behind
+than the history holds misses the oldest of what it had not taken, and counts them. A subscriber that raises is
 detached and logged, never allowed to break the producer (a page fault must not fail because a plot did).
 
 The simulator's modelled accesses (ACCESS records, what :mod:`uvm_lab.trace_replay` replays) are many and only a
@@ -64,8 +67,8 @@ from .schema import EVENT_DTYPE, EventKind
 from .sources import stamp
 from .staged import joined
 
-__all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "PENDING_LIMIT", "EventBus", "Subscription", "get_bus",
-           "new_alloc_id"]
+__all__ = ["ALLOCATOR_FIELDS", "ALLOCATOR_RECORD", "PENDING_LIMIT", "EventBus", "HistoryReader", "Subscription",
+           "get_bus", "new_alloc_id"]
 
 log = logging.getLogger("uvm_lab.events")
 
@@ -260,6 +263,50 @@ class Subscription:
         return f"<Subscription {self.name}: {self._waiting} waiting, {self.dropped} dropped>"
 
 
+class HistoryReader:
+    """Reads what a bus publishes from its history, when asked (:meth:`take`), rather than being handed each batch as
+    it is published: however many batches a loop publishes, the producer does nothing for a reader.
+
+    ``waiting`` records were published since the last take. ``dropped`` left the history (past the bus's
+    ``capacity``) before the reader took them: they are never read, only counted. ACCESS records are not in the
+    history, so no reader sees them. Thread-safe; one take at a time hands each record out once.
+    """
+
+    def __init__(self, bus: EventBus, name: str, *, history: bool) -> None:
+        self.bus = bus
+        self.name = name
+        self.dropped = 0
+        # The history batch it reads next, and the records published before that batch: where a take starts.
+        self._batch, self._record = bus._position(history=history)
+
+    @property
+    def waiting(self) -> int:
+        return self.bus.published - self._record
+
+    @property
+    def closed(self) -> bool:
+        return self not in self.bus.readers()
+
+    def take(self) -> np.ndarray:
+        """Every record published since the last take (or, the first time, since the reader was made; with
+        ``history``, from the oldest the bus held then), oldest first, as one new array."""
+        batches = self.bus._take(self)
+        return joined(batches) if batches else np.zeros(0, dtype=EVENT_DTYPE)
+
+    def close(self) -> None:
+        """Stop counting it among the bus's readers (what it has not taken is simply not read)."""
+        self.bus._forget(self)
+
+    def __enter__(self) -> HistoryReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<HistoryReader {self.name}: {self.waiting} waiting, {self.dropped} dropped>"
+
+
 class EventBus:
     """Fan-out of event records to subscribers, with a ring of recent history."""
 
@@ -280,7 +327,9 @@ class EventBus:
         self._history: deque[np.ndarray] = deque()
         self._held = 0
         self._written = 0          # records ever published
+        self._batches = 0          # batches ever added to the history: a reader's place in it (HistoryReader)
         self._subscribers: tuple[Subscription, ...] = ()
+        self._readers: tuple[HistoryReader, ...] = ()
         self._wants_accesses = False   # whether one of them takes ACCESS records (kept as they change)
         self._lock = threading.RLock()
         self._hooks: tuple[Callable[[], None], ...] = ()
@@ -348,6 +397,45 @@ class EventBus:
     def subscriptions(self) -> list[Subscription]:
         """The live subscriptions, in the order they were made (``name``, ``waiting``, ``dropped`` on each)."""
         return list(self._subscribers)
+
+    def reader(self, name: str, *, history: bool = False) -> HistoryReader:
+        """A :class:`HistoryReader` of what is published from now on (with ``history``, of what the bus holds too).
+        ``name`` says whose it is in ``%uvm status``."""
+        if not isinstance(name, str):
+            raise InvalidArgumentError(f"name must be a str, got {shown(name)}", value=name, expected="a str")
+        with self._locked():
+            self._flush_locked()   # what was queued before happened before: it is not this reader's, but history
+            reader = HistoryReader(self, name, history=bool(history))
+            self._readers = (*self._readers, reader)
+        return reader
+
+    def readers(self) -> list[HistoryReader]:
+        """The open readers, in the order they were made (``name``, ``waiting``, ``dropped`` on each)."""
+        return list(self._readers)
+
+    def _forget(self, reader: HistoryReader) -> None:
+        with self._locked():
+            self._readers = tuple(r for r in self._readers if r is not reader)
+
+    def _position(self, *, history: bool) -> tuple[int, int]:
+        """Where a reader made now starts: the history's first batch and the records before it, or its end."""
+        with self._locked():
+            if history:
+                return self._batches - len(self._history), self._written - self._held
+            return self._batches, self._written
+
+    def _take(self, reader: HistoryReader) -> list[np.ndarray]:
+        """The history's batches from ``reader``'s place on, its place moved past them, and what of those left the
+        history unread counted: at once, so that two threads taking from one reader never take a batch twice."""
+        with self._locked():
+            first = self._batches - len(self._history)
+            if reader._batch < first:
+                reader.dropped += (self._written - self._held) - reader._record
+            # From the newest end: a reader that keeps up asks for the last few of many thousand batches held.
+            batches = list(itertools.islice(reversed(self._history), self._batches - max(reader._batch, first)))
+            reader._batch, reader._record = self._batches, self._written
+        batches.reverse()
+        return batches
 
     def emit(self, record: bytes) -> None:
         """Queue one allocator record, packed as :data:`ALLOCATOR_RECORD`.
@@ -515,6 +603,7 @@ class EventBus:
 
     def _append(self, records: np.ndarray) -> None:
         self._history.append(records)
+        self._batches += 1
         self._held += len(records)
         self._written += len(records)
         while self._held - len(self._history[0]) >= self._capacity:

@@ -533,6 +533,8 @@ class PanelSession:
             self._catch_up()
             started, cpu = self._clock.monotonic(), self._clock.thread_time()
             try:
+                if self._paused:   # once an idle pause: the window reads on, so the bus's history never leaves it
+                    self._window.catch_up()
                 # A copy each time: one context cannot be entered by two threads at once.
                 self._context.copy().run(self.flush)
                 failing = False
@@ -550,11 +552,9 @@ class PanelSession:
                                                - self._clock.monotonic()))
 
     def _catch_up(self) -> None:
-        """Have everything published so far in the maps and in the timeline's window (not waiting for any other
-        subscriber of the bus)."""
+        """Have everything the loop and the hardware produced so far published (not waiting for any subscriber of
+        the bus): the maps then hold it, and the timeline's window reads it in from the bus's history."""
         self._bus.flush(wait=False)
-        if self._window.subscription is not None:
-            self._window.subscription.drain()
 
     def _send(self, message: Any, cells: list[np.ndarray] | None = None) -> None:
         if self.closed:

@@ -25,7 +25,7 @@ from numba import njit, types
 from ..clock import SYSTEM_CLOCK, Clock, checked_clock
 from ..errors import InvalidArgumentError, InvalidStateError
 from ..events import EventKind, MigrationCause, get_bus
-from ..events.bus import EventBus, Subscription
+from ..events.bus import EventBus, HistoryReader, Subscription
 from ..events.causes import CAUSE_NAMES, cause_codes
 from ..events.schema import EVENTS_TYPE, INFERRED_BIT
 from ..events.sources import totals
@@ -105,10 +105,11 @@ _CHUNK_ROWS = 1 << 16
 class EventWindow:
     """The newest ``capacity`` events as columns, for timeline queries. Thread-safe.
 
-    Feeding only queues the records (on the subscription's thread: cheap, so it keeps up with a loop);
-    they are sorted into lanes and causes, and their traffic counted, when something reads, on the reader's
-    thread, which a live view throttles (:mod:`.throttle`). The timeline's columns are built only when a query
-    asks for them, so a view's updates never carry that cost.
+    Records come from a bus's history (:meth:`read_from`), taken when something reads, or are fed (:meth:`feed`),
+    which only queues them. They are sorted into lanes and causes, and their traffic counted, when something reads,
+    on the reader's thread, which a live view throttles (:mod:`.throttle`): a loop that publishes pays nothing for
+    the window. The timeline's columns are built only when a query asks for them, so a view's updates never carry
+    that cost.
     """
 
     #: The most rows one answer carries; past it the earliest rows are kept and the rest counted.
@@ -135,7 +136,8 @@ class EventWindow:
         self._unbuilt: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()   # read in: records, lanes, causes
         self._unbuilt_rows = 0
         self._reading = threading.Lock()         # one reader reads the pending records in, in order
-        self.subscription: Subscription | None = None   # what feeds it, where that is a bus (see shared)
+        self.reader: HistoryReader | None = None   # where it takes a bus's records from, if it follows one
+        self._also: Callable[[np.ndarray], None] | None = None   # handed what the reader takes (read_from)
         self._last_window: tuple[tuple, dict[str, np.ndarray]] | None = None   # see _window
 
     @property
@@ -151,9 +153,26 @@ class EventWindow:
 
     @property
     def missed(self) -> int:
-        """Events never fed in: the bus dropped them while the window's subscription (``subscription``, where it
-        follows a bus) was too far behind."""
-        return self.subscription.dropped if self.subscription is not None else 0
+        """Events never read: they left the bus's history while nothing read the window for longer than the history
+        holds (where it follows a bus: :meth:`read_from`)."""
+        return self.reader.dropped if self.reader is not None else 0
+
+    def read_from(self, reader: HistoryReader, also: Callable[[np.ndarray], None] | None = None) -> None:
+        """Take records from ``reader`` whenever something reads the window, and hand each take to ``also`` too (a
+        device series that counts the same records)."""
+        if not isinstance(reader, HistoryReader):
+            raise InvalidArgumentError(f"reader must be a bus's HistoryReader, got {type(reader).__name__}",
+                                       value=reader, expected="EventBus.reader(...)")
+        if also is not None and not callable(also):
+            raise InvalidArgumentError(f"also must be callable or None, got {type(also).__name__}", value=also,
+                                       expected="a callable taking an EVENT_DTYPE array, or None")
+        with self._reading:
+            self.reader, self._also = reader, also
+
+    def catch_up(self) -> None:
+        """Read in what was published or fed so far (a reader that reads seldom keeps the bus's history from
+        leaving it behind)."""
+        self._read_in()
 
     def feed(self, records: np.ndarray) -> None:
         """Keep ``records`` (``EVENT_DTYPE``); drop the oldest past capacity."""
@@ -173,8 +192,13 @@ class EventWindow:
         Read in and not built, the records past what the window holds go, oldest first, as a build
         would have dropped them (their traffic is counted already)."""
         with self._reading:
+            taken = self.reader.take() if self.reader is not None else None
             with self._lock:
                 pending = self._pending.take()
+            if taken is not None and len(taken):   # fed ones, if any, came earlier: read in first
+                pending = joined((pending, taken)) if len(pending) else taken
+                if self._also is not None:
+                    self._also(taken)
             if len(pending):   # in one piece: loops publish small batches
                 own = _any_of(pending, _OWN)   # a buffer made or freed: few batches
                 lanes, causes = self._lanes(pending, own), cause_codes(pending)
@@ -725,11 +749,9 @@ def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
             bus = bus or get_bus()
             window, series = EventWindow(), DeviceSeries()
 
-            def feed(records: np.ndarray) -> None:
-                window.feed(records)
-                series.feed(records)
-
-            follow(bus, window, feed, "the live view's timeline")
+            with bus.locked():   # its history, and then everything published after it: no gap, no overlap
+                window.feed(bus.history())
+                window.read_from(bus.reader("the live view's timeline"), also=series.feed)
             _shared = (window, series)
         _shared_users += 1
         return _shared
@@ -737,15 +759,16 @@ def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
 
 def follow(bus: EventBus, window: EventWindow, feed: Callable[[np.ndarray], None], name: str) -> Subscription:
     """Seed ``window`` with ``bus``'s history and subscribe ``feed`` (which feeds the window, and whatever else its
-    taker keeps) with no gap between the two; the subscription is the window's (``missed`` reads it).
+    taker keeps) with no gap between the two, for a taker that needs each record as it is published (a Dask worker's
+    reporter says how long its events waited); one that reads only when it reads takes a reader instead (see
+    :func:`shared`).
 
     Inline: feeding only queues (bounded by the window's capacity), cheaper in the loop's thread than a thread woken
     for it; the window then misses nothing.
     """
     with bus.locked():
         window.feed(bus.history())
-        window.subscription = bus.subscribe(feed, name=name, inline=True)
-    return window.subscription
+        return bus.subscribe(feed, name=name, inline=True)
 
 
 def release_shared() -> None:
@@ -757,6 +780,6 @@ def release_shared() -> None:
             raise InvalidStateError("release_shared() was called more often than shared(): nothing is held")
         _shared_users -= 1
         if _shared_users == 0 and _shared is not None:
-            subscription, _shared = _shared[0].subscription, None
-            if subscription is not None:
-                subscription.close()
+            reader, _shared = _shared[0].reader, None
+            if reader is not None:
+                reader.close()

@@ -358,7 +358,9 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
         "memory": {"free": int(free), "total": int(total), "used": int(total - free), "devices": devices},
         "events": {"published": int(bus.published), "dropped": int(bus.dropped),
                    "subscriptions": [{"name": s.name, "waiting": s.waiting, "dropped": s.dropped}
-                                     for s in bus.subscriptions() if not s.inline]},
+                                     for s in bus.subscriptions() if not s.inline]
+                                    + [{"name": r.name, "waiting": r.waiting, "dropped": r.dropped}
+                                       for r in bus.readers()]},
         "totals": totals.snapshot() if totals is not None else None,
         "resource": [type(r).__name__ for r in chain],
         "resource_stats": stats,
