@@ -35,15 +35,16 @@ no map on screen (its updates carry counts, one map read a refresh and the devic
 sidebar panel does, and reads every changed map. More modes take the view apart: ``paused`` (a view attached and paused:
 fed, sending nothing), ``view_inline`` (the same updates made on the loop's own thread between its operations, with no
 hand-off of the interpreter's lock), ``window`` (the timeline window and device series that views share, with no session
-to read the loop's events into them), ``snapshot`` (a view's snapshot made and the view closed before the loop starts: what
-attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a thread of its own). ``dashboard``
-is the live widget dashboard at its default interval, ``dashboard_1s`` and ``dashboard_5hz`` with it set to 1 s and 0.2
-s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core in other ways;
-``busy_fine`` and ``tick_fine`` (:class:`Paced`) take 1.6 ms and 0.2 ms of pure Python every 50 ms at a view's switch
-interval: an update's pace without its reads; ``maps_fine``, ``journal_fine``, ``readin_fine`` and ``refresh_fine`` one
-of its reads alone at that pace (:data:`PACED_READS`); ``view_unencoded`` is the view with its messages not encoded as
-JSON. ``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a second. ``--reads``
-takes an update apart the other way: one of its reads at a time, on a thread beside the loop (:func:`read_costs`).
+to read the loop's events into them), ``snapshot`` (a view's snapshot made and the view closed before the loop starts:
+what attaching leaves behind) and ``subscriber`` (a bus subscriber that does nothing, on a thread of its own).
+``dashboard`` is the live widget dashboard at its default interval, ``dashboard_1s`` and ``dashboard_5hz`` with it set
+to 1 s and 0.2 s. The yardsticks ``busy``, ``busy_numpy`` and ``busy_inline`` (:class:`Busy`) take 5% of a core in other
+ways; ``busy_fine`` and ``tick_fine`` (:class:`Paced`) take 1.6 ms and 0.2 ms of pure Python every 50 ms at a view's
+switch interval: an update's pace without its reads; ``maps_fine``, ``journal_fine``, ``readin_fine`` and
+``refresh_fine`` one of its reads alone at that pace (:data:`PACED_READS`); ``view_unencoded`` is the view with its
+messages not encoded as JSON. ``--pairs`` and ``--concurrent`` also report the updates (or the dashboard's refreshes) a
+second. ``--reads`` takes an update apart the other way: one of its reads at a time, on a thread beside the loop
+(:func:`read_costs`).
 """
 
 from __future__ import annotations
