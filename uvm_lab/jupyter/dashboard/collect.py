@@ -53,10 +53,10 @@ class EventTotals:
     """Running totals of ``Trace.summary()`` over every batch the bus delivers: events, counts per kind,
     bytes migrated each way, faults.
 
-    Seeded with the bus's history, so it counts from the start of the session as far as the history
-    ring reaches. ``feed`` may be called from any thread, and is cheap enough for an ``inline`` subscription:
-    it only stages the records (:class:`~uvm_lab.events.staged.StagedRecords`), and :meth:`snapshot` sums what
-    was staged, at once. Past ``STAGED`` records staged, ``feed`` sums them, so nothing piles up unread.
+    Fed the bus's history first (a live dashboard's reader starts with it), so it counts from the start of the
+    session as far as the history ring reaches. ``feed`` may be called from any thread: it only stages the records
+    (:class:`~uvm_lab.events.staged.StagedRecords`), and :meth:`snapshot` sums what was staged, at once. Past
+    ``STAGED`` records staged, ``feed`` sums them, so nothing piles up unread.
     """
 
     _SUMMED = ("events", "bytes_htod", "bytes_dtoh", "gpu_faults", "cpu_faults")

@@ -75,7 +75,10 @@ class Dashboard:
         self._clock = checked_clock(clock)   # what the throttle goes by (a test moves its own)
         backend = ul.get_backend()
         bus = get_bus()
-        self.totals = EventTotals(bus.history())
+        # Live, the totals take what the bus published from its history at each refresh (the history itself first):
+        # the loop does nothing for them. Otherwise they count the history as it is now.
+        self._reader = bus.reader("the dashboard", history=True) if live else None
+        self.totals = EventTotals(None if live else bus.history())
         self.allocations = AllocationList(on_select=self._on_select)
         self.residency = ResidencyMap()
         self.overview = ResidencyOverview()
@@ -105,8 +108,8 @@ class Dashboard:
         self._last = 0.0
         self._budget = Budget()   # what live refreshes have taken of the kernel (..throttle)
         self._closed = False
-        # Inline: counting only stages the records, and waking is one flag; a thread of its own, woken as a loop
-        # publishes, would take the interpreter from the loop far more often than the refreshes do.
+        # Inline, for the wake alone (one flag): a thread of its own, woken as a loop publishes, would take the
+        # interpreter from the loop far more often than the refreshes do.
         self._subscription = bus.subscribe(self._on_events, inline=True, name="the dashboard") if live else None
         self.refresh()
         # Its refreshes run beside the kernel's code: in fine grains of the interpreter's lock (..throttle).
@@ -125,8 +128,9 @@ class Dashboard:
                 return
             self._last = self._clock.monotonic()
             try:
-                if self._subscription is not None:
+                if self._reader is not None:
                     get_bus().flush(wait=False)   # the totals: every event published so far
+                    self.totals.feed(self._reader.take())
                 selected = self.allocations.selected
                 snapshot = collect_snapshot(self.totals, self.live_allocations, others=others,
                                             first=() if selected is None else (selected,))
@@ -170,9 +174,7 @@ class Dashboard:
 
     # -- live updates -------------------------------------------------------------------------------
     def _on_events(self, records: np.ndarray) -> None:
-        # In the publisher's thread, under the bus's lock: stage and wake, never render here (a refresh reads
-        # what was counted).
-        self.totals.feed(records)
+        # In the publisher's thread, under the bus's lock: wake, nothing more (a refresh reads the records).
         if not self._wake.is_set():   # setting a set Event still takes its lock and notifies
             self._wake.set()
 
@@ -206,6 +208,8 @@ class Dashboard:
         self._wake.set()
         if self._subscription is not None:
             self._subscription.close()
+        if self._reader is not None:
+            self._reader.close()
         if self._switching is not None:
             self._switching.release()
         with self._render_lock:
