@@ -405,3 +405,14 @@ def test_history_readers_on_several_threads_take_every_record_once():
         t.join(10)
     assert sorted(taken[0] + taken[1]) == list(range(3000))
     assert all(part == sorted(part) for part in taken)   # each take's records, and the takes, in order
+
+
+def test_joined_batches_are_a_new_array_in_order_whatever_their_layout():
+    from uvm_lab.events.staged import joined
+
+    records = make_events(6, address=np.arange(6))
+    out = joined([records[:2], records[::2], records[4:]])   # contiguous, strided, contiguous
+    assert _addresses(out) == [0, 1, 0, 2, 4, 4, 5]
+    out["address"][0] = 99   # a copy: what was published stays as it was
+    assert records["address"][0] == 0 and out.dtype == EVENT_DTYPE
+    assert len(joined([])) == 0

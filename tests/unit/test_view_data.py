@@ -483,16 +483,19 @@ def test_the_rate_command_sets_the_update_interval(device):
 
 # --- the device lanes -------------------------------------------------------------------------------
 
-def test_a_sample_sums_its_interval_and_views_sharing_it_do_not_split_it():
+@pytest.mark.parametrize("count", ["feed", "add"])   # staged by a publisher, or counted at once by a reader
+def test_a_sample_sums_its_interval_and_views_sharing_it_do_not_split_it(count):
     clock = ManualClock(now=0.0)
     series = DeviceSeries(interval=0.1, clock=clock)
-    series.feed(_events([0, 1], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
-    series.feed(_events([2], 1, 1, kind=EventKind.DTOH, flags=MigrationCause.EVICTION, nbytes=2 * PAGE))
-    series.feed(make_events(2, kind=EventKind.GPU_PAGE_FAULT, value=3))
-    series.feed(make_events(1, kind=EventKind.CPU_PAGE_FAULT, value=1))
+    counted = getattr(series, count)
+    counted(_events([0, 1], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
+    counted(_events([2], 1, 1, kind=EventKind.DTOH, flags=MigrationCause.EVICTION, nbytes=2 * PAGE))
+    counted(make_events(2, kind=EventKind.GPU_PAGE_FAULT, value=3))
+    counted(make_events(1, kind=EventKind.CPU_PAGE_FAULT, value=1))
+    counted(make_events(0))
     assert series.close_interval(1000, used=[10], total=[100], allocated=150)
     clock.now = 0.05
-    series.feed(_events([5], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
+    counted(_events([5], 1, 1, kind=EventKind.HTOD, nbytes=PAGE))
     assert not series.close_interval(2000, used=[20], total=[100])    # another view, too soon: same interval
     clock.now = 0.2
     assert series.close_interval(3000, used=[30], total=[100])

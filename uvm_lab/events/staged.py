@@ -16,8 +16,14 @@ __all__ = ["StagedRecords", "joined"]
 def joined(batches: Iterable[np.ndarray]) -> np.ndarray:
     """``batches`` of records (``EVENT_DTYPE``) as one new, writable array, in order. Joined as bytes:
     np.concatenate works out the structured dtype's promotion for each piece, and what a loop publishes comes in
-    many small batches."""
-    return np.frombuffer(bytearray().join([batch.tobytes() for batch in batches]), dtype=EVENT_DTYPE)
+    many small batches. Each batch's own buffer is read where it is contiguous (every published one is), with no
+    copy of its own first."""
+    batches = list(batches)
+    try:
+        data = bytearray().join(batches)
+    except (BufferError, TypeError):   # a strided view among them (not bytes-like): read as a copy
+        data = bytearray().join([batch.tobytes() for batch in batches])
+    return np.frombuffer(data, dtype=EVENT_DTYPE)
 
 
 class StagedRecords:

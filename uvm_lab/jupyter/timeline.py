@@ -662,6 +662,13 @@ class DeviceSeries:
             if len(self._pending) >= 1 << 16:   # no view closes intervals now: sum them, so nothing piles up
                 self._add(self._pending.take())
 
+    def add(self, records: np.ndarray) -> None:
+        """Count ``records`` in the open interval now: for a reader's thread, where staging them would only copy
+        them once more (:meth:`feed` is for a publisher's)."""
+        if len(records):
+            with self._lock:
+                self._add(records)
+
     def _add(self, records: np.ndarray) -> None:
         table, cpu_faults = device_counts(records, self._open.shape[1])
         self._open = _widened(self._open, table.shape[1]) + table
@@ -751,7 +758,7 @@ def shared(bus: EventBus | None = None) -> tuple[EventWindow, DeviceSeries]:
 
             with bus.locked():   # its history, and then everything published after it: no gap, no overlap
                 window.feed(bus.history())
-                window.read_from(bus.reader("the live view's timeline"), also=series.feed)
+                window.read_from(bus.reader("the live view's timeline"), also=series.add)
             _shared = (window, series)
         _shared_users += 1
         return _shared
