@@ -20,7 +20,7 @@ def joined(batches: Iterable[np.ndarray]) -> np.ndarray:
     copy of its own first."""
     batches = list(batches)
     try:
-        data = bytearray().join(batches)
+        data = bytearray().join(batches)  # type: ignore[arg-type]  # an ndarray is a buffer; stubs say otherwise
     except (BufferError, TypeError):   # a strided view among them (not bytes-like): read as a copy
         data = bytearray().join([batch.tobytes() for batch in batches])
     return np.frombuffer(data, dtype=EVENT_DTYPE)
