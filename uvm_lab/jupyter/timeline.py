@@ -16,11 +16,11 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import deque
-from collections.abc import Callable, KeysView, Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import numpy as np
-from numba import njit, types
+from numba import njit, typed, types
 
 from ..clock import SYSTEM_CLOCK, Clock, checked_clock
 from ..errors import InvalidArgumentError, InvalidStateError
@@ -126,9 +126,9 @@ class EventWindow:
         self._seen = 0
         # A record's alloc_id names the backend's segment; a lane is a buffer (what the view lists).
         self._buffers = AllocationIndex("buffer", history=0)
-        # Per live buffer, per cause: faults, bytes to the GPU, bytes to the host. Dropped at its FREE.
-        self._traffic = _Rows((len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
-        self._requested: dict[int, int] = {}   # per live buffer, the destination of its last prefetch
+        # Per live buffer: per cause, faults and bytes each way; and the destination of its last prefetch. Dropped at
+        # its FREE.
+        self._lanes_held = _Lanes((len(CAUSE_NAMES), _TRAFFIC_COUNTERS))
         # The buffers each recent read-in changed (ids, each once), newest last: what a reader that keeps up reads.
         self._changes: deque[tuple[int, np.ndarray]] = deque(maxlen=_CHANGES_KEPT)
         self._read_ins = 0
@@ -278,7 +278,7 @@ class EventWindow:
         if read_in:
             self._read_in()
         with self._lock:
-            table = self._traffic.get(lane)
+            table = self._lanes_held.traffic(lane)
             if table is None:
                 rows, sums = [[0] * _TRAFFIC_COUNTERS for _ in CAUSE_NAMES], [0] * _TRAFFIC_COUNTERS
             else:
@@ -291,7 +291,8 @@ class EventWindow:
         (``read_in`` as for :meth:`traffic`)."""
         if read_in:
             self._read_in()
-        dst = self._requested.get(lane)
+        with self._lock:
+            dst = self._lanes_held.requested(lane)
         return None if dst is None else "host" if dst < 0 else f"gpu:{dst}"
 
     def changed_lanes(self, since: int) -> tuple[int, set[int]]:
@@ -308,7 +309,7 @@ class EventWindow:
                     recent.append(changed)
                 return self._read_ins, set(np.concatenate(recent).tolist()) if recent else set()
             # A reader further behind than the log: any buffer the window counted for, or saw prefetched, may have.
-            return self._read_ins, {*self._traffic.keys(), *self._requested}
+            return self._read_ins, set(self._lanes_held.keys().tolist())
 
     def _count_traffic(self, records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, own: bool) -> None:
         """Add what ``records`` (in ``lanes``, with ``causes``) moved to their lanes' traffic; ``own``: whether any is
@@ -320,12 +321,9 @@ class EventWindow:
             self._read_ins += 1
             # A copy of numpy's own: the compiled pass's array is a view of its whole buffer, kept for 256 read-ins.
             self._changes.append((self._read_ins, changed.copy()))
-            if len(touched):
-                self._traffic.add(touched.tolist(), sums)
-            self._requested.update(zip(prefetched.tolist(), destinations.tolist(), strict=True))   # each lane once
+            self._lanes_held.add(touched, sums, prefetched, destinations)
             for lane in freed:
-                self._traffic.pop(int(lane))
-                self._requested.pop(int(lane), None)
+                self._lanes_held.pop(int(lane))
 
     def _lanes(self, records: np.ndarray, own_any: bool) -> np.ndarray:
         """The buffer each record concerns (0: none live then): by address, but a buffer's own ALLOC and FREE
@@ -480,51 +478,103 @@ def _sum_traffic(records: np.ndarray, lanes: np.ndarray, causes: np.ndarray, cou
     return touched, sums[counted], found[prefetched], destinations, found[:groups]
 
 
-class _Rows:
-    """Counters of one ``shape`` per key (a buffer), as rows of one array: a read-in adds to every buffer it touched
-    in one step. A popped key's row is zeroed and reused. Not thread-safe."""
+#: A lane's last prefetch destination where none was seen (a prefetch to the host is -1).
+_NOT_PREFETCHED = np.iinfo(np.int64).min
+
+
+class _Lanes:
+    """Per key (a buffer): counters of one ``shape`` and the destination of its last prefetch, in rows of arrays, and
+    the keys' rows in a compiled hash map: a read-in adds to the hundreds of buffers it touched in one compiled
+    call, with no Python object per buffer. A popped key's row is zeroed and reused. Not thread-safe."""
 
     def __init__(self, shape: tuple[int, ...]) -> None:
+        self._slots = typed.Dict.empty(types.int64, types.int64)
         self._rows = np.zeros((16, *shape), dtype=np.int64)
-        self._slots: dict[int, int] = {}
-        self._free: list[int] = []
+        self._requested = np.full(16, _NOT_PREFETCHED, dtype=np.int64)
+        self._free = np.zeros(16, dtype=np.int64)   # rows given back, a stack of _free_count
+        self._free_count = 0
+        self._used = 0   # rows handed out in order; below this, each is held or in _free
 
-    def keys(self) -> KeysView[int]:
-        return self._slots.keys()
+    def keys(self) -> np.ndarray:
+        return _keys_of(self._slots)
 
-    def get(self, key: int) -> np.ndarray | None:
-        slot = self._slots.get(key)
-        return None if slot is None else self._rows[slot]
+    def traffic(self, key: int) -> np.ndarray | None:
+        slot = _slot_of(self._slots, key)
+        return None if slot < 0 else self._rows[slot]
 
-    def add(self, keys: list[int], values: np.ndarray) -> None:
-        """Add ``values[i]`` to the row of ``keys[i]`` (distinct keys); a key without one gets a zeroed row."""
-        slots = list(map(self._slots.get, keys))
-        if None in slots:   # a key seen for the first time
-            for i, slot in enumerate(slots):
-                if slot is None:
-                    slots[i] = self._slots[keys[i]] = self._take_row()
-        _add_rows(self._rows, np.array(slots, dtype=np.int64), np.ascontiguousarray(values, dtype=np.int64))
+    def requested(self, key: int) -> int | None:
+        """The destination of ``key``'s last prefetch, or None."""
+        slot = _slot_of(self._slots, key)
+        dst = _NOT_PREFETCHED if slot < 0 else int(self._requested[slot])
+        return None if dst == _NOT_PREFETCHED else dst
+
+    def add(self, keys: np.ndarray, values: np.ndarray, prefetched: np.ndarray, destinations: np.ndarray) -> None:
+        """Add ``values[i]`` to the row of ``keys[i]`` (distinct), and note ``destinations[j]`` as ``prefetched[j]``'s
+        last prefetch; a key without a row gets a zeroed one."""
+        if not len(keys) and not len(prefetched):
+            return
+        needed = self._used + len(keys) + len(prefetched)
+        if needed > len(self._rows):   # room for every key being new: the compiled pass never grows an array
+            grown = max(needed, 2 * len(self._rows))
+            self._rows = np.concatenate([self._rows, np.zeros((grown - len(self._rows), *self._rows.shape[1:]),
+                                                              dtype=np.int64)])
+            self._requested = np.concatenate([self._requested, np.full(grown - len(self._requested),
+                                                                       _NOT_PREFETCHED, dtype=np.int64)])
+        self._free_count, self._used = _add_lanes(
+            self._slots, self._rows, self._requested, self._free, self._free_count, self._used,
+            np.ascontiguousarray(keys, dtype=np.int64), np.ascontiguousarray(values, dtype=np.int64),
+            np.ascontiguousarray(prefetched, dtype=np.int64), np.ascontiguousarray(destinations, dtype=np.int64))
 
     def pop(self, key: int) -> None:
-        slot = self._slots.pop(key, None)
-        if slot is not None:
-            self._rows[slot] = 0
-            self._free.append(slot)
-
-    def _take_row(self) -> int:
-        if self._free:
-            return self._free.pop()
-        used = len(self._slots)   # rows are handed out in order: with none given back, those below are held
-        if used == len(self._rows):
-            self._rows = np.concatenate([self._rows, np.zeros_like(self._rows)])
-        return used
+        slot = _slot_of(self._slots, key)
+        if slot < 0:
+            return
+        del self._slots[key]
+        self._rows[slot] = 0
+        self._requested[slot] = _NOT_PREFETCHED
+        if self._free_count == len(self._free):
+            self._free = np.concatenate([self._free, np.zeros(len(self._free), dtype=np.int64)])
+        self._free[self._free_count] = slot
+        self._free_count += 1
 
 
-@njit((types.int64[:, :, ::1], types.int64[::1], types.int64[:, :, ::1]), cache=True)
-def _add_rows(rows: np.ndarray, slots: np.ndarray, values: np.ndarray) -> None:
-    # rows[slots[i]] += values[i], compiled (see .throttle): a read-in adds to a hundred rows.
-    for i in range(len(slots)):
-        rows[slots[i]] += values[i]
+@njit(cache=True)
+def _slot_of(slots: typed.Dict, key: int) -> int:
+    # From Python a typed dict's own get costs several times this call.
+    return slots.get(key, -1)
+
+
+@njit(cache=True)
+def _keys_of(slots: typed.Dict) -> np.ndarray:
+    keys = np.empty(len(slots), np.int64)
+    for i, key in enumerate(slots.keys()):
+        keys[i] = key
+    return keys
+
+
+@njit(cache=True)
+def _add_lanes(slots: typed.Dict, rows: np.ndarray, requested: np.ndarray, free: np.ndarray, free_count: int,
+               used: int, keys: np.ndarray, values: np.ndarray, prefetched: np.ndarray,
+               destinations: np.ndarray) -> tuple[int, int]:
+    # rows[slot of keys[i]] += values[i], requested[slot of prefetched[j]] = destinations[j], compiled (see
+    # .throttle): a read-in adds to a few hundred buffers. Returns the free stack's count and the rows handed out.
+    for i in range(len(keys) + len(prefetched)):
+        key = keys[i] if i < len(keys) else prefetched[i - len(keys)]
+        if key in slots:
+            slot = slots[key]
+        else:
+            if free_count > 0:
+                free_count -= 1
+                slot = free[free_count]
+            else:
+                slot = used
+                used += 1
+            slots[key] = slot
+        if i < len(keys):
+            rows[slot] += values[i]
+        else:
+            requested[slot] = destinations[i - len(keys)]
+    return free_count, used
 
 
 def _merge(cols: dict[str, np.ndarray], start: int, pixel: float, width: int) -> dict[str, np.ndarray]:
