@@ -109,6 +109,12 @@ python3 benchmarks/view_scale.py --repeats 0 --modes view --baseline closed --pi
     --slot-seconds 3 --slots 24 --json "$out/view_cost_pinned_together.json"
 python3 benchmarks/view_scale.py --repeats 0 --modes dashboard --baseline closed --concurrent 8 \
     --slot-seconds 3 --slots 20 --json "$out/dashboard_cost_faster_loop.json"
+# the view and the dashboard reading the loop's records from the bus's history (c94804d; machine 1 ran the view twice
+# and the dashboard at 24 slots, machine 2 each once: view_cost_h100_history_reader.json; about 3.5 minutes a run)
+python3 benchmarks/view_scale.py --repeats 0 --modes view --baseline closed --concurrent 8 \
+    --slot-seconds 3 --slots 40 --json "$out/view_cost_history_reader.json"
+python3 benchmarks/view_scale.py --repeats 0 --modes dashboard --baseline closed --concurrent 8 \
+    --slot-seconds 3 --slots 40 --json "$out/dashboard_cost_history_reader.json"
 # the view with the switch interval it holds while open at 0.1 ms (uvm_lab's), 0.05 and 0.02 ms (the fifth machine
 # of view_cost_h100_dashboard_1s.json; about 7 minutes)
 for interval in 1e-4 5e-5 2e-5; do
