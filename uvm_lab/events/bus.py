@@ -21,18 +21,18 @@ delivery: a loop that publishes a small batch per operation then loses the inter
 once a batch. A reader that needs its subscription's records now drains it (:meth:`Subscription.drain`).
 
 Some consumers are the bus's own bookkeeping rather than subscribers: the residency tracker, the address
-index that attributes CUPTI's records, the live view's wake-up, and the dashboard's totals
-(which only stage what they are given, :class:`~.staged.StagedRecords`, and bound it themselves). They subscribe
+index that attributes CUPTI's records, and the wake-ups of the live view and the dashboard. They subscribe
 ``inline``: they are called as records are published (under the bus's lock, in the producer's thread), must be
 quick and never block, and see every record. The maps are only true if nothing is skipped, and a thread woken
 for each small batch would cost a loop more than the work itself.
 
 The bus keeps the most recent records as history, so a view that attaches late (the lab panel's
 timeline) can start with it; ``dropped`` counts records that fell out. A consumer that only needs the records when
-it reads (the live view's timeline and device lanes) takes them from the history with a :class:`HistoryReader`
-instead of subscribing: the producer then pays nothing for it, not even a call. A reader that falls further behind
-than the history holds misses the oldest of what it had not taken, and counts them. A subscriber that raises is
-detached and logged, never allowed to break the producer (a page fault must not fail because a plot did).
+it reads (the live view's timeline and device lanes, the dashboard's totals) takes them from the history with a
+:class:`HistoryReader` instead of subscribing: the producer then pays nothing for it, not even a call. A reader that
+falls further behind than the history holds misses the oldest of what it had not taken, and counts them. Published
+arrays are therefore never written to again. A subscriber that raises is detached and logged, never allowed to break
+the producer (a page fault must not fail because a plot did).
 
 The simulator's modelled accesses (ACCESS records, what :mod:`uvm_lab.trace_replay` replays) are many and only a
 recording made for replay reads them: the simulator publishes them, as batches of their own, only while a
