@@ -861,6 +861,9 @@ def main() -> None:
                         help="then this many of the view's updates beside a pure-Python thread (see lock_waits)")
     args = parser.parse_args()
     modes = args.modes.split(",")
+    known = ("none", "panel", "subscriber", *COSTED)
+    if unknown := [mode for mode in modes if mode not in known]:
+        raise SystemExit(f"--modes takes {', '.join(known)}; not {', '.join(map(repr, unknown))}")
     if args.switch_interval is not None and not 1e-6 <= args.switch_interval <= 1.0:
         raise SystemExit(f"--switch-interval takes seconds from 1e-6 to 1, not {args.switch_interval}")
 

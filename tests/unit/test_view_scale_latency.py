@@ -44,3 +44,9 @@ def test_a_results_file_reads_back_as_written_with_each_column_on_a_line():
     text = view_scale._to_json(table)
     assert json.loads(text) == table
     assert '"worker": [0, 1]' in text and '"mode": ["view", "closed"]' in text
+
+
+def test_the_benchmark_refuses_a_mode_it_does_not_know_before_it_measures(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["view_scale.py", "--repeats", "0", "--concurrent", "2", "--modes", "view,veiw"])
+    with pytest.raises(SystemExit, match="--modes takes none, panel, .*view.*; not 'veiw'"):
+        view_scale.main()
