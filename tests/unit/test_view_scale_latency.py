@@ -48,5 +48,5 @@ def test_a_results_file_reads_back_as_written_with_each_column_on_a_line():
 
 def test_the_benchmark_refuses_a_mode_it_does_not_know_before_it_measures(monkeypatch):
     monkeypatch.setattr("sys.argv", ["view_scale.py", "--repeats", "0", "--concurrent", "2", "--modes", "view,veiw"])
-    with pytest.raises(SystemExit, match="--modes takes none, panel, .*view.*; not 'veiw'"):
+    with pytest.raises(SystemExit, match=r"--modes takes none, panel, .*view.*; not 'veiw'"):
         view_scale.main()
