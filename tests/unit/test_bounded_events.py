@@ -89,17 +89,18 @@ def test_status_names_each_subscriber_that_fell_behind_and_what_it_missed(sim_ba
 
 
 def test_the_views_timeline_answer_counts_what_it_missed(sim_backend, monkeypatch):
-    # A bus of its own that holds four records: a view that reads nothing while six are published misses two.
+    # A bus of its own that holds four records: a window that nothing reads while six are published (no view is
+    # open yet to read it in) misses two.
     bus = EventBus(capacity=4)
     window = EventWindow()
     window.read_from(bus.reader("a view's timeline"))
     monkeypatch.setattr(collect, "get_bus", lambda: bus)   # what %uvm status reads
+    for address in range(6):
+        bus.publish(make_events(1, kind=EventKind.DTOH, address=address << 12, bytes=4096, start=address,
+                                end=address))
+    assert (window.reader.waiting, window.reader.dropped) == (6, 0)   # nothing is counted before a read
     session = PanelSession(_Sink(), start=False, bus=bus, timeline=(window, DeviceSeries(clock=ManualClock())))
     try:
-        for address in range(6):
-            bus.publish(make_events(1, kind=EventKind.DTOH, address=address << 12, bytes=4096, start=address,
-                                    end=address))
-        assert (window.reader.waiting, window.reader.dropped) == (6, 0)   # nothing is counted before a read
         result = session.handle({"type": "timeline", "seq": 1, "start": 0, "end": 1 << 50, "width": 100,
                                  "lanes": None})
         assert result["ok"], result

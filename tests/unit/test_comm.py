@@ -787,3 +787,22 @@ def test_an_experiments_chart_reaches_an_open_view_and_one_that_opens_later(devi
         assert len(later.comm.of_type("experiment")) == 2
     finally:
         later.close()
+
+
+def test_a_view_held_back_while_the_bus_history_turns_over_misses_no_event(device):
+    # A bus that holds 8 records, and a view that sends nothing meanwhile (no thread of its own, and paused): the
+    # loop's own thread reads the timeline in once half the history is unread, so its counts take every record.
+    bus = ul.events.EventBus(capacity=8)
+    window = EventWindow()
+    window.read_from(bus.reader("a held-back view's timeline"))
+    session = PanelSession(RecordingComm(), start=False, bus=bus, timeline=(window, DeviceSeries(clock=ManualClock())))
+    try:
+        session.handle({"type": "pause", "seq": 1, "paused": True})
+        for address in range(40):
+            bus.publish(ul.events.make_events(1, kind=ul.events.EventKind.DTOH, address=address << 12, bytes=4096))
+        assert bus.dropped == 32   # the history turned over four times
+        assert window.reader.waiting < 8 and window.missed == 0   # never the whole history unread
+        assert window.held == 40
+    finally:
+        session.close()
+        window.reader.close()

@@ -683,6 +683,21 @@ def test_a_live_dashboard_counts_every_event_without_a_thread_woken_for_them(sim
         assert after["bytes_htod"] - before["bytes_htod"] == trace.summary()["bytes_htod"] == 1 << 20
 
 
+def test_a_dashboard_held_back_while_the_bus_history_turns_over_counts_every_event(sim, monkeypatch):
+    # A bus that holds 8 records, and a dashboard whose next refresh is an hour away: the loop's own thread hands the
+    # totals what would otherwise leave the history unread.
+    bus = ul.events.EventBus(capacity=8)
+    monkeypatch.setattr(dashboard_module, "get_bus", lambda: bus)
+    with Dashboard(interval=3600.0) as d:
+        before = d.snapshot["totals"]
+        for _ in range(40):
+            bus.publish(ul.events.make_events(1, kind=ul.events.EventKind.HTOD, bytes=4096))
+        assert bus.dropped == 32
+        d.refresh()
+        after = d.snapshot["totals"]
+        assert (after["events"] - before["events"], after["bytes_htod"] - before["bytes_htod"]) == (40, 40 * 4096)
+
+
 def test_the_list_follows_each_allocations_pages(sim, dash):
     a = ul.DeviceBuffer(size="1MiB", label="a")
     b = ul.DeviceBuffer(size="1MiB", label="b")

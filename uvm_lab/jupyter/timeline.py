@@ -169,10 +169,11 @@ class EventWindow:
         with self._reading:
             self.reader, self._also = reader, also
 
-    def catch_up(self) -> None:
+    def catch_up(self, *, wait: bool = True) -> None:
         """Read in what was published or fed so far (a reader that reads seldom keeps the bus's history from
-        leaving it behind)."""
-        self._read_in()
+        leaving it behind). ``wait=False``: not if another thread is reading in now, which takes the same records;
+        for a publisher's thread, which holds the bus's lock and must not wait for a reader that waits for it."""
+        self._read_in(wait=wait)
 
     def feed(self, records: np.ndarray) -> None:
         """Keep ``records`` (``EVENT_DTYPE``); drop the oldest past capacity."""
@@ -184,30 +185,37 @@ class EventWindow:
         if full:   # nothing reads: bound what waits
             self._read_in()
 
-    def _read_in(self, *, build: bool = False) -> None:
+    def _read_in(self, *, build: bool = False, wait: bool = True) -> None:
         """Read what was fed in: each record's lane and cause, and the traffic they add (what a view's update
         reads). The timeline's columns are built from them only when a query needs them (``build``): a view's
         updates read often and its queries seldom, and a build of what a busy loop publishes in a few seconds costs
         many updates' worth, which an update would have carried (and the throttle then held the next ones back).
         Read in and not built, the records past what the window holds go, oldest first, as a build
         would have dropped them (their traffic is counted already)."""
-        with self._reading:
-            taken = self.reader.take() if self.reader is not None else None
-            with self._lock:
-                pending = self._pending.take()
-            if taken is not None and len(taken):   # fed ones, if any, came earlier: read in first
-                pending = joined((pending, taken)) if len(pending) else taken
-                if self._also is not None:
-                    self._also(taken)
-            if len(pending):   # in one piece: loops publish small batches
-                own = _any_of(pending, _OWN)   # a buffer made or freed: few batches
-                lanes, causes = self._lanes(pending, own), cause_codes(pending)
-                self._count_traffic(pending, lanes, causes, own)
-                self._unbuilt.append((pending, lanes, causes))
-                self._unbuilt_rows += len(pending)
-                self._drop_unbuilt()
-            if self._unbuilt and build:
-                self._build()
+        if not self._reading.acquire(blocking=wait):
+            return
+        try:
+            self._read_in_locked(build)
+        finally:
+            self._reading.release()
+
+    def _read_in_locked(self, build: bool) -> None:
+        taken = self.reader.take() if self.reader is not None else None
+        with self._lock:
+            pending = self._pending.take()
+        if taken is not None and len(taken):   # fed ones, if any, came earlier: read in first
+            pending = joined((pending, taken)) if len(pending) else taken
+            if self._also is not None:
+                self._also(taken)
+        if len(pending):   # in one piece: loops publish small batches
+            own = _any_of(pending, _OWN)   # a buffer made or freed: few batches
+            lanes, causes = self._lanes(pending, own), cause_codes(pending)
+            self._count_traffic(pending, lanes, causes, own)
+            self._unbuilt.append((pending, lanes, causes))
+            self._unbuilt_rows += len(pending)
+            self._drop_unbuilt()
+        if self._unbuilt and build:
+            self._build()
 
     def _drop_unbuilt(self) -> None:
         """Drop whole parts read in and not built, oldest first, while the newer ones alone fill the window."""
