@@ -186,11 +186,11 @@ class EventWindow:
             self._read_in()
 
     def _read_in(self, *, build: bool = False, wait: bool = True) -> None:
-        """Read what was fed in: each record's lane and cause, and the traffic they add (what a view's update
-        reads). The timeline's columns are built from them only when a query needs them (``build``): a view's
-        updates read often and its queries seldom, and a build of what a busy loop publishes in a few seconds costs
-        many updates' worth, which an update would have carried (and the throttle then held the next ones back).
-        Read in and not built, the records past what the window holds go, oldest first, as a build
+        """Read in what was fed, and what the reader takes: each record's lane and cause, and the traffic they add
+        (what a view's update reads). The timeline's columns are built from them only when a query needs them
+        (``build``): a view's updates read often and its queries seldom, and a build of what a busy loop publishes in
+        a few seconds costs many updates' worth, which an update would have carried (and the throttle then held the
+        next ones back). Read in and not built, the records past what the window holds go, oldest first, as a build
         would have dropped them (their traffic is counted already)."""
         if not self._reading.acquire(blocking=wait):
             return
