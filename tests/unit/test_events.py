@@ -416,3 +416,16 @@ def test_joined_batches_are_a_new_array_in_order_whatever_their_layout():
     out["address"][0] = 99   # a copy: what was published stays as it was
     assert records["address"][0] == 0 and out.dtype == EVENT_DTYPE
     assert len(joined([])) == 0
+
+
+def test_a_history_reader_says_when_half_the_history_waits_unread():
+    bus = EventBus(capacity=8)
+    reader = bus.reader("held back")
+    behind = []
+    for _ in range(8):
+        bus.publish(make_events(1))
+        behind.append(reader.falling_behind(1))   # it looks every 2 records (a quarter of the history)
+    assert behind == [False, False, False, False, True, False, True, False]   # 5 and 7 of 8 unread
+    reader.take()
+    bus.publish(make_events(1))
+    assert not reader.falling_behind(1) and reader.dropped == 0

@@ -278,6 +278,7 @@ class HistoryReader:
         self.dropped = 0
         # The history batch it reads next, and the records published before that batch: where a take starts.
         self._batch, self._record = bus._position(history=history)
+        self._unasked = 0   # records published until falling_behind next looks
 
     @property
     def waiting(self) -> int:
@@ -286,6 +287,16 @@ class HistoryReader:
     @property
     def closed(self) -> bool:
         return self not in self.bus.readers()
+
+    def falling_behind(self, published: int) -> bool:
+        """Whether half the bus's history waits unread, so that a reader held back should take it now: for the
+        inline callback of a reader's owner, told each batch's size. It looks once a quarter of the history, not at
+        every batch (a publisher's thread pays for each look)."""
+        self._unasked -= published
+        if self._unasked > 0:
+            return False
+        self._unasked = self.bus.capacity // 4
+        return self.waiting * 2 > self.bus.capacity
 
     def take(self) -> np.ndarray:
         """Every record published since the last take (or, the first time, since the reader was made; with

@@ -175,7 +175,6 @@ class PanelSession:
         self._window, self._series = timeline or shared(bus)
         self._next_sample = 0  # the number of the first device sample the view does not hold
         self._wake = threading.Event()
-        self._unasked = 0   # records published until _on_events next asks whether the timeline falls behind
         self._closed = threading.Event()
         # The throttle (.throttle): updates and timeline answers each have their share of the view's, so that an
         # answer (it reads every event held, once a second) never leaves a hole in the updates.
@@ -520,13 +519,9 @@ class PanelSession:
         if not self._paused and not self._wake.is_set():
             self._wake.set()
         # Where the sender is held back (its budget, a pause) while half the bus's history goes by unread, this
-        # thread reads the timeline in, as the sender would: the counts it keeps then miss nothing. Asked once a
-        # quarter of the history, not at every publish.
-        self._unasked -= len(records)
-        if self._unasked <= 0 and (reader := self._window.reader) is not None:
-            self._unasked = reader.bus.capacity // 4
-            if reader.waiting * 2 > reader.bus.capacity:
-                self._window.catch_up(wait=False)
+        # thread reads the timeline in, as the sender would: the counts it keeps then miss nothing.
+        if (reader := self._window.reader) is not None and reader.falling_behind(len(records)):
+            self._window.catch_up(wait=False)
 
     def _run(self) -> None:
         failing = False

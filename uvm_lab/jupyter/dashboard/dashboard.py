@@ -78,7 +78,6 @@ class Dashboard:
         # Live, the totals take what the bus published from its history at each refresh (the history itself first):
         # the loop does nothing for them. Otherwise they count the history as it is now.
         self._reader = bus.reader("the dashboard", history=True) if live else None
-        self._unasked = 0   # records published until _on_events next asks whether the totals fall behind
         self.totals = EventTotals(None if live else bus.history())
         self.allocations = AllocationList(on_select=self._on_select)
         self.residency = ResidencyMap()
@@ -179,12 +178,9 @@ class Dashboard:
         if not self._wake.is_set():   # setting a set Event still takes its lock and notifies
             self._wake.set()
         # ... unless half the bus's history went by with no refresh (its budget held it back): then the totals take
-        # it here, so that they miss nothing. Asked once a quarter of the history, not at every publish.
-        self._unasked -= len(records)
-        if self._unasked <= 0 and self._reader is not None:
-            self._unasked = self._reader.bus.capacity // 4
-            if self._reader.waiting * 2 > self._reader.bus.capacity:
-                self.totals.feed(self._reader.take())
+        # it here, so that they miss nothing.
+        if self._reader is not None and self._reader.falling_behind(len(records)):
+            self.totals.feed(self._reader.take())
 
     def _run(self) -> None:
         clock = self._clock
