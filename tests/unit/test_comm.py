@@ -543,7 +543,8 @@ def test_background_updates_are_sent_from_the_context_of_the_panels_last_message
         buf.prefetch("gpu")  # on the main thread, whose context says "main shell"
         assert eventually(lambda: any(kind == "update" for kind, _ in seen))
         assert ("snapshot", "subshell") in seen and ("result", "subshell") in seen
-        assert [where for kind, where in seen if kind == "update"] == ["subshell"]
+        # The prefetch's request and its moved pages may go out as one update or two: each from the subshell.
+        assert {where for kind, where in list(seen) if kind == "update"} == {"subshell"}
     finally:
         session.close()
 
