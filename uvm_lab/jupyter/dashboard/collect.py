@@ -41,7 +41,7 @@ import uvm_lab as ul
 from uvm_lab.backends.base import gpu_memory
 from uvm_lab.buffer import live_generation
 from uvm_lab.errors import BufferClosedError, InvalidArgumentError
-from uvm_lab.events import get_bus
+from uvm_lab.events import HistoryReader, Subscription, get_bus
 from uvm_lab.events.staged import StagedRecords
 from uvm_lab.page_states import CATEGORY_NAMES, MAX_GPUS, categories, count_states
 from uvm_lab.residency_map import get_tracker
@@ -351,16 +351,15 @@ def collect_snapshot(totals: EventTotals | None = None, live: LiveAllocations | 
     allocations = list((live or LiveAllocations()).refresh(first, others).values())
     chain = ul.mr.resource_chain(ul.mr.get_current_device_resource())
     stats = next((dict(r.allocation_counts) for r in chain if hasattr(r, "allocation_counts")), None)
+    # What reads the bus behind it, each alike: threaded subscriptions (inline ones never wait) and history readers.
+    behind: list[Subscription | HistoryReader] = [*(s for s in bus.subscriptions() if not s.inline), *bus.readers()]
     return {
         "backend": backend.name,
         "device_count": int(backend.device_count()),
         "time_ns": int(backend.now_ns()),
         "memory": {"free": int(free), "total": int(total), "used": int(total - free), "devices": devices},
         "events": {"published": int(bus.published), "dropped": int(bus.dropped),
-                   "subscriptions": [{"name": s.name, "waiting": s.waiting, "dropped": s.dropped}
-                                     for s in bus.subscriptions() if not s.inline]
-                                    + [{"name": r.name, "waiting": r.waiting, "dropped": r.dropped}
-                                       for r in bus.readers()]},
+                   "subscriptions": [{"name": r.name, "waiting": r.waiting, "dropped": r.dropped} for r in behind]},
         "totals": totals.snapshot() if totals is not None else None,
         "resource": [type(r).__name__ for r in chain],
         "resource_stats": stats,
